@@ -1,0 +1,284 @@
+package chunkstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"syscall"
+)
+
+// ImportOptions configure Store.Import.
+type ImportOptions struct {
+	// Progress is called as bytes are read: done so far and the total
+	// found by the scan before the import started.
+	Progress func(done, total int64)
+	// OnFile is called after each file is stored.
+	OnFile func(path string, r PutResult)
+}
+
+// ImportResult sums up an import.
+type ImportResult struct {
+	Root       ID    `json:"root"` // manifest of what DEST now names
+	Files      int   `json:"files"`
+	Dirs       int   `json:"dirs"`
+	Symlinks   int   `json:"symlinks"`
+	Bytes      int64 `json:"bytes"`
+	NewBytes   int64 `json:"new_bytes"`
+	DedupBytes int64 `json:"dedup_bytes"`
+	// Skipped lists sources that are neither regular files, directories nor
+	// symlinks (sockets, devices, FIFOs), with the reason.
+	Skipped []string `json:"skipped,omitempty"`
+	// Notes lists files stored differently than their names suggest (a
+	// .safetensors file with a malformed header, for instance).
+	Notes []string `json:"notes,omitempty"`
+}
+
+// Import stores the file or directory tree at src (a local path) under the
+// namespace path dest, replacing whatever dest named before. Nothing is
+// visible under dest until everything has been stored: the namespace changes
+// in one transaction at the end, so an import interrupted at any point leaves
+// dest as it was.
+func (s *Store) Import(ctx context.Context, src, dest string, opts ImportOptions) (ImportResult, error) {
+	var res ImportResult
+	parts, err := SplitPath(dest)
+	if err != nil {
+		return res, fmt.Errorf("chunkstore: import to %q: %w", dest, err)
+	}
+	if len(parts) == 0 {
+		return res, fmt.Errorf("chunkstore: import to %q: name a path inside the namespace, such as models/NAME: %w", dest, ErrInvalidPath)
+	}
+	st, err := os.Lstat(src)
+	if err != nil {
+		return res, fmt.Errorf("chunkstore: import %s: %w", src, err)
+	}
+	var total int64
+	if err := scanSize(src, &total); err != nil {
+		return res, fmt.Errorf("chunkstore: import %s: %w", src, err)
+	}
+	var done int64
+	progress := func(n int64) {
+		done += n
+		if opts.Progress != nil {
+			opts.Progress(done, total)
+		}
+	}
+	im := s.NewImporter()
+	defer im.Abort()
+	e, err := s.importEntry(ctx, im, src, st, "", &res, opts, progress)
+	if err != nil {
+		return res, err
+	}
+	if err := im.Close(); err != nil {
+		return res, err
+	}
+	res.Root = e.ID
+	err = s.Update(func(tx *NSTx) error {
+		return tx.Put(dest, e)
+	})
+	if err != nil {
+		return res, fmt.Errorf("chunkstore: import to %s: %w", dest, err)
+	}
+	return res, nil
+}
+
+func scanSize(src string, total *int64) error {
+	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type().IsRegular() {
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			*total += info.Size()
+		}
+		return nil
+	})
+}
+
+func (s *Store) importEntry(ctx context.Context, im *Importer, src string, st fs.FileInfo, rel string, res *ImportResult, opts ImportOptions, progress func(int64)) (Entry, error) {
+	if err := ctxErr(ctx); err != nil {
+		return Entry{}, err
+	}
+	e := Entry{Name: st.Name(), Mode: st.Mode().Perm(), MTime: st.ModTime().UnixNano()}
+	switch {
+	case st.Mode().IsRegular():
+		f, err := os.Open(src)
+		if err != nil {
+			return e, fmt.Errorf("chunkstore: import %s: %w", src, err)
+		}
+		r, err := im.PutFile(ctx, f, st.Name(), progress)
+		f.Close()
+		if err != nil {
+			return e, err
+		}
+		e.Kind, e.ID, e.Size = KindFile, r.ID, r.Size
+		res.Files++
+		res.Bytes += r.Size
+		res.NewBytes += r.NewBytes
+		res.DedupBytes += r.DedupBytes
+		if r.FormatNote != "" {
+			res.Notes = append(res.Notes, fmt.Sprintf("%s: %s", src, r.FormatNote))
+		}
+		if opts.OnFile != nil {
+			opts.OnFile(rel, r)
+		}
+	case st.Mode()&fs.ModeSymlink != 0:
+		t, err := os.Readlink(src)
+		if err != nil {
+			return e, fmt.Errorf("chunkstore: import %s: %w", src, err)
+		}
+		if len(t) == 0 || len(t) > maxSymlink {
+			return e, fmt.Errorf("chunkstore: import %s: symlink target of %d bytes: %w", src, len(t), ErrInvalidPath)
+		}
+		e.Kind, e.Target, e.Size = KindSymlink, t, int64(len(t))
+		res.Symlinks++
+	case st.IsDir():
+		ents, err := os.ReadDir(src)
+		if err != nil {
+			return e, fmt.Errorf("chunkstore: import %s: %w", src, err)
+		}
+		sort.Slice(ents, func(i, j int) bool { return ents[i].Name() < ents[j].Name() })
+		m := &DirManifest{}
+		for _, de := range ents {
+			if err := checkName(de.Name()); err != nil {
+				return e, fmt.Errorf("chunkstore: import %s: %w", src, err)
+			}
+			info, err := de.Info()
+			if errors.Is(err, fs.ErrNotExist) {
+				continue // removed while we read the directory
+			}
+			if err != nil {
+				return e, fmt.Errorf("chunkstore: import %s: %w", src, err)
+			}
+			if !info.Mode().IsRegular() && !info.IsDir() && info.Mode()&fs.ModeSymlink == 0 {
+				res.Skipped = append(res.Skipped, fmt.Sprintf("%s: %s is not a regular file, directory or symlink", filepath.Join(src, de.Name()), info.Mode().Type()))
+				continue
+			}
+			c, err := s.importEntry(ctx, im, filepath.Join(src, de.Name()), info, joinPath(rel, de.Name()), res, opts, progress)
+			if err != nil {
+				return e, err
+			}
+			c.HLC = s.clock.Now()
+			m.Entries = append(m.Entries, c)
+		}
+		e.Kind = KindDir
+		e.ID = im.PutObject(m.Encode())
+		res.Dirs++
+	default:
+		return e, fmt.Errorf("chunkstore: import %s: %s is not a regular file, directory or symlink", src, st.Mode().Type())
+	}
+	return e, nil
+}
+
+// ExportOptions configure Store.Export.
+type ExportOptions struct {
+	Progress func(done, total int64)
+	// Overwrite replaces existing files at the destination.
+	Overwrite bool
+}
+
+// Export writes the file or tree at namespace path src to the local path dest,
+// byte for byte, verifying every chunk. Each file is written to a temporary
+// name and renamed into place once complete, so a failed export never leaves
+// a file with wrong or missing bytes under its real name.
+func (s *Store) Export(ctx context.Context, src, dest string, opts ExportOptions) (files int, bytes int64, err error) {
+	e, err := s.Lookup(src)
+	if err != nil {
+		return 0, 0, err
+	}
+	var total int64
+	clean, _ := CleanPath(src)
+	if err := s.walk(clean, e, func(_ string, c Entry) error {
+		if c.Kind == KindFile {
+			total += c.Size
+		}
+		return nil
+	}); err != nil {
+		return 0, 0, err
+	}
+	var done int64
+	progress := func(n int64) {
+		done += n
+		if opts.Progress != nil {
+			opts.Progress(done, total)
+		}
+	}
+	err = s.exportEntry(ctx, e, dest, opts, progress, &files, &bytes)
+	return files, bytes, err
+}
+
+func (s *Store) exportEntry(ctx context.Context, e Entry, dest string, opts ExportOptions, progress func(int64), files *int, bytes *int64) error {
+	if err := ctxErr(ctx); err != nil {
+		return err
+	}
+	switch e.Kind {
+	case KindDir:
+		if err := os.Mkdir(dest, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("chunkstore: export: %w", err)
+		}
+		d, err := s.dirAt(e.ID)
+		if err != nil {
+			return err
+		}
+		for _, c := range d.Live() {
+			if err := s.exportEntry(ctx, c, filepath.Join(dest, c.Name), opts, progress, files, bytes); err != nil {
+				return err
+			}
+		}
+		if e.Mode != 0 {
+			os.Chmod(dest, e.Mode.Perm())
+		}
+	case KindSymlink:
+		if opts.Overwrite {
+			os.Remove(dest)
+		}
+		if err := os.Symlink(e.Target, dest); err != nil {
+			return fmt.Errorf("chunkstore: export: %w", err)
+		}
+	case KindFile:
+		if !opts.Overwrite {
+			if _, err := os.Lstat(dest); err == nil {
+				return fmt.Errorf("chunkstore: export %s: %w", dest, fs.ErrExist)
+			}
+		}
+		f, err := s.OpenFile(e.ID)
+		if err != nil {
+			return fmt.Errorf("chunkstore: export %s: %w", dest, err)
+		}
+		tmp := dest + ".kylix-partial"
+		out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+		if err != nil {
+			return fmt.Errorf("chunkstore: export: %w", err)
+		}
+		n, err := f.WriteTo(ctx, out, progress)
+		if err == nil {
+			err = out.Chmod(e.Mode.Perm())
+		}
+		if cerr := out.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil {
+			err = os.Rename(tmp, dest)
+		}
+		if err != nil {
+			os.Remove(tmp)
+			if errors.Is(err, syscall.ENOSPC) {
+				return fmt.Errorf("chunkstore: export %s: disk full: %w", dest, err)
+			}
+			return fmt.Errorf("chunkstore: export %s: %w", dest, err)
+		}
+		if e.MTime != 0 {
+			t := timeFromNanos(e.MTime)
+			os.Chtimes(dest, t, t)
+		}
+		*files++
+		*bytes += n
+	}
+	return nil
+}

@@ -1,0 +1,393 @@
+package chunkstore
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"io/fs"
+	"math"
+	"strings"
+)
+
+// Limits enforced when decoding manifests, so that a damaged or hostile
+// manifest cannot make the decoder allocate without bound.
+const (
+	MaxNameLen   = 255     // bytes in one path component
+	MaxPathLen   = 4096    // bytes in a namespace path
+	MaxChunkLen  = 1 << 30 // bytes in one chunk
+	maxFileSize  = 1 << 50
+	maxSymlink   = 4096
+	manifestFile = "KXF1"
+	manifestDir  = "KXD1"
+)
+
+// Format says how a file was chunked.
+type Format uint8
+
+const (
+	// FormatOpaque files are cut by content-defined chunking.
+	FormatOpaque Format = 0
+	// FormatSafetensors files are cut at tensor boundaries.
+	FormatSafetensors Format = 1
+)
+
+func (f Format) String() string {
+	switch f {
+	case FormatOpaque:
+		return "opaque"
+	case FormatSafetensors:
+		return "safetensors"
+	}
+	return fmt.Sprintf("format(%d)", uint8(f))
+}
+
+// ChunkRef is one chunk of a file, in file order.
+type ChunkRef struct {
+	ID  ID
+	Len uint32
+}
+
+// FileManifest is the content of a file: its chunks in order. It holds no
+// location and no metadata (mode, times), so identical content anywhere has
+// one manifest and one ID.
+type FileManifest struct {
+	Size   int64
+	Format Format
+	Chunks []ChunkRef
+}
+
+// Encode returns the manifest's canonical bytes.
+func (m *FileManifest) Encode() []byte {
+	b := make([]byte, 0, 16+len(m.Chunks)*(IDSize+3))
+	b = append(b, manifestFile...)
+	b = append(b, byte(m.Format))
+	b = binary.AppendUvarint(b, uint64(m.Size))
+	b = binary.AppendUvarint(b, uint64(len(m.Chunks)))
+	for _, c := range m.Chunks {
+		b = append(b, c.ID[:]...)
+		b = binary.AppendUvarint(b, uint64(c.Len))
+	}
+	return b
+}
+
+// DecodeFileManifest parses bytes made by Encode. It checks that the chunk
+// lengths add up to the size.
+func DecodeFileManifest(b []byte) (*FileManifest, error) {
+	d := decoder{b: b}
+	if !d.magic(manifestFile) {
+		return nil, fmt.Errorf("chunkstore: file manifest: bad magic: %w", ErrCorrupt)
+	}
+	m := &FileManifest{Format: Format(d.byte())}
+	size := d.uvarint()
+	n := d.uvarint()
+	if d.err == nil && (size > maxFileSize || n > uint64(len(d.b))/(IDSize+1)) {
+		return nil, fmt.Errorf("chunkstore: file manifest: size %d with %d chunks is out of range: %w", size, n, ErrCorrupt)
+	}
+	m.Size = int64(size)
+	m.Chunks = make([]ChunkRef, 0, n)
+	var total uint64
+	for i := uint64(0); i < n && d.err == nil; i++ {
+		var c ChunkRef
+		copy(c.ID[:], d.bytes(IDSize))
+		l := d.uvarint()
+		if l == 0 || l > MaxChunkLen {
+			return nil, fmt.Errorf("chunkstore: file manifest: chunk %d length %d: %w", i, l, ErrCorrupt)
+		}
+		c.Len = uint32(l)
+		total += l
+		m.Chunks = append(m.Chunks, c)
+	}
+	if d.err != nil {
+		return nil, fmt.Errorf("chunkstore: file manifest: %w", d.err)
+	}
+	if len(d.b) != 0 {
+		return nil, fmt.Errorf("chunkstore: file manifest: %d trailing bytes: %w", len(d.b), ErrCorrupt)
+	}
+	if total != size {
+		return nil, fmt.Errorf("chunkstore: file manifest: chunks hold %d bytes, size says %d: %w", total, size, ErrCorrupt)
+	}
+	if m.Format > FormatSafetensors {
+		return nil, fmt.Errorf("chunkstore: file manifest: unknown format %d: %w", m.Format, ErrCorrupt)
+	}
+	return m, nil
+}
+
+// Kind is the type of a directory entry.
+type Kind uint8
+
+// Entry kinds.
+const (
+	KindFile    Kind = 1
+	KindDir     Kind = 2
+	KindSymlink Kind = 3
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindFile:
+		return "file"
+	case KindDir:
+		return "dir"
+	case KindSymlink:
+		return "symlink"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// Entry is one name in a directory.
+type Entry struct {
+	Name   string
+	Kind   Kind
+	Mode   fs.FileMode // permission bits only
+	Size   int64       // file size; 0 for directories; len(Target) for symlinks
+	MTime  int64       // Unix nanoseconds
+	ID     ID          // FileManifest (files) or DirManifest (directories)
+	Target string      // symlink target
+	// HLC orders concurrent updates of this name from different nodes: the
+	// larger wins. Deleted entries are tombstones kept so that a merge does
+	// not resurrect what was removed.
+	HLC     HLC
+	Deleted bool
+}
+
+// DirManifest is a directory: entries sorted by name, names unique.
+type DirManifest struct {
+	Entries []Entry
+}
+
+const entryDeleted = 1
+
+// Encode returns the manifest's canonical bytes. Entries must be sorted by
+// name (see Sort).
+func (m *DirManifest) Encode() []byte {
+	var buf bytes.Buffer
+	buf.WriteString(manifestDir)
+	var tmp [binary.MaxVarintLen64]byte
+	put := func(v uint64) { buf.Write(tmp[:binary.PutUvarint(tmp[:], v)]) }
+	put(uint64(len(m.Entries)))
+	for _, e := range m.Entries {
+		put(uint64(len(e.Name)))
+		buf.WriteString(e.Name)
+		buf.WriteByte(byte(e.Kind))
+		var flags byte
+		if e.Deleted {
+			flags |= entryDeleted
+		}
+		buf.WriteByte(flags)
+		put(uint64(e.Mode.Perm() | e.Mode&(fs.ModeSetuid|fs.ModeSetgid|fs.ModeSticky)))
+		put(uint64(e.Size))
+		buf.Write(tmp[:binary.PutVarint(tmp[:], e.MTime)])
+		put(uint64(e.HLC))
+		switch e.Kind {
+		case KindFile, KindDir:
+			buf.Write(e.ID[:])
+		case KindSymlink:
+			put(uint64(len(e.Target)))
+			buf.WriteString(e.Target)
+		}
+	}
+	return buf.Bytes()
+}
+
+// DecodeDirManifest parses bytes made by Encode, rejecting bad names, unsorted
+// or duplicate entries, unknown kinds and truncated data.
+func DecodeDirManifest(b []byte) (*DirManifest, error) {
+	d := decoder{b: b}
+	if !d.magic(manifestDir) {
+		return nil, fmt.Errorf("chunkstore: dir manifest: bad magic: %w", ErrCorrupt)
+	}
+	n := d.uvarint()
+	// Each entry takes at least 8 bytes, so a count larger than that is a lie.
+	if n > uint64(len(d.b))/8 {
+		return nil, fmt.Errorf("chunkstore: dir manifest: %d entries in %d bytes: %w", n, len(d.b), ErrCorrupt)
+	}
+	m := &DirManifest{Entries: make([]Entry, 0, n)}
+	for i := uint64(0); i < n && d.err == nil; i++ {
+		var e Entry
+		nl := d.uvarint()
+		if nl == 0 || nl > MaxNameLen {
+			return nil, fmt.Errorf("chunkstore: dir manifest: entry %d: name length %d: %w", i, nl, ErrCorrupt)
+		}
+		e.Name = string(d.bytes(int(nl)))
+		e.Kind = Kind(d.byte())
+		flags := d.byte()
+		e.Deleted = flags&entryDeleted != 0
+		mode := d.uvarint()
+		e.Size = int64(d.uvarint())
+		e.MTime = d.varint()
+		e.HLC = HLC(d.uvarint())
+		if d.err != nil {
+			break
+		}
+		if err := checkName(e.Name); err != nil {
+			return nil, fmt.Errorf("chunkstore: dir manifest: entry %d: %w", i, err)
+		}
+		if flags&^entryDeleted != 0 || mode > math.MaxUint32 || e.Size < 0 || e.Size > maxFileSize {
+			return nil, fmt.Errorf("chunkstore: dir manifest: entry %q: bad flags, mode or size: %w", e.Name, ErrCorrupt)
+		}
+		e.Mode = fs.FileMode(mode)
+		switch e.Kind {
+		case KindFile, KindDir:
+			copy(e.ID[:], d.bytes(IDSize))
+		case KindSymlink:
+			tl := d.uvarint()
+			if tl == 0 || tl > maxSymlink {
+				return nil, fmt.Errorf("chunkstore: dir manifest: entry %q: symlink length %d: %w", e.Name, tl, ErrCorrupt)
+			}
+			e.Target = string(d.bytes(int(tl)))
+		default:
+			return nil, fmt.Errorf("chunkstore: dir manifest: entry %q: unknown kind %d: %w", e.Name, e.Kind, ErrCorrupt)
+		}
+		if i > 0 && m.Entries[i-1].Name >= e.Name {
+			return nil, fmt.Errorf("chunkstore: dir manifest: entry %q out of order or duplicate: %w", e.Name, ErrCorrupt)
+		}
+		m.Entries = append(m.Entries, e)
+	}
+	if d.err != nil {
+		return nil, fmt.Errorf("chunkstore: dir manifest: %w", d.err)
+	}
+	if len(d.b) != 0 {
+		return nil, fmt.Errorf("chunkstore: dir manifest: %d trailing bytes: %w", len(d.b), ErrCorrupt)
+	}
+	return m, nil
+}
+
+// Find returns the index of name in m and whether it is there.
+func (m *DirManifest) Find(name string) (int, bool) {
+	lo, hi := 0, len(m.Entries)
+	for lo < hi {
+		mid := (lo + hi) / 2
+		if m.Entries[mid].Name < name {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	return lo, lo < len(m.Entries) && m.Entries[lo].Name == name
+}
+
+// Put inserts or replaces e, keeping entries sorted.
+func (m *DirManifest) Put(e Entry) {
+	i, ok := m.Find(e.Name)
+	if ok {
+		m.Entries[i] = e
+		return
+	}
+	m.Entries = append(m.Entries, Entry{})
+	copy(m.Entries[i+1:], m.Entries[i:])
+	m.Entries[i] = e
+}
+
+// Live returns the entries that are not tombstones.
+func (m *DirManifest) Live() []Entry {
+	out := make([]Entry, 0, len(m.Entries))
+	for _, e := range m.Entries {
+		if !e.Deleted {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// checkName validates one path component.
+func checkName(name string) error {
+	switch {
+	case name == "" || name == "." || name == "..":
+		return fmt.Errorf("name %q: %w", name, ErrInvalidPath)
+	case len(name) > MaxNameLen:
+		return fmt.Errorf("name of %d bytes (max %d): %w", len(name), MaxNameLen, ErrInvalidPath)
+	case strings.ContainsAny(name, "/\x00"):
+		return fmt.Errorf("name %q contains '/' or NUL: %w", name, ErrInvalidPath)
+	}
+	return nil
+}
+
+// SplitPath cleans a namespace path ("models/llama", "/models/llama/") into
+// its components. The root is "" or "/" and has no components. It rejects
+// ".." and every other way out of the namespace.
+func SplitPath(p string) ([]string, error) {
+	if len(p) > MaxPathLen {
+		return nil, fmt.Errorf("chunkstore: path of %d bytes (max %d): %w", len(p), MaxPathLen, ErrInvalidPath)
+	}
+	var parts []string
+	for _, c := range strings.Split(p, "/") {
+		if c == "" || c == "." {
+			continue
+		}
+		if err := checkName(c); err != nil {
+			return nil, fmt.Errorf("chunkstore: path %q: %w", p, err)
+		}
+		parts = append(parts, c)
+	}
+	return parts, nil
+}
+
+// CleanPath returns the canonical form of a namespace path ("a/b", "" for
+// the root).
+func CleanPath(p string) (string, error) {
+	parts, err := SplitPath(p)
+	if err != nil {
+		return "", err
+	}
+	return strings.Join(parts, "/"), nil
+}
+
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) fail() {
+	if d.err == nil {
+		d.err = fmt.Errorf("truncated: %w", ErrCorrupt)
+	}
+	d.b = nil
+}
+
+func (d *decoder) magic(m string) bool {
+	if len(d.b) < len(m) || string(d.b[:len(m)]) != m {
+		return false
+	}
+	d.b = d.b[len(m):]
+	return true
+}
+
+func (d *decoder) byte() byte {
+	if len(d.b) < 1 {
+		d.fail()
+		return 0
+	}
+	c := d.b[0]
+	d.b = d.b[1:]
+	return c
+}
+
+func (d *decoder) bytes(n int) []byte {
+	if n < 0 || len(d.b) < n {
+		d.fail()
+		return make([]byte, max(n, 0))
+	}
+	s := d.b[:n]
+	d.b = d.b[n:]
+	return s
+}
+
+func (d *decoder) uvarint() uint64 {
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail()
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) varint() int64 {
+	v, n := binary.Varint(d.b)
+	if n <= 0 {
+		d.fail()
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}

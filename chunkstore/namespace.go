@@ -1,0 +1,398 @@
+package chunkstore
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"strings"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// NamespaceHead is the head holding the root of the namespace tree that
+// import writes and the mount shows.
+const NamespaceHead = "namespace"
+
+var emptyDir = (&DirManifest{}).Encode()
+
+// Root returns the namespace's root directory manifest ID and the HLC of its
+// last update (zero for a store never written).
+func (s *Store) Root() (ID, HLC, error) {
+	h, err := s.GetHead(NamespaceHead)
+	if errors.Is(err, ErrNotFound) {
+		return Sum(emptyDir), 0, nil
+	}
+	if err != nil {
+		return ID{}, 0, err
+	}
+	return h.Root, h.HLC, nil
+}
+
+func (s *Store) dirAt(id ID) (*DirManifest, error) {
+	if id == Sum(emptyDir) {
+		return &DirManifest{}, nil
+	}
+	return s.DirManifest(id)
+}
+
+// rootEntry is the synthetic entry of the namespace root.
+func rootEntry(id ID, h HLC) Entry {
+	return Entry{Kind: KindDir, Mode: 0o755 | fs.ModeDir, ID: id, HLC: h, MTime: h.Wall().UnixNano()}
+}
+
+// Lookup returns the entry at a namespace path ("" is the root).
+func (s *Store) Lookup(path string) (Entry, error) {
+	parts, err := SplitPath(path)
+	if err != nil {
+		return Entry{}, err
+	}
+	root, h, err := s.Root()
+	if err != nil {
+		return Entry{}, err
+	}
+	e := rootEntry(root, h)
+	for i, name := range parts {
+		if e.Kind != KindDir {
+			return Entry{}, fmt.Errorf("chunkstore: lookup %s: %s: %w", path, strings.Join(parts[:i], "/"), ErrNotDir)
+		}
+		d, err := s.dirAt(e.ID)
+		if err != nil {
+			return Entry{}, fmt.Errorf("chunkstore: lookup %s: %w", path, err)
+		}
+		j, ok := d.Find(name)
+		if !ok || d.Entries[j].Deleted {
+			return Entry{}, fmt.Errorf("chunkstore: lookup %s: %w", path, ErrNotFound)
+		}
+		e = d.Entries[j]
+	}
+	return e, nil
+}
+
+// List returns the live entries of the directory at path, sorted by name.
+func (s *Store) List(path string) ([]Entry, error) {
+	e, err := s.Lookup(path)
+	if err != nil {
+		return nil, err
+	}
+	if e.Kind != KindDir {
+		return nil, fmt.Errorf("chunkstore: list %s: %w", path, ErrNotDir)
+	}
+	d, err := s.dirAt(e.ID)
+	if err != nil {
+		return nil, fmt.Errorf("chunkstore: list %s: %w", path, err)
+	}
+	return d.Live(), nil
+}
+
+// Walk calls fn for every live entry below path (depth first, in name order),
+// with the entry's namespace path. Directory manifests shared by several paths
+// are read once per path.
+func (s *Store) Walk(path string, fn func(p string, e Entry) error) error {
+	e, err := s.Lookup(path)
+	if err != nil {
+		return err
+	}
+	clean, _ := CleanPath(path)
+	return s.walk(clean, e, fn)
+}
+
+func (s *Store) walk(p string, e Entry, fn func(string, Entry) error) error {
+	if err := fn(p, e); err != nil {
+		return err
+	}
+	if e.Kind != KindDir {
+		return nil
+	}
+	d, err := s.dirAt(e.ID)
+	if err != nil {
+		return fmt.Errorf("chunkstore: walk %s: %w", p, err)
+	}
+	for _, c := range d.Live() {
+		if err := s.walk(joinPath(p, c.Name), c, fn); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func joinPath(dir, name string) string {
+	if dir == "" {
+		return name
+	}
+	return dir + "/" + name
+}
+
+// NSTx is a namespace transaction: changes are made to an in-memory copy of
+// the touched directories and written at Commit as new directory manifests and
+// one head update, atomically. Create one with Store.Update.
+type NSTx struct {
+	s    *Store
+	hlc  HLC
+	root *txDir
+	objs [][]byte
+}
+
+type txDir struct {
+	m        *DirManifest
+	children map[string]*txDir // loaded subdirectories
+	dirty    bool
+}
+
+// Update runs fn in a namespace transaction and commits it if fn returns nil.
+// Transactions are serialised; each gets one HLC stamped on every entry it
+// changes.
+func (s *Store) Update(fn func(tx *NSTx) error) error {
+	s.nsMu.Lock()
+	defer s.nsMu.Unlock()
+	root, _, err := s.Root()
+	if err != nil {
+		return err
+	}
+	rm, err := s.dirAt(root)
+	if err != nil {
+		return fmt.Errorf("chunkstore: namespace root: %w", err)
+	}
+	tx := &NSTx{s: s, hlc: s.clock.Now(), root: &txDir{m: rm}}
+	if err := fn(tx); err != nil {
+		return err
+	}
+	if !tx.root.dirty {
+		return nil
+	}
+	newRoot := tx.flush(tx.root)
+	return s.commitObjects(tx.objs, &Head{Name: NamespaceHead, Root: newRoot, HLC: tx.hlc})
+}
+
+// HLC returns the transaction's timestamp.
+func (tx *NSTx) HLC() HLC { return tx.hlc }
+
+// flush encodes dirty directories bottom-up and returns d's new ID.
+func (tx *NSTx) flush(d *txDir) ID {
+	for name, c := range d.children {
+		if !c.dirty {
+			continue
+		}
+		id := tx.flush(c)
+		i, ok := d.m.Find(name)
+		if ok {
+			d.m.Entries[i].ID = id
+			d.m.Entries[i].HLC = tx.hlc
+		}
+	}
+	obj := d.m.Encode()
+	tx.objs = append(tx.objs, obj)
+	return Sum(obj)
+}
+
+// commitObjects stores objects and optionally moves a head, in one index
+// transaction.
+func (s *Store) commitObjects(objs [][]byte, head *Head) error {
+	err := s.db.Update(func(btx *bolt.Tx) error {
+		b := btx.Bucket(bucketObjects)
+		for _, o := range objs {
+			id := Sum(o)
+			if b.Get(id[:]) != nil {
+				continue
+			}
+			if err := b.Put(id[:], o); err != nil {
+				return err
+			}
+		}
+		if head != nil {
+			return btx.Bucket(bucketHeads).Put([]byte(head.Name), head.encode())
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("chunkstore: commit namespace: %w", err)
+	}
+	return nil
+}
+
+// dir walks to the directory at parts, loading it. With create, missing
+// directories are made (mode 0755) and everything on the way is marked dirty.
+func (tx *NSTx) dir(parts []string, create, markDirty bool) (*txDir, error) {
+	d := tx.root
+	if markDirty {
+		d.dirty = true
+	}
+	for i, name := range parts {
+		if c, ok := d.children[name]; ok {
+			d = c
+			if markDirty {
+				d.dirty = true
+			}
+			continue
+		}
+		j, ok := d.m.Find(name)
+		var child *txDir
+		switch {
+		case ok && !d.m.Entries[j].Deleted && d.m.Entries[j].Kind == KindDir:
+			m, err := tx.s.dirAt(d.m.Entries[j].ID)
+			if err != nil {
+				return nil, err
+			}
+			child = &txDir{m: m}
+		case ok && !d.m.Entries[j].Deleted:
+			return nil, fmt.Errorf("chunkstore: %s: %w", strings.Join(parts[:i+1], "/"), ErrNotDir)
+		case !create:
+			return nil, fmt.Errorf("chunkstore: %s: %w", strings.Join(parts[:i+1], "/"), ErrNotFound)
+		default:
+			child = &txDir{m: &DirManifest{}}
+			d.m.Put(Entry{Name: name, Kind: KindDir, Mode: 0o755, MTime: tx.hlc.Wall().UnixNano(), ID: Sum(emptyDir), HLC: tx.hlc})
+			d.dirty = true
+		}
+		if d.children == nil {
+			d.children = map[string]*txDir{}
+		}
+		d.children[name] = child
+		d = child
+		if markDirty {
+			d.dirty = true
+		}
+	}
+	return d, nil
+}
+
+// Lookup returns the entry at path as this transaction sees it.
+func (tx *NSTx) Lookup(path string) (Entry, error) {
+	parts, err := SplitPath(path)
+	if err != nil {
+		return Entry{}, err
+	}
+	if len(parts) == 0 {
+		return Entry{Kind: KindDir, Mode: 0o755}, nil
+	}
+	d, err := tx.dir(parts[:len(parts)-1], false, false)
+	if err != nil {
+		return Entry{}, err
+	}
+	i, ok := d.m.Find(parts[len(parts)-1])
+	if !ok || d.m.Entries[i].Deleted {
+		return Entry{}, fmt.Errorf("chunkstore: lookup %s: %w", path, ErrNotFound)
+	}
+	return d.m.Entries[i], nil
+}
+
+// List returns the live entries of the directory at path.
+func (tx *NSTx) List(path string) ([]Entry, error) {
+	parts, err := SplitPath(path)
+	if err != nil {
+		return nil, err
+	}
+	d, err := tx.dir(parts, false, false)
+	if err != nil {
+		return nil, err
+	}
+	return d.m.Live(), nil
+}
+
+// Put sets the entry at path (its Name is taken from the path), creating
+// missing parent directories. An existing entry is replaced, a directory
+// included (the whole subtree is replaced). The entry's HLC is the
+// transaction's.
+func (tx *NSTx) Put(path string, e Entry) error {
+	parts, err := SplitPath(path)
+	if err != nil {
+		return err
+	}
+	if len(parts) == 0 {
+		return fmt.Errorf("chunkstore: put: the namespace root cannot be replaced: %w", ErrInvalidPath)
+	}
+	switch e.Kind {
+	case KindFile, KindDir, KindSymlink:
+	default:
+		return fmt.Errorf("chunkstore: put %s: kind %v: %w", path, e.Kind, ErrInvalidPath)
+	}
+	d, err := tx.dir(parts[:len(parts)-1], true, true)
+	if err != nil {
+		return fmt.Errorf("chunkstore: put %s: %w", path, err)
+	}
+	name := parts[len(parts)-1]
+	e.Name, e.HLC, e.Deleted = name, tx.hlc, false
+	e.Mode &= fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky
+	if e.Kind == KindSymlink {
+		e.Size = int64(len(e.Target))
+	}
+	d.m.Put(e)
+	delete(d.children, name)
+	return nil
+}
+
+// Remove deletes the entry at path, leaving a tombstone. A directory must be
+// empty unless recursive is set.
+func (tx *NSTx) Remove(path string, recursive bool) error {
+	parts, err := SplitPath(path)
+	if err != nil {
+		return err
+	}
+	if len(parts) == 0 {
+		return fmt.Errorf("chunkstore: remove: the namespace root cannot be removed: %w", ErrInvalidPath)
+	}
+	d, err := tx.dir(parts[:len(parts)-1], false, false)
+	if err != nil {
+		return fmt.Errorf("chunkstore: remove %s: %w", path, err)
+	}
+	name := parts[len(parts)-1]
+	i, ok := d.m.Find(name)
+	if !ok || d.m.Entries[i].Deleted {
+		return fmt.Errorf("chunkstore: remove %s: %w", path, ErrNotFound)
+	}
+	if d.m.Entries[i].Kind == KindDir && !recursive {
+		sub, err := tx.dir(parts, false, false)
+		if err != nil {
+			return err
+		}
+		if len(sub.m.Live()) > 0 {
+			return fmt.Errorf("chunkstore: remove %s: %w", path, ErrNotEmpty)
+		}
+	}
+	if _, err := tx.dir(parts[:len(parts)-1], false, true); err != nil {
+		return err
+	}
+	d.m.Entries[i] = Entry{Name: name, Kind: d.m.Entries[i].Kind, HLC: tx.hlc, Deleted: true, ID: Sum(emptyDir)}
+	if d.m.Entries[i].Kind == KindSymlink {
+		d.m.Entries[i].Target = "-"
+	}
+	delete(d.children, name)
+	return nil
+}
+
+// Rename moves the entry at from to to, replacing what is at to (a
+// non-empty directory at to is an error).
+func (tx *NSTx) Rename(from, to string) error {
+	e, err := tx.Lookup(from)
+	if err != nil {
+		return err
+	}
+	if old, err := tx.Lookup(to); err == nil && old.Kind == KindDir {
+		if e.Kind != KindDir {
+			return fmt.Errorf("chunkstore: rename %s to %s: %w", from, to, ErrIsDir)
+		}
+		if l, err := tx.List(to); err == nil && len(l) > 0 {
+			return fmt.Errorf("chunkstore: rename %s to %s: %w", from, to, ErrNotEmpty)
+		}
+	}
+	cf, _ := CleanPath(from)
+	ct, _ := CleanPath(to)
+	if ct == cf || strings.HasPrefix(ct, cf+"/") {
+		return fmt.Errorf("chunkstore: rename %s into itself: %w", from, ErrInvalidPath)
+	}
+	// Make sure a loaded, modified subtree is written before it moves.
+	if parts, _ := SplitPath(from); e.Kind == KindDir {
+		if d, err := tx.dir(parts, false, false); err == nil && d.dirty {
+			e.ID = tx.flush(d)
+		}
+	}
+	if err := tx.Remove(from, true); err != nil {
+		return err
+	}
+	return tx.Put(to, e)
+}
+
+// PutDir stores the directory manifest m for use in Put and returns its ID.
+func (tx *NSTx) PutDir(m *DirManifest) ID {
+	obj := m.Encode()
+	tx.objs = append(tx.objs, obj)
+	return Sum(obj)
+}

@@ -1,0 +1,615 @@
+package chunkstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
+
+	"github.com/kylix/kylix/chunkstore/chunking"
+)
+
+// PutResult describes one file written by Importer.PutFile.
+type PutResult struct {
+	ID     ID // the file manifest
+	Size   int64
+	Format Format
+	// FormatNote explains a fallback: a ".safetensors" file whose header was
+	// rejected is stored byte for byte with content-defined chunking, and
+	// this says why.
+	FormatNote string
+	Chunks     int
+	NewChunks  int
+	NewBytes   int64 // bytes written to packs
+	DedupBytes int64 // bytes already in the store (or earlier in this file)
+}
+
+// Importer writes files into the store. Data it writes becomes durable and
+// visible to other readers of the index at Flush (PutFile flushes after
+// every large file, and small files in batches); Close flushes. An Importer
+// is used by one goroutine at a time; several Importers may run at once.
+//
+// Until its data is referenced from a head, an Importer holds off garbage
+// collection, so the caller must Close it after linking what it wrote into
+// the namespace (or giving up).
+type Importer struct {
+	s *Store
+
+	pending      map[ID]Location
+	pendingPacks map[uint64]packInfo
+	pendingObjs  [][]byte
+	pendingBytes int64
+	dirty        []*os.File // packs with unsynced writes
+	ownFiles     []*os.File // exclusive pack writers to close after sync
+	newFiles     bool       // a pack file was created: sync the directory
+	closed       bool
+}
+
+// Flush thresholds for batches of small files.
+const (
+	flushPendingBytes = 64 << 20
+	flushPendingObjs  = 4096
+)
+
+// NewImporter starts an import.
+func (s *Store) NewImporter() *Importer {
+	s.gcMu.RLock()
+	return &Importer{
+		s:            s,
+		pending:      map[ID]Location{},
+		pendingPacks: map[uint64]packInfo{},
+	}
+}
+
+// Close flushes and ends the import.
+func (im *Importer) Close() error {
+	if im.closed {
+		return nil
+	}
+	err := im.Flush()
+	im.closed = true
+	im.s.gcMu.RUnlock()
+	return err
+}
+
+// Abort ends the import without committing what is pending: those bytes stay
+// as garbage in packs until cut off at the next open or collected by GC.
+func (im *Importer) Abort() {
+	if im.closed {
+		return
+	}
+	for _, f := range im.ownFiles {
+		f.Close()
+	}
+	im.closed = true
+	im.s.gcMu.RUnlock()
+}
+
+// PutFile stores the regular file f (named name, for format detection) and
+// returns its manifest. The manifest is committed with the next Flush.
+func (im *Importer) PutFile(ctx context.Context, f *os.File, name string, progress func(int64)) (PutResult, error) {
+	if im.closed {
+		return PutResult{}, fmt.Errorf("chunkstore: put %s: importer closed", name)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return PutResult{}, fmt.Errorf("chunkstore: put %s: %w", name, err)
+	}
+	if !st.Mode().IsRegular() {
+		return PutResult{}, fmt.Errorf("chunkstore: put %s: not a regular file", name)
+	}
+	size := st.Size()
+	res := PutResult{Size: size}
+	plan, err := planChunks(f, name, size)
+	if err != nil {
+		return res, fmt.Errorf("chunkstore: put %s: %w", name, err)
+	}
+	res.Format, res.FormatNote = plan.format, plan.note
+
+	var w chunkSink
+	if size >= im.s.opts.LargeFileMin {
+		w = &exclusiveSink{im: im}
+	} else {
+		w = &sharedSink{im: im}
+	}
+	m := &FileManifest{Size: size, Format: plan.format}
+	seen := map[ID]bool{}
+	err = forEachChunk(ctx, f, size, plan, progress, func(id ID, data []byte) error {
+		m.Chunks = append(m.Chunks, ChunkRef{ID: id, Len: uint32(len(data))})
+		res.Chunks++
+		if seen[id] || im.has(id) {
+			res.DedupBytes += int64(len(data))
+			return nil
+		}
+		seen[id] = true
+		res.NewChunks++
+		res.NewBytes += int64(len(data))
+		return w.write(id, data)
+	})
+	if err == nil {
+		err = w.finish()
+	}
+	if err != nil {
+		w.abort()
+		return res, fmt.Errorf("chunkstore: put %s: %w", name, err)
+	}
+	obj := m.Encode()
+	res.ID = Sum(obj)
+	im.pendingObjs = append(im.pendingObjs, obj)
+	im.pendingBytes += res.NewBytes
+	if size >= im.s.opts.LargeFileMin || im.pendingBytes >= flushPendingBytes || len(im.pendingObjs) >= flushPendingObjs {
+		if err := im.Flush(); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// PutObject queues an encoded manifest for the next Flush and returns its ID.
+func (im *Importer) PutObject(obj []byte) ID {
+	im.pendingObjs = append(im.pendingObjs, obj)
+	return Sum(obj)
+}
+
+// has reports whether chunk id is stored or pending in this import.
+func (im *Importer) has(id ID) bool {
+	if _, ok := im.pending[id]; ok {
+		return true
+	}
+	found := false
+	im.s.db.View(func(tx *bolt.Tx) error {
+		found = tx.Bucket(bucketChunks).Get(id[:]) != nil
+		return nil
+	})
+	return found
+}
+
+// Flush makes everything written so far durable and commits it to the index:
+// first the pack bytes (fdatasync), then one index transaction.
+func (im *Importer) Flush() error {
+	if len(im.pending) == 0 && len(im.pendingObjs) == 0 {
+		return nil
+	}
+	for _, f := range im.dirty {
+		if err := unix.Fdatasync(int(f.Fd())); err != nil {
+			return fmt.Errorf("chunkstore: sync pack %s: %w", f.Name(), err)
+		}
+	}
+	if im.newFiles {
+		if err := syncDir(filepath.Join(im.s.dir, "packs")); err != nil {
+			return err
+		}
+	}
+	for _, f := range im.ownFiles {
+		f.Close()
+	}
+	im.dirty, im.ownFiles, im.newFiles = nil, nil, false
+	err := im.s.db.Update(func(tx *bolt.Tx) error {
+		chunks := tx.Bucket(bucketChunks)
+		for id, loc := range im.pending {
+			if chunks.Get(id[:]) != nil {
+				continue // another importer committed the same chunk first
+			}
+			if err := chunks.Put(id[:], loc.encode()); err != nil {
+				return err
+			}
+		}
+		packs := tx.Bucket(bucketPacks)
+		for pid, pi := range im.pendingPacks {
+			k := packKey(pid)
+			if old := packs.Get(k); old != nil {
+				if o, err := decodePackInfo(old); err == nil && o.Size > pi.Size {
+					pi.Size = o.Size
+				}
+			}
+			if err := packs.Put(k, pi.encode()); err != nil {
+				return err
+			}
+		}
+		objs := tx.Bucket(bucketObjects)
+		for _, o := range im.pendingObjs {
+			id := Sum(o)
+			if err := objs.Put(id[:], o); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("chunkstore: commit: %w", err)
+	}
+	clear(im.pending)
+	clear(im.pendingPacks)
+	im.pendingObjs = im.pendingObjs[:0]
+	im.pendingBytes = 0
+	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("chunkstore: sync %s: %w", dir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("chunkstore: sync %s: %w", dir, err)
+	}
+	return nil
+}
+
+// allocPack returns a fresh pack id.
+func (s *Store) allocPack() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.nextPack == 0 {
+		s.nextPack = 1 // 0 means "no pack"
+	}
+	id := s.nextPack
+	s.nextPack++
+	return id
+}
+
+// chunkSink receives a file's new chunks in order.
+type chunkSink interface {
+	write(id ID, data []byte) error
+	finish() error
+	abort()
+}
+
+// exclusiveSink writes a large file's new chunks into a pack of its own,
+// contiguously from offset 0.
+type exclusiveSink struct {
+	im   *Importer
+	pack uint64
+	f    *os.File
+	w    *packWriter
+	locs map[ID]Location
+}
+
+func (e *exclusiveSink) write(id ID, data []byte) error {
+	if e.f == nil {
+		e.pack = e.im.s.allocPack()
+		f, err := os.OpenFile(e.im.s.PackPath(e.pack), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+		if err != nil {
+			return err
+		}
+		e.f = f
+		e.w = newPackWriter(f, 0)
+		e.locs = map[ID]Location{}
+	}
+	off := e.w.off
+	if err := e.w.write(data); err != nil {
+		return err
+	}
+	e.locs[id] = Location{Pack: e.pack, Off: off, Len: uint32(len(data))}
+	return nil
+}
+
+func (e *exclusiveSink) finish() error {
+	if e.f == nil {
+		return nil
+	}
+	if err := e.w.flush(); err != nil {
+		return err
+	}
+	im := e.im
+	for id, l := range e.locs {
+		im.pending[id] = l
+	}
+	im.pendingPacks[e.pack] = packInfo{Size: e.w.off, Flags: packExclusive}
+	im.dirty = append(im.dirty, e.f)
+	im.ownFiles = append(im.ownFiles, e.f)
+	im.newFiles = true
+	return nil
+}
+
+func (e *exclusiveSink) abort() {
+	if e.f != nil {
+		e.f.Close()
+		os.Remove(e.f.Name())
+	}
+}
+
+// sharedSink collects a small file's new chunks in memory and appends them to
+// the current shared pack as one 4 KiB-aligned region.
+type sharedSink struct {
+	im     *Importer
+	ids    []ID
+	chunks [][]byte
+	n      int64
+}
+
+func (w *sharedSink) write(id ID, data []byte) error {
+	w.ids = append(w.ids, id)
+	w.chunks = append(w.chunks, append([]byte(nil), data...))
+	w.n += int64(len(data))
+	return nil
+}
+
+func (w *sharedSink) finish() error {
+	if len(w.ids) == 0 {
+		return nil
+	}
+	s := w.im.s
+	s.sharedMu.Lock()
+	defer s.sharedMu.Unlock()
+	sp, err := s.sharedPackFor(w.n)
+	if err != nil {
+		return err
+	}
+	start := alignUp(sp.size)
+	pw := newPackWriter(sp.f, start)
+	for _, c := range w.chunks {
+		if err := pw.write(c); err != nil {
+			return err
+		}
+	}
+	if err := pw.flush(); err != nil {
+		return err
+	}
+	sp.size = pw.off
+	off := start
+	for i, id := range w.ids {
+		w.im.pending[id] = Location{Pack: sp.id, Off: off, Len: uint32(len(w.chunks[i]))}
+		off += int64(len(w.chunks[i]))
+	}
+	w.im.pendingPacks[sp.id] = packInfo{Size: pw.off}
+	w.im.dirty = append(w.im.dirty, sp.f)
+	return nil
+}
+
+func (w *sharedSink) abort() {}
+
+// sharedPackFor returns the shared pack to append n bytes to, opening a new
+// one when the current one would grow past SharedPackMax. Caller holds sharedMu.
+func (s *Store) sharedPackFor(n int64) (*sharedPack, error) {
+	s.mu.Lock()
+	sp := s.shared
+	s.mu.Unlock()
+	if sp != nil && alignUp(sp.size)+n <= s.opts.SharedPackMax {
+		return sp, nil
+	}
+	id := s.allocPack()
+	f, err := os.OpenFile(s.PackPath(id), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syncDir(filepath.Join(s.dir, "packs")); err != nil {
+		f.Close()
+		return nil, err
+	}
+	s.mu.Lock()
+	if s.shared != nil {
+		s.shared.f.Close()
+	}
+	s.shared = &sharedPack{id: id, f: f}
+	sp = s.shared
+	s.mu.Unlock()
+	return sp, nil
+}
+
+const packAlign = 4096
+
+func alignUp(n int64) int64 { return (n + packAlign - 1) &^ (packAlign - 1) }
+
+// packWriter buffers sequential writes to a pack at increasing offsets.
+type packWriter struct {
+	f   *os.File
+	off int64 // offset of the next byte written (buffered or not)
+	buf []byte
+}
+
+const packWriteBuf = 8 << 20
+
+func newPackWriter(f *os.File, off int64) *packWriter {
+	return &packWriter{f: f, off: off}
+}
+
+func (w *packWriter) write(p []byte) error {
+	if len(w.buf)+len(p) > packWriteBuf {
+		if err := w.flush(); err != nil {
+			return err
+		}
+	}
+	if len(p) >= packWriteBuf/2 {
+		if _, err := w.f.WriteAt(p, w.off); err != nil {
+			return err
+		}
+		w.off += int64(len(p))
+		return nil
+	}
+	if w.buf == nil {
+		w.buf = make([]byte, 0, packWriteBuf)
+	}
+	w.buf = append(w.buf, p...)
+	w.off += int64(len(p))
+	return nil
+}
+
+func (w *packWriter) flush() error {
+	if len(w.buf) == 0 {
+		return nil
+	}
+	if _, err := w.f.WriteAt(w.buf, w.off-int64(len(w.buf))); err != nil {
+		return err
+	}
+	w.buf = w.buf[:0]
+	return nil
+}
+
+// chunkPlan says how to cut one file.
+type chunkPlan struct {
+	format Format
+	note   string
+	spans  []chunking.Span // tensor-aware spans; nil means content-defined
+}
+
+func planChunks(f *os.File, name string, size int64) (chunkPlan, error) {
+	format, hdr, err := chunking.Detect(name, f, size)
+	if err != nil {
+		// A file named .safetensors whose header is malformed is still a
+		// file the user wants stored byte for byte: say why it is not cut
+		// at tensor boundaries.
+		return chunkPlan{format: FormatOpaque, note: fmt.Sprintf("content-defined chunking: %v", err)}, nil
+	}
+	if format == chunking.FormatSafetensors {
+		return chunkPlan{format: FormatSafetensors, spans: chunking.TensorSpans(hdr, size, chunking.DefaultTensorChunk)}, nil
+	}
+	return chunkPlan{format: FormatOpaque}, nil
+}
+
+// chunkJob is one chunk moving through the import pipeline.
+type chunkJob struct {
+	buf  *[]byte
+	data []byte
+	id   ID
+	done chan struct{}
+}
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4<<20); return &b }}
+
+func getBuf(n int) *[]byte {
+	b := bufPool.Get().(*[]byte)
+	if cap(*b) < n {
+		nb := make([]byte, n)
+		return &nb
+	}
+	*b = (*b)[:n]
+	return b
+}
+
+func putBuf(b *[]byte) {
+	if cap(*b) <= 16<<20 {
+		bufPool.Put(b)
+	}
+}
+
+// forEachChunk reads f, cuts it per plan, hashes chunks on all cores, and calls
+// fn for each chunk in file order. fn's data is valid only during the call.
+func forEachChunk(ctx context.Context, f *os.File, size int64, plan chunkPlan, progress func(int64), fn func(ID, []byte) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	const inflight = 16
+	order := make(chan *chunkJob, inflight)
+	hashq := make(chan *chunkJob, inflight)
+	var readErr error
+	go func() {
+		defer close(order)
+		defer close(hashq)
+		emit := func(j *chunkJob) bool {
+			j.done = make(chan struct{})
+			select {
+			case order <- j:
+			case <-ctx.Done():
+				return false
+			}
+			hashq <- j
+			return true
+		}
+		readErr = produceChunks(ctx, f, size, plan, emit)
+	}()
+	workers := max(1, runtime.GOMAXPROCS(0))
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range hashq {
+				j.id = Sum(j.data)
+				close(j.done)
+			}
+		}()
+	}
+	var err error
+	for j := range order {
+		<-j.done
+		if err == nil {
+			err = fn(j.id, j.data)
+			if progress != nil {
+				progress(int64(len(j.data)))
+			}
+			if err == nil {
+				err = ctxErr(ctx)
+			}
+			if err != nil {
+				cancel()
+			}
+		}
+		putBuf(j.buf)
+	}
+	wg.Wait()
+	if err != nil {
+		return err
+	}
+	return readErr
+}
+
+// produceChunks reads f and emits its chunks in order.
+func produceChunks(ctx context.Context, f *os.File, size int64, plan chunkPlan, emit func(*chunkJob) bool) error {
+	if plan.spans != nil {
+		for _, sp := range plan.spans {
+			if sp.Len == 0 {
+				continue
+			}
+			b := getBuf(int(sp.Len))
+			if _, err := f.ReadAt(*b, sp.Off); err != nil {
+				putBuf(b)
+				if errors.Is(err, io.EOF) {
+					return fmt.Errorf("file shrank while being read (at %d): %w", sp.Off, io.ErrUnexpectedEOF)
+				}
+				return err
+			}
+			if !emit(&chunkJob{buf: b, data: *b}) {
+				putBuf(b)
+				return ctx.Err()
+			}
+		}
+		return nil
+	}
+	cdc := chunking.DefaultCDC()
+	_, _, maxLen := cdc.Sizes()
+	win := make([]byte, 0, 4*maxLen)
+	var off int64
+	eof := false
+	for {
+		for !eof && len(win) < 2*maxLen {
+			n, err := f.ReadAt(win[len(win):cap(win)], off)
+			win = win[:len(win)+n]
+			off += int64(n)
+			if errors.Is(err, io.EOF) {
+				eof = true
+			} else if err != nil {
+				return err
+			}
+		}
+		if len(win) == 0 {
+			break
+		}
+		n := cdc.Cut(win, eof)
+		if n <= 0 {
+			if eof {
+				n = len(win)
+			} else {
+				continue
+			}
+		}
+		b := getBuf(n)
+		copy(*b, win[:n])
+		if !emit(&chunkJob{buf: b, data: *b}) {
+			putBuf(b)
+			return ctx.Err()
+		}
+		win = win[:copy(win, win[n:])]
+	}
+	if off != size {
+		return fmt.Errorf("file changed size while being read (%d, then %d)", size, off)
+	}
+	return nil
+}

@@ -1,0 +1,350 @@
+package chunkstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/kylix/kylix/chunkstore/storeio"
+)
+
+// File is an open stored file: its manifest and where each chunk lives. It is
+// safe for concurrent use. Locations are resolved at open; a chunk that is not
+// stored locally has Pack 0 and reads of it fail with ErrNotFound.
+type File struct {
+	s    *Store
+	ID   ID
+	M    *FileManifest
+	offs []int64 // offs[i] = file offset of chunk i; offs[len] = size
+	locs []Location
+}
+
+// OpenFile opens the file whose manifest is id.
+func (s *Store) OpenFile(id ID) (*File, error) {
+	m, err := s.FileManifest(id)
+	if err != nil {
+		return nil, err
+	}
+	f := &File{s: s, ID: id, M: m, offs: make([]int64, len(m.Chunks)+1), locs: make([]Location, len(m.Chunks))}
+	var off int64
+	for i, c := range m.Chunks {
+		f.offs[i] = off
+		off += int64(c.Len)
+	}
+	f.offs[len(m.Chunks)] = off
+	err = s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketChunks)
+		for i, c := range m.Chunks {
+			v := b.Get(c.ID[:])
+			if v == nil {
+				continue
+			}
+			l, err := decodeLocation(v)
+			if err != nil {
+				return fmt.Errorf("chunk %s: %w", c.ID.Short(), err)
+			}
+			if l.Len != c.Len {
+				return fmt.Errorf("chunk %s: index says %d bytes, manifest %d: %w", c.ID.Short(), l.Len, c.Len, ErrCorrupt)
+			}
+			f.locs[i] = l
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("chunkstore: open file %s: %w", id.Short(), err)
+	}
+	return f, nil
+}
+
+// OpenPath opens the file at a namespace path.
+func (s *Store) OpenPath(path string) (*File, Entry, error) {
+	e, err := s.Lookup(path)
+	if err != nil {
+		return nil, e, err
+	}
+	if e.Kind != KindFile {
+		return nil, e, fmt.Errorf("chunkstore: open %s: %w", path, ErrIsDir)
+	}
+	f, err := s.OpenFile(e.ID)
+	return f, e, err
+}
+
+// Size is the file's length in bytes.
+func (f *File) Size() int64 { return f.M.Size }
+
+// Extent is a run of a file stored contiguously in one pack.
+type Extent struct {
+	FileOff  int64  `json:"file_offset"`
+	Len      int64  `json:"length"`
+	Pack     uint64 `json:"pack"` // 0: not stored locally
+	PackPath string `json:"pack_path,omitempty"`
+	PackOff  int64  `json:"pack_offset"`
+}
+
+// Extents returns the file's extents, merging chunks that lie back to back in
+// one pack.
+func (f *File) Extents() []Extent {
+	var out []Extent
+	for i, l := range f.locs {
+		n := int64(f.M.Chunks[i].Len)
+		if k := len(out) - 1; k >= 0 && out[k].Pack == l.Pack && (l.Pack == 0 || out[k].PackOff+out[k].Len == l.Off) {
+			out[k].Len += n
+			continue
+		}
+		e := Extent{FileOff: f.offs[i], Len: n, Pack: l.Pack, PackOff: l.Off}
+		if l.Pack != 0 {
+			e.PackPath = f.s.PackPath(l.Pack)
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// ExtentsIn returns the extents covering [off, off+n), clipped to it.
+func (f *File) ExtentsIn(off, n int64) []Extent {
+	var out []Extent
+	end := min(off+n, f.M.Size)
+	for _, e := range f.Extents() {
+		s, t := max(e.FileOff, off), min(e.FileOff+e.Len, end)
+		if s >= t {
+			continue
+		}
+		d := s - e.FileOff
+		e.FileOff, e.PackOff, e.Len = s, e.PackOff+d, t-s
+		if e.Pack == 0 {
+			e.PackOff = 0
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// WholeFilePack returns the path of a pack that holds exactly this file's
+// bytes from offset 0 and nothing else, if there is one. Only such a pack may
+// back FUSE passthrough: the kernel does not clip passthrough reads at the
+// FUSE file's size.
+func (f *File) WholeFilePack() (string, bool) {
+	ex := f.Extents()
+	if len(ex) != 1 || ex[0].Pack == 0 || ex[0].PackOff != 0 || ex[0].Len != f.M.Size {
+		return "", false
+	}
+	var pi packInfo
+	err := f.s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketPacks).Get(packKey(ex[0].Pack))
+		if v == nil {
+			return ErrNotFound
+		}
+		var err error
+		pi, err = decodePackInfo(v)
+		return err
+	})
+	if err != nil || pi.Flags&packExclusive == 0 || pi.Size != f.M.Size {
+		return "", false
+	}
+	return ex[0].PackPath, true
+}
+
+// chunkIndex returns the index of the chunk holding byte off.
+func (f *File) chunkIndex(off int64) int {
+	return sort.Search(len(f.M.Chunks), func(i int) bool { return f.offs[i+1] > off })
+}
+
+// ReadAt implements io.ReaderAt. Every chunk it touches is read whole and
+// verified against its ID before any of its bytes are copied into p.
+func (f *File) ReadAt(p []byte, off int64) (int, error) {
+	return f.ReadAtContext(context.Background(), p, off)
+}
+
+// ReadAtContext is ReadAt with a context.
+func (f *File) ReadAtContext(ctx context.Context, p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, fmt.Errorf("chunkstore: read at %d: negative offset", off)
+	}
+	if off >= f.M.Size {
+		return 0, io.EOF
+	}
+	end := min(off+int64(len(p)), f.M.Size)
+	first, last := f.chunkIndex(off), f.chunkIndex(end-1)
+	chunks, err := f.s.readChunks(ctx, f.M.Chunks[first:last+1], f.locs[first:last+1], end-off < f.offs[last+1]-f.offs[first])
+	if err != nil {
+		return 0, fmt.Errorf("chunkstore: read %s at %d: %w", f.ID.Short(), off, err)
+	}
+	n := 0
+	for k, data := range chunks {
+		i := first + k
+		s := max(off, f.offs[i]) - f.offs[i]
+		t := min(end, f.offs[i+1]) - f.offs[i]
+		n += copy(p[n:], data[s:t])
+	}
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+// readChunks returns the verified bytes of each chunk, reading the misses in
+// one batch. With cacheMisses the chunks read are kept in the cache (the
+// caller uses only part of them and will likely ask for the rest).
+func (s *Store) readChunks(ctx context.Context, refs []ChunkRef, locs []Location, cacheMisses bool) ([][]byte, error) {
+	out := make([][]byte, len(refs))
+	var reqs []*storeio.Request
+	var idx []int
+	for i, r := range refs {
+		if d, ok := s.cache.get(r.ID); ok {
+			out[i] = d
+			continue
+		}
+		l := locs[i]
+		if l.Pack == 0 {
+			return nil, fmt.Errorf("chunk %s is not stored locally: %w", r.ID.Short(), ErrNotFound)
+		}
+		pf, err := s.packFile(l.Pack)
+		if err != nil {
+			return nil, err
+		}
+		reqs = append(reqs, &storeio.Request{Fd: int(pf.Fd()), Off: l.Off, Buf: make([]byte, l.Len)})
+		idx = append(idx, i)
+	}
+	if len(reqs) == 0 {
+		return out, nil
+	}
+	if err := s.io.Read(ctx, reqs); err != nil {
+		return nil, err
+	}
+	for k, rq := range reqs {
+		if rq.N != len(rq.Buf) {
+			i := idx[k]
+			return nil, fmt.Errorf("chunk %s: pack %016x holds %d of its %d bytes: %w", refs[i].ID.Short(), locs[i].Pack, rq.N, len(rq.Buf), ErrCorrupt)
+		}
+	}
+	if err := verifyAll(refs, idx, reqs); err != nil {
+		return nil, err
+	}
+	for k, rq := range reqs {
+		i := idx[k]
+		out[i] = rq.Buf
+		if cacheMisses {
+			s.cache.add(refs[i].ID, rq.Buf)
+		}
+	}
+	return out, nil
+}
+
+// verifyAll hashes the read chunks on all cores and fails if any mismatch.
+func verifyAll(refs []ChunkRef, idx []int, reqs []*storeio.Request) error {
+	errs := make([]error, len(reqs))
+	parallelFor(len(reqs), func(k int) {
+		if i := idx[k]; Sum(reqs[k].Buf) != refs[i].ID {
+			errs[k] = fmt.Errorf("chunk %s: hash mismatch: %w", refs[i].ID.Short(), ErrCorrupt)
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// parallelFor runs fn(0..n-1) on all cores.
+func parallelFor(n int, fn func(int)) {
+	workers := min(n, runtime.GOMAXPROCS(0))
+	if workers <= 1 {
+		for k := range n {
+			fn(k)
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	var next atomic.Int64
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := int(next.Add(1) - 1); k < n; k = int(next.Add(1) - 1) {
+				fn(k)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// ReadChunk returns the verified bytes of chunk id.
+func (s *Store) ReadChunk(ctx context.Context, id ID) ([]byte, error) {
+	var loc Location
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketChunks).Get(id[:])
+		if v == nil {
+			return fmt.Errorf("chunkstore: chunk %s: %w", id.Short(), ErrNotFound)
+		}
+		var err error
+		loc, err = decodeLocation(v)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	out, err := s.readChunks(ctx, []ChunkRef{{ID: id, Len: loc.Len}}, []Location{loc}, false)
+	if err != nil {
+		return nil, fmt.Errorf("chunkstore: chunk %s: %w", id.Short(), err)
+	}
+	return out[0], nil
+}
+
+// WriteTo writes the whole file to w, reading ahead while writing, and
+// verifying every chunk. progress (may be nil) is called with bytes written.
+func (f *File) WriteTo(ctx context.Context, w io.Writer, progress func(int64)) (int64, error) {
+	const window = 32 << 20
+	type batch struct {
+		data [][]byte
+		err  error
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ch := make(chan batch, 2)
+	go func() {
+		defer close(ch)
+		for i := 0; i < len(f.M.Chunks); {
+			j, n := i, int64(0)
+			for j < len(f.M.Chunks) && (j == i || n+int64(f.M.Chunks[j].Len) <= window) {
+				n += int64(f.M.Chunks[j].Len)
+				j++
+			}
+			d, err := f.s.readChunks(ctx, f.M.Chunks[i:j], f.locs[i:j], false)
+			if err != nil {
+				err = fmt.Errorf("chunkstore: read %s at %d: %w", f.ID.Short(), f.offs[i], err)
+			}
+			select {
+			case ch <- batch{d, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+			i = j
+		}
+	}()
+	var total int64
+	for b := range ch {
+		if b.err != nil {
+			return total, b.err
+		}
+		for _, d := range b.data {
+			n, err := w.Write(d)
+			total += int64(n)
+			if err != nil {
+				return total, err
+			}
+			if progress != nil {
+				progress(int64(n))
+			}
+		}
+	}
+	if err := ctxErr(ctx); err != nil {
+		return total, err
+	}
+	return total, nil
+}

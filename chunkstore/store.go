@@ -1,0 +1,474 @@
+package chunkstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
+
+	"github.com/kylix/kylix/chunkstore/storeio"
+)
+
+// Defaults for Options.
+const (
+	// DefaultLargeFileMin: files at least this large get a pack of their own.
+	// Smaller files share packs and are served by the daemon, never by
+	// passthrough (a shared pack holds other files' bytes past their end).
+	DefaultLargeFileMin = 1 << 20
+	// DefaultSharedPackMax: a shared pack is closed for appends past this size.
+	DefaultSharedPackMax = 256 << 20
+	// DefaultCacheBytes: verified chunks kept in memory for partial reads.
+	DefaultCacheBytes = 256 << 20
+)
+
+// Options configure Open. The zero value of each field means its default.
+type Options struct {
+	// Dir is the data directory; created if missing.
+	Dir string
+	// Logger receives warnings found while opening (orphan packs removed,
+	// torn writes cut off). Default: discard.
+	Logger *slog.Logger
+	// IO selects the storage reader: "auto" (io_uring, else pread, and the
+	// choice is reported by IOName), "io_uring" or "pread".
+	IO string
+	// IODepth is the number of reads kept in flight. Default 64.
+	IODepth      int
+	LargeFileMin int64
+	// SharedPackMax bounds the size a shared (small-file) pack grows to.
+	SharedPackMax int64
+	// CacheBytes bounds the in-memory cache of verified chunks.
+	CacheBytes int64
+	// Now is the wall clock (tests use a fake). Default time.Now.
+	Now func() time.Time
+}
+
+// Store is an open chunk store. It is safe for concurrent use.
+type Store struct {
+	opts   Options
+	dir    string
+	log    *slog.Logger
+	lock   *os.File
+	db     *bolt.DB
+	io     storeio.Reader
+	ioNote string
+	clock  *Clock
+	cache  *chunkCache
+
+	// gcMu: imports hold it shared while they have uncommitted or
+	// unreferenced data; GC holds it exclusively.
+	gcMu sync.RWMutex
+	// nsMu serialises namespace updates (read-modify-write of the tree).
+	nsMu sync.Mutex
+
+	mu       sync.Mutex
+	closed   bool
+	nextPack uint64
+	fds      map[uint64]*os.File
+	shared   *sharedPack // current shared pack, nil when none is open
+	sharedMu sync.Mutex  // held by the importer appending to shared
+}
+
+type sharedPack struct {
+	id   uint64
+	f    *os.File
+	size int64 // committed or written size; appends go at AlignUp(size)
+}
+
+// Open opens (creating if needed) the store in opts.Dir, takes its lock and
+// repairs what a crash left: bytes past a pack's committed size are cut off and
+// packs no commit references are removed.
+func Open(opts Options) (*Store, error) {
+	if opts.Dir == "" {
+		return nil, fmt.Errorf("chunkstore: open: no data directory given")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.IO == "" {
+		opts.IO = "auto"
+	}
+	if opts.IODepth <= 0 {
+		opts.IODepth = 64
+	}
+	if opts.LargeFileMin <= 0 {
+		opts.LargeFileMin = DefaultLargeFileMin
+	}
+	if opts.SharedPackMax <= 0 {
+		opts.SharedPackMax = DefaultSharedPackMax
+	}
+	if opts.CacheBytes <= 0 {
+		opts.CacheBytes = DefaultCacheBytes
+	}
+	dir, err := filepath.Abs(opts.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("chunkstore: open %s: %w", opts.Dir, err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "packs"), 0o755); err != nil {
+		return nil, fmt.Errorf("chunkstore: open: %w", err)
+	}
+	s := &Store{
+		opts:  opts,
+		dir:   dir,
+		log:   opts.Logger,
+		clock: NewClock(opts.Now),
+		cache: newChunkCache(opts.CacheBytes),
+		fds:   map[uint64]*os.File{},
+	}
+	if err := s.takeLock(); err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			s.closeAll()
+		}
+	}()
+	s.db, err = bolt.Open(filepath.Join(dir, "index.db"), 0o644, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("chunkstore: open index in %s: %w", dir, err)
+	}
+	if err := initIndex(s.db); err != nil {
+		return nil, fmt.Errorf("chunkstore: open index in %s: %w", dir, err)
+	}
+	if err := s.recoverPacks(); err != nil {
+		return nil, err
+	}
+	if err := s.observeHeads(); err != nil {
+		return nil, err
+	}
+	s.io, s.ioNote, err = openReader(opts.IO, opts.IODepth)
+	if err != nil {
+		return nil, fmt.Errorf("chunkstore: open %s: %w", dir, err)
+	}
+	ok = true
+	return s, nil
+}
+
+func openReader(prefer string, depth int) (storeio.Reader, string, error) {
+	r, err := storeio.New(prefer, depth)
+	if err != nil {
+		return nil, "", err
+	}
+	note := r.Name()
+	if prefer == "auto" && r.Name() != "io_uring" {
+		if perr := storeio.Probe(); perr != nil {
+			note = fmt.Sprintf("%s (io_uring unavailable: %v)", r.Name(), perr)
+		}
+	}
+	return r, note, nil
+}
+
+// Dir returns the store's data directory (absolute).
+func (s *Store) Dir() string { return s.dir }
+
+// IOName says which storage reader runs, and why not io_uring if it does not.
+func (s *Store) IOName() string { return s.ioNote }
+
+// Reader returns the store's storage reader (shared; do not close it).
+func (s *Store) Reader() storeio.Reader { return s.io }
+
+// Clock returns the store's hybrid logical clock.
+func (s *Store) Clock() *Clock { return s.clock }
+
+func (s *Store) takeLock() error {
+	path := filepath.Join(s.dir, "LOCK")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return fmt.Errorf("chunkstore: lock %s: %w", path, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(path)
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return fmt.Errorf("chunkstore: %s is in use by pid %s: %w", s.dir, strings.TrimSpace(string(holder)), ErrLocked)
+		}
+		return fmt.Errorf("chunkstore: lock %s: %w", path, err)
+	}
+	if err := f.Truncate(0); err == nil {
+		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	s.lock = f
+	return nil
+}
+
+// Close releases the store. Readers still in use get ErrClosed.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	return s.closeAll()
+}
+
+func (s *Store) closeAll() error {
+	var errs []error
+	s.mu.Lock()
+	for id, f := range s.fds {
+		f.Close()
+		delete(s.fds, id)
+	}
+	if s.shared != nil {
+		s.shared.f.Close()
+		s.shared = nil
+	}
+	s.mu.Unlock()
+	if s.io != nil {
+		errs = append(errs, s.io.Close())
+	}
+	if s.db != nil {
+		errs = append(errs, s.db.Close())
+	}
+	if s.lock != nil {
+		errs = append(errs, s.lock.Close())
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("chunkstore: close: %w", err)
+	}
+	return nil
+}
+
+// PackPath returns the path of pack id's file.
+func (s *Store) PackPath(id uint64) string {
+	return filepath.Join(s.dir, "packs", fmt.Sprintf("%016x.pack", id))
+}
+
+func parsePackName(name string) (uint64, bool) {
+	hex, ok := strings.CutSuffix(name, ".pack")
+	if !ok || len(hex) != 16 {
+		return 0, false
+	}
+	id, err := strconv.ParseUint(hex, 16, 64)
+	return id, err == nil
+}
+
+// recoverPacks reconciles pack files with the index after a crash.
+func (s *Store) recoverPacks() error {
+	ents, err := os.ReadDir(filepath.Join(s.dir, "packs"))
+	if err != nil {
+		return fmt.Errorf("chunkstore: recover: %w", err)
+	}
+	onDisk := map[uint64]bool{}
+	for _, e := range ents {
+		if id, ok := parsePackName(e.Name()); ok {
+			onDisk[id] = true
+			s.nextPack = max(s.nextPack, id+1)
+		}
+	}
+	known := map[uint64]packInfo{}
+	err = s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketPacks).ForEach(func(k, v []byte) error {
+			if len(k) != 8 {
+				return fmt.Errorf("pack key of %d bytes: %w", len(k), ErrCorrupt)
+			}
+			pi, err := decodePackInfo(v)
+			if err != nil {
+				return err
+			}
+			id := beUint64(k)
+			known[id] = pi
+			s.nextPack = max(s.nextPack, id+1)
+			return nil
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("chunkstore: recover: %w", err)
+	}
+	for id := range onDisk {
+		path := s.PackPath(id)
+		pi, ok := known[id]
+		if !ok {
+			s.log.Warn("removing pack no commit references (left by an interrupted write)", "pack", path)
+			if err := os.Remove(path); err != nil {
+				return fmt.Errorf("chunkstore: recover: %w", err)
+			}
+			continue
+		}
+		st, err := os.Stat(path)
+		if err != nil {
+			return fmt.Errorf("chunkstore: recover: %w", err)
+		}
+		if st.Size() > pi.Size {
+			s.log.Warn("cutting uncommitted bytes off pack", "pack", path, "size", st.Size(), "committed", pi.Size)
+			if err := os.Truncate(path, pi.Size); err != nil {
+				return fmt.Errorf("chunkstore: recover: %w", err)
+			}
+		} else if st.Size() < pi.Size {
+			s.log.Error("pack is shorter than committed; verify will list what is lost", "pack", path, "size", st.Size(), "committed", pi.Size)
+		}
+	}
+	for id := range known {
+		if !onDisk[id] {
+			s.log.Error("pack missing; verify will list what is lost", "pack", s.PackPath(id))
+		}
+	}
+	return nil
+}
+
+// observeHeads moves the clock past every stored head, so that updates made
+// after a restart order after those made before it even if the wall clock
+// stepped back.
+func (s *Store) observeHeads() error {
+	return s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketHeads).ForEach(func(k, v []byte) error {
+			h, err := decodeHead(string(k), v)
+			if err != nil {
+				return fmt.Errorf("chunkstore: open: %w", err)
+			}
+			s.clock.Observe(h.HLC)
+			return nil
+		})
+	})
+}
+
+// packFile returns an open read-only descriptor for pack id, cached.
+func (s *Store) packFile(id uint64) (*os.File, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
+	if f, ok := s.fds[id]; ok {
+		return f, nil
+	}
+	f, err := os.Open(s.PackPath(id))
+	if err != nil {
+		return nil, fmt.Errorf("chunkstore: open pack %016x: %w", id, err)
+	}
+	s.fds[id] = f
+	return f, nil
+}
+
+func (s *Store) dropPackFile(id uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f, ok := s.fds[id]; ok {
+		f.Close()
+		delete(s.fds, id)
+	}
+}
+
+func beUint64(b []byte) uint64 {
+	return uint64(b[0])<<56 | uint64(b[1])<<48 | uint64(b[2])<<40 | uint64(b[3])<<32 |
+		uint64(b[4])<<24 | uint64(b[5])<<16 | uint64(b[6])<<8 | uint64(b[7])
+}
+
+// GetObject returns the bytes of a stored manifest, verified against id.
+func (s *Store) GetObject(id ID) ([]byte, error) {
+	var out []byte
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketObjects).Get(id[:])
+		if v == nil {
+			return fmt.Errorf("chunkstore: object %s: %w", id.Short(), ErrNotFound)
+		}
+		out = append([]byte(nil), v...)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if Sum(out) != id {
+		return nil, fmt.Errorf("chunkstore: object %s: hash mismatch: %w", id.Short(), ErrCorrupt)
+	}
+	return out, nil
+}
+
+// FileManifest loads and decodes the file manifest id.
+func (s *Store) FileManifest(id ID) (*FileManifest, error) {
+	b, err := s.GetObject(id)
+	if err != nil {
+		return nil, err
+	}
+	m, err := DecodeFileManifest(b)
+	if err != nil {
+		return nil, fmt.Errorf("chunkstore: object %s: %w", id.Short(), err)
+	}
+	return m, nil
+}
+
+// DirManifest loads and decodes the directory manifest id.
+func (s *Store) DirManifest(id ID) (*DirManifest, error) {
+	b, err := s.GetObject(id)
+	if err != nil {
+		return nil, err
+	}
+	m, err := DecodeDirManifest(b)
+	if err != nil {
+		return nil, fmt.Errorf("chunkstore: object %s: %w", id.Short(), err)
+	}
+	return m, nil
+}
+
+// putObjects stores encoded manifests in one transaction and returns their IDs.
+func (s *Store) putObjects(objs ...[]byte) ([]ID, error) {
+	ids := make([]ID, len(objs))
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketObjects)
+		for i, o := range objs {
+			ids[i] = Sum(o)
+			if b.Get(ids[i][:]) != nil {
+				continue
+			}
+			if err := b.Put(ids[i][:], o); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("chunkstore: put objects: %w", err)
+	}
+	return ids, nil
+}
+
+// GetHead returns the head name.
+func (s *Store) GetHead(name string) (Head, error) {
+	var h Head
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketHeads).Get([]byte(name))
+		if v == nil {
+			return fmt.Errorf("chunkstore: head %q: %w", name, ErrNotFound)
+		}
+		var err error
+		h, err = decodeHead(name, v)
+		return err
+	})
+	return h, err
+}
+
+// Heads lists every head.
+func (s *Store) Heads() ([]Head, error) {
+	var hs []Head
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketHeads).ForEach(func(k, v []byte) error {
+			h, err := decodeHead(string(k), v)
+			if err != nil {
+				return err
+			}
+			hs = append(hs, h)
+			return nil
+		})
+	})
+	return hs, err
+}
+
+// ctxErr is a cheap cancellation check for loops.
+func ctxErr(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	default:
+		return nil
+	}
+}

@@ -1,0 +1,37 @@
+package main
+
+import (
+	"context"
+	"fmt"
+)
+
+func init() {
+	register(&command{name: "df", summary: "show logical vs stored bytes and the dedup ratio", run: runDf})
+}
+
+func runDf(ctx context.Context, e *env, args []string) error {
+	f := newFlags(e, "df", "[--data DIR] [--json]", `
+Shows the store's size: logical_bytes (all files in the namespace added up),
+unique_bytes (distinct chunks), stored_bytes (disk taken by pack files,
+padding and not yet collected garbage included) and dedup_ratio
+(logical / stored).`).withJSON()
+	if err := f.parse(args, 0, 0); err != nil {
+		return err
+	}
+	s, err := f.open()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	st, err := s.Stats()
+	if err != nil {
+		return err
+	}
+	if f.jsonOut {
+		return f.printJSON(st)
+	}
+	fmt.Fprintf(e.stdout, "data dir:      %s\nfiles:         %d in %d directories\nlogical_bytes: %d (%s)\nunique_bytes:  %d (%s) in %d chunks\nstored_bytes:  %d (%s) in %d packs\nindex_bytes:   %d (%s)\ndedup_ratio:   %.2f\nio:            %s\n",
+		st.Dir, st.Files, st.Dirs, st.LogicalBytes, human(st.LogicalBytes), st.UniqueBytes, human(st.UniqueBytes), st.Chunks,
+		st.StoredBytes, human(st.StoredBytes), st.Packs, st.IndexBytes, human(st.IndexBytes), st.DedupRatio, st.IO)
+	return nil
+}

@@ -1,0 +1,38 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/kylix/kylix/chunkstore"
+)
+
+func init() {
+	register(&command{name: "export", summary: "write a stored file or tree back out, byte for byte", run: runExport})
+}
+
+func runExport(ctx context.Context, e *env, args []string) error {
+	f := newFlags(e, "export", "[--data DIR] [--force] SRC DEST", `
+Writes the file or tree at namespace path SRC to the local path DEST, verifying
+every chunk against its hash on the way. A file is written under a temporary
+name and renamed when complete, so a failure never leaves wrong bytes under the
+real name. Existing files are not replaced unless --force is given. If SRC is a
+file and DEST an existing directory, the file is written into it.`)
+	force := f.Bool("force", false, "replace existing files at DEST")
+	if err := f.parse(args, 2, 2); err != nil {
+		return err
+	}
+	s, err := f.open()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	p := newProgress(e, "export")
+	files, n, err := s.Export(ctx, f.Arg(0), f.Arg(1), chunkstore.ExportOptions{Progress: p.update, Overwrite: *force})
+	p.finish()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "exported %s -> %s: %d files, %s\n", f.Arg(0), f.Arg(1), files, human(n))
+	return nil
+}

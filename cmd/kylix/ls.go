@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kylix/kylix/chunkstore"
+)
+
+func init() {
+	register(&command{name: "ls", summary: "list a namespace directory", run: runLs})
+}
+
+type lsEntry struct {
+	Name   string    `json:"name"`
+	Kind   string    `json:"kind"`
+	Mode   string    `json:"mode"`
+	Size   int64     `json:"size"`
+	MTime  time.Time `json:"mtime"`
+	ID     string    `json:"id,omitempty"`
+	Target string    `json:"target,omitempty"`
+}
+
+func runLs(ctx context.Context, e *env, args []string) error {
+	f := newFlags(e, "ls", "[--data DIR] [--json] [-R] [PATH]", `
+Lists the namespace directory PATH (default: the root), or shows PATH itself
+if it is a file.`).withJSON()
+	rec := f.Bool("R", false, "list subdirectories recursively")
+	if err := f.parse(args, 0, 1); err != nil {
+		return err
+	}
+	s, err := f.open()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	path := f.Arg(0)
+	ent, err := s.Lookup(path)
+	if err != nil {
+		return err
+	}
+	var out []lsEntry
+	add := func(name string, c chunkstore.Entry) {
+		le := lsEntry{Name: name, Kind: c.Kind.String(), Mode: modeString(c), Size: c.Size, MTime: time.Unix(0, c.MTime).UTC(), Target: c.Target}
+		if c.Kind != chunkstore.KindSymlink {
+			le.ID = c.ID.String()
+		}
+		out = append(out, le)
+	}
+	switch {
+	case ent.Kind != chunkstore.KindDir:
+		add(path, ent)
+	case *rec:
+		clean, _ := chunkstore.CleanPath(path)
+		err = s.Walk(path, func(p string, c chunkstore.Entry) error {
+			if p != clean {
+				add(p, c)
+			}
+			return ctx.Err()
+		})
+	default:
+		var ents []chunkstore.Entry
+		ents, err = s.List(path)
+		for _, c := range ents {
+			add(c.Name, c)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if f.jsonOut {
+		if out == nil {
+			out = []lsEntry{}
+		}
+		return f.printJSON(out)
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 8, 1, ' ', tabwriter.AlignRight)
+	for _, le := range out {
+		name := le.Name
+		if le.Kind == "dir" {
+			name += "/"
+		} else if le.Target != "" {
+			name += " -> " + le.Target
+		}
+		fmt.Fprintf(tw, "%s\t%s\t %s\t %s\n", le.Mode, human(le.Size), le.MTime.Local().Format("2006-01-02 15:04"), name)
+	}
+	return tw.Flush()
+}
+
+func modeString(c chunkstore.Entry) string {
+	m := c.Mode.Perm()
+	switch c.Kind {
+	case chunkstore.KindDir:
+		return "d" + m.String()[1:]
+	case chunkstore.KindSymlink:
+		return "l" + m.String()[1:]
+	}
+	return m.String()
+}

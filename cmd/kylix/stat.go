@@ -1,0 +1,128 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/kylix/kylix/chunkstore"
+)
+
+func init() {
+	register(&command{name: "stat", summary: "show a path's size, chunks and on-disk extents", run: runStat})
+}
+
+type statOut struct {
+	Path   string              `json:"path"`
+	Kind   string              `json:"kind"`
+	Mode   string              `json:"mode"`
+	Size   int64               `json:"size"`
+	MTime  time.Time           `json:"mtime"`
+	HLC    string              `json:"hlc"`
+	ID     string              `json:"id,omitempty"`
+	Target string              `json:"target,omitempty"`
+	Format string              `json:"format,omitempty"`
+	Chunks []chunkOut          `json:"chunks,omitempty"`
+	NChunk int                 `json:"chunk_count,omitempty"`
+	Extent []chunkstore.Extent `json:"extents,omitempty"`
+	// Contiguous: the whole file is one extent of one pack.
+	Contiguous bool `json:"contiguous"`
+	// WholeFilePack: a pack holding exactly this file from offset 0 (what
+	// FUSE passthrough and the bypass library can read directly).
+	WholeFilePack string `json:"whole_file_pack,omitempty"`
+	Entries       int    `json:"entries,omitempty"`
+}
+
+type chunkOut struct {
+	ID  string `json:"id"`
+	Off int64  `json:"offset"`
+	Len uint32 `json:"length"`
+}
+
+func runStat(ctx context.Context, e *env, args []string) error {
+	f := newFlags(e, "stat", "[--data DIR] [--json] [--chunks] PATH", `
+Shows a namespace path: size, mode, manifest ID; for files also the chunk
+count, the extents on disk (backing pack file, offset, length), whether the
+file is one contiguous extent, and whether a pack holds exactly the file (then
+it can be served by FUSE passthrough and read directly by the GPU path).`).withJSON()
+	chunks := f.Bool("chunks", false, "list every chunk")
+	if err := f.parse(args, 1, 1); err != nil {
+		return err
+	}
+	s, err := f.open()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	path := f.Arg(0)
+	ent, err := s.Lookup(path)
+	if err != nil {
+		return err
+	}
+	out := statOut{Path: path, Kind: ent.Kind.String(), Mode: modeString(ent), Size: ent.Size,
+		MTime: time.Unix(0, ent.MTime).UTC(), HLC: ent.HLC.String(), Target: ent.Target}
+	if ent.Kind != chunkstore.KindSymlink {
+		out.ID = ent.ID.String()
+	}
+	switch ent.Kind {
+	case chunkstore.KindFile:
+		file, err := s.OpenFile(ent.ID)
+		if err != nil {
+			return err
+		}
+		out.Format = file.M.Format.String()
+		out.NChunk = len(file.M.Chunks)
+		if *chunks {
+			var off int64
+			for _, c := range file.M.Chunks {
+				out.Chunks = append(out.Chunks, chunkOut{ID: c.ID.String(), Off: off, Len: c.Len})
+				off += int64(c.Len)
+			}
+		}
+		out.Extent = file.Extents()
+		out.Contiguous = len(out.Extent) <= 1 && (len(out.Extent) == 0 || out.Extent[0].Pack != 0)
+		out.WholeFilePack, _ = file.WholeFilePack()
+	case chunkstore.KindDir:
+		l, err := s.List(path)
+		if err != nil {
+			return err
+		}
+		out.Entries = len(l)
+	}
+	if f.jsonOut {
+		return f.printJSON(out)
+	}
+	w := e.stdout
+	fmt.Fprintf(w, "path:     %s\nkind:     %s\nmode:     %s\nsize:     %d (%s)\nmtime:    %s\nhlc:      %s\n",
+		out.Path, out.Kind, out.Mode, out.Size, human(out.Size), out.MTime.Local().Format(time.RFC3339), out.HLC)
+	if out.ID != "" {
+		fmt.Fprintf(w, "id:       %s\n", out.ID)
+	}
+	if out.Target != "" {
+		fmt.Fprintf(w, "target:   %s\n", out.Target)
+	}
+	if ent.Kind == chunkstore.KindDir {
+		fmt.Fprintf(w, "entries:  %d\n", out.Entries)
+	}
+	if ent.Kind != chunkstore.KindFile {
+		return nil
+	}
+	fmt.Fprintf(w, "format:   %s\nchunks:   %d\ncontiguous: %v\n", out.Format, out.NChunk, out.Contiguous)
+	if out.WholeFilePack != "" {
+		fmt.Fprintf(w, "whole-file pack: %s (passthrough-eligible)\n", out.WholeFilePack)
+	} else {
+		fmt.Fprintf(w, "whole-file pack: none (served by the daemon, not passthrough)\n")
+	}
+	fmt.Fprintf(w, "extents:  %d\n", len(out.Extent))
+	for _, x := range out.Extent {
+		where := "not local"
+		if x.Pack != 0 {
+			where = fmt.Sprintf("%s @ %d", x.PackPath, x.PackOff)
+		}
+		fmt.Fprintf(w, "  [%d, %d) %s -> %s\n", x.FileOff, x.FileOff+x.Len, human(x.Len), where)
+	}
+	for _, c := range out.Chunks {
+		fmt.Fprintf(w, "  chunk %s @ %d +%d\n", c.ID, c.Off, c.Len)
+	}
+	return nil
+}
