@@ -37,9 +37,9 @@ tools:
 # Fuzz each parser for FUZZTIME (default 30s).
 FUZZTIME ?= 30s
 fuzz:
-	$(GO) test ./chunkstore/safetensors -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME)
-	$(GO) test ./chunkstore -run '^$$' -fuzz FuzzDecodeFileManifest -fuzztime $(FUZZTIME)
-	$(GO) test ./chunkstore -run '^$$' -fuzz FuzzDecodeDirManifest -fuzztime $(FUZZTIME)
+	$(GO) test $(GOFLAGS_) ./chunkstore/safetensors -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME)
+	$(GO) test $(GOFLAGS_) ./chunkstore -run '^$$' -fuzz FuzzDecodeFileManifest -fuzztime $(FUZZTIME)
+	$(GO) test $(GOFLAGS_) ./chunkstore -run '^$$' -fuzz FuzzDecodeDirManifest -fuzztime $(FUZZTIME)
 
 bench: build
 	$(GO) test $(GOFLAGS_) -run '^$$' -bench . -benchtime 3x ./chunkstore/...

@@ -374,7 +374,7 @@ func (d *decoder) bytes(n int) []byte {
 
 func (d *decoder) uvarint() uint64 {
 	v, n := binary.Uvarint(d.b)
-	if n <= 0 {
+	if n <= 0 || n != uvarintLen(v) {
 		d.fail()
 		return 0
 	}
@@ -384,10 +384,22 @@ func (d *decoder) uvarint() uint64 {
 
 func (d *decoder) varint() int64 {
 	v, n := binary.Varint(d.b)
-	if n <= 0 {
+	if n <= 0 || n != varintLen(v) {
 		d.fail()
 		return 0
 	}
 	d.b = d.b[n:]
 	return v
+}
+
+// Manifests are content-addressed, so each has exactly one encoding: the
+// decoder rejects varints that are not minimal.
+func uvarintLen(v uint64) int {
+	var tmp [binary.MaxVarintLen64]byte
+	return binary.PutUvarint(tmp[:], v)
+}
+
+func varintLen(v int64) int {
+	var tmp [binary.MaxVarintLen64]byte
+	return binary.PutVarint(tmp[:], v)
 }

@@ -419,6 +419,9 @@ func (w *packWriter) write(p []byte) error {
 		}
 	}
 	if len(p) >= packWriteBuf/2 {
+		if err := w.flush(); err != nil {
+			return err
+		}
 		if _, err := w.f.WriteAt(p, w.off); err != nil {
 			return err
 		}
@@ -473,7 +476,12 @@ type chunkJob struct {
 	done chan struct{}
 }
 
-var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4<<20); return &b }}
+// bufPool holds chunk buffers sized for the largest chunk either chunker cuts.
+var bufPool = sync.Pool{New: func() any {
+	_, _, cdcMax := chunking.DefaultCDC().Sizes()
+	b := make([]byte, 0, max(chunking.DefaultTensorChunk, int64(cdcMax)))
+	return &b
+}}
 
 func getBuf(n int) *[]byte {
 	b := bufPool.Get().(*[]byte)
@@ -496,7 +504,7 @@ func putBuf(b *[]byte) {
 func forEachChunk(ctx context.Context, f *os.File, size int64, plan chunkPlan, progress func(int64), fn func(ID, []byte) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	const inflight = 16
+	const inflight = 8 // chunks read ahead of the writer: bounds memory to 8 x 16 MiB
 	order := make(chan *chunkJob, inflight)
 	hashq := make(chan *chunkJob, inflight)
 	var readErr error
