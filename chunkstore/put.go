@@ -386,9 +386,10 @@ func (s *Store) sharedPackFor(n int64) (*sharedPack, error) {
 		return nil, err
 	}
 	s.mu.Lock()
-	if s.shared != nil {
-		s.shared.f.Close()
-	}
+	// The previous shared pack's file is not closed here: importers that
+	// appended to it still hold it in their dirty list and sync it at their
+	// next Flush (closing it made that Flush fail with EBADF). It is closed
+	// by its finalizer once they let go of it.
 	s.shared = &sharedPack{id: id, f: f}
 	sp = s.shared
 	s.mu.Unlock()

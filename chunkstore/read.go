@@ -348,3 +348,22 @@ func (f *File) WriteTo(ctx context.Context, w io.Writer, progress func(int64)) (
 	}
 	return total, nil
 }
+
+// ChunkLayout is one chunk of an open file: what it is, where it sits in the
+// file, and where its bytes are (Loc.Pack 0: not stored locally).
+type ChunkLayout struct {
+	ID      ID
+	FileOff int64
+	Len     int64
+	Loc     Location
+}
+
+// Layout returns every chunk of the file in order, for readers that move the
+// bytes themselves (the GPU path) and verify them against the IDs.
+func (f *File) Layout() []ChunkLayout {
+	out := make([]ChunkLayout, len(f.M.Chunks))
+	for i, c := range f.M.Chunks {
+		out[i] = ChunkLayout{ID: c.ID, FileOff: f.offs[i], Len: int64(c.Len), Loc: f.locs[i]}
+	}
+	return out
+}

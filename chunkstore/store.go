@@ -71,6 +71,7 @@ type Store struct {
 
 	mu       sync.Mutex
 	closed   bool
+	refs     int // extra references taken by Retain
 	nextPack uint64
 	fds      map[uint64]*os.File
 	shared   *sharedPack // current shared pack, nil when none is open
@@ -200,9 +201,24 @@ func (s *Store) takeLock() error {
 	return nil
 }
 
-// Close releases the store. Readers still in use get ErrClosed.
+// Retain adds a reference to s: the next Close drops that reference
+// instead of closing the store. A process that keeps the store open (the
+// node) hands it to code that closes what it opens this way.
+func (s *Store) Retain() {
+	s.mu.Lock()
+	s.refs++
+	s.mu.Unlock()
+}
+
+// Close releases the store (or drops a reference taken by Retain). Readers
+// still in use get ErrClosed.
 func (s *Store) Close() error {
 	s.mu.Lock()
+	if s.refs > 0 {
+		s.refs--
+		s.mu.Unlock()
+		return nil
+	}
 	if s.closed {
 		s.mu.Unlock()
 		return nil

@@ -50,7 +50,8 @@ var (
 // BlockSize (see AlignedBuffer). A read that reaches end of file sets N < len(Buf)
 // and leaves Err nil; short reads before end of file are retried internally.
 //
-// Buf must not be touched by anyone else until Read returns: the kernel writes
+// A Request may appear only once in a batch and in one Read at a time. Buf
+// must not be touched by anyone else until Read returns: the kernel writes
 // into it. The file behind Fd must stay open until Read returns (keep the
 // *os.File reachable: its finalizer closes the descriptor).
 type Request struct {
@@ -99,11 +100,11 @@ const (
 func New(prefer string, depth int) (Reader, error) {
 	switch prefer {
 	case NameUring:
-		return NewUring(UringOptions{Depth: depth})
+		return newUringFn(UringOptions{Depth: depth})
 	case NamePread:
 		return NewPread(preadWorkers(depth)), nil
 	case Auto, "":
-		r, err := NewUring(UringOptions{Depth: depth})
+		r, err := newUringFn(UringOptions{Depth: depth})
 		if err == nil {
 			return r, nil
 		}
@@ -117,6 +118,9 @@ func New(prefer string, depth int) (Reader, error) {
 		return nil, fmt.Errorf("storeio: unknown reader %q (want %q, %q or %q)", prefer, Auto, NameUring, NamePread)
 	}
 }
+
+// newUringFn is NewUring; tests substitute a refusing one.
+var newUringFn = NewUring
 
 // FallbackReason returns why New("auto", ...) returned a pread reader instead
 // of io_uring (an error wrapping ErrUnavailable), or nil when r is what was
