@@ -7,7 +7,7 @@ BIN      := bin/kylix
 RACE_PKGS := ./chunkstore/... ./cuda/...
 export CGO_ENABLED ?= 0
 
-.PHONY: all build test test-unit test-race lint bench run clean fuzz gpu-test
+.PHONY: all build test test-unit test-race lint bench run clean fuzz tools gpu-build
 
 all: build
 
@@ -49,6 +49,15 @@ bench: build
 # sample model imported.
 run: build
 	bash scripts/run.sh
+
+# Static binaries for the GPU machine (no Go, no CUDA needed to build):
+# then run scripts/gpu-test.sh or scripts/gpu-bench.sh there, carrying .gpu.
+gpu-build:
+	mkdir -p .gpu
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_) -o .gpu/kylix ./cmd/kylix
+	CGO_ENABLED=0 $(GO) test -c $(GOFLAGS_) -o .gpu/cuda.test ./cuda
+	CGO_ENABLED=0 $(GO) test -c $(GOFLAGS_) -o .gpu/gpuio.test ./gpuio
+	CGO_ENABLED=0 $(GO) test -c $(GOFLAGS_) -o .gpu/chunkstore.test ./chunkstore
 
 clean:
 	rm -rf bin

@@ -1,0 +1,336 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/chunkstore/safetensors"
+	"github.com/kylix/kylix/gpuio"
+)
+
+func init() {
+	register(&command{name: "load", summary: "load stored files (or a tensor-parallel share) into GPU memory", run: runLoad})
+}
+
+type loadFile struct {
+	Path     string  `json:"path"`
+	Tensors  int     `json:"tensors,omitempty"`
+	Bytes    int64   `json:"bytes"`
+	Seconds  float64 `json:"seconds"`
+	GBps     float64 `json:"gb_per_s"`
+	DataPath string  `json:"data_path"`
+	IO       string  `json:"io"`
+	Verified bool    `json:"verified"`
+	VerifyOn string  `json:"verified_on,omitempty"`
+	Checked  bool    `json:"checked,omitempty"`
+}
+
+type loadReport struct {
+	Device  string     `json:"device"`
+	Path    string     `json:"data_path"`
+	Note    string     `json:"note"`
+	TPRank  int        `json:"tp_rank"`
+	TPSize  int        `json:"tp_size"`
+	Files   []loadFile `json:"files"`
+	Bytes   int64      `json:"bytes"`
+	Seconds float64    `json:"seconds"`
+	GBps    float64    `json:"gb_per_s"`
+}
+
+func runLoad(ctx context.Context, e *env, args []string) error {
+	f := newFlags(e, "load", "[--data DIR] --device cuda:N|host [flags] PATH...", `
+Loads stored files into device memory and reports bytes, seconds, GB/s and the
+path the bytes took, per file. safetensors files are loaded tensor by tensor;
+with --tp-size/--tp-rank only that rank's share of each tensor (Megatron/vLLM
+convention for Llama-style names: q/k/v/gate/up and embeddings split by rows,
+o/down by columns, norms replicated). PATH is a namespace file or directory.
+
+Paths: auto (fastest available), gds (cuFile native/P2PDMA), gds-compat
+(cuFile compatibility mode), bounce (reads into pinned buffers, async copies),
+unified (integrated GPUs). Without --strict an unavailable path falls back to
+bounce and the report says so; with --strict it is an error. --device host is
+a host-memory test device (no GPU involved), never chosen automatically.`).withJSON()
+	devName := f.String("device", "cuda:0", "cuda:N, or host (a host-memory test device)")
+	pathName := f.String("path", "auto", "auto, gds, gds-compat, bounce or unified")
+	strict := f.Bool("strict", false, "fail instead of falling back to a slower path")
+	ioMode := f.String("io", "auto", "storage reads: auto (resident data straight from the page cache, the rest O_DIRECT), direct, buffered (copied through pinned buffers) or mapped")
+	tpRank := f.Int("tp-rank", 0, "tensor-parallel rank")
+	tpSize := f.Int("tp-size", 1, "tensor-parallel size")
+	buffers := f.Int("buffers", 0, "pinned buffers (default 2 per core, 4..32)")
+	bufMiB := f.Int("buffer-mib", 16, "size of each pinned buffer in MiB")
+	noVerify := f.Bool("no-verify", false, "skip re-hashing chunks (the report says so)")
+	verifyOn := f.String("verify-on", "auto", "where chunks are hashed: auto (the GPU when it can), cpu or device")
+	check := f.Bool("check", false, "after loading, copy every byte back and compare with the store")
+	repeat := f.Int("repeat", 1, "load everything this many times (reports each pass)")
+	inflight := f.Int("files", 4, "files loaded at once (they share the pinned buffers)")
+	reader := f.String("reader", "pread", "storage reader: pread (a pool as wide as the buffers) or io_uring (the store's ring)")
+	if err := f.parse(args, 1, -1); err != nil {
+		return err
+	}
+	if *tpSize < 1 || *tpRank < 0 || *tpRank >= *tpSize {
+		return fmt.Errorf("load: --tp-rank %d must be in [0, --tp-size %d)", *tpRank, *tpSize)
+	}
+	dev, err := openDevice(*devName)
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	s, err := f.open()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	opts := gpuio.Options{
+		Path: gpuio.Path(*pathName), Strict: *strict, IO: gpuio.IOMode(*ioMode),
+		Buffers: *buffers, BufferSize: *bufMiB<<20 + 8192, NoVerify: *noVerify,
+		VerifyOn: gpuio.VerifyOn(*verifyOn),
+	}
+	switch *reader {
+	case "pread":
+	case "io_uring":
+		if s.Reader().Name() != "io_uring" {
+			return fmt.Errorf("load: --reader io_uring: this store reads with %s", s.IOName())
+		}
+		opts.Reader = s.Reader()
+	default:
+		return fmt.Errorf("load: --reader %q: want pread or io_uring", *reader)
+	}
+	l, err := gpuio.New(s, dev, opts)
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	var files []string
+	for _, p := range f.Args() {
+		err := s.Walk(p, func(q string, en chunkstore.Entry) error {
+			if en.Kind == chunkstore.KindFile {
+				files = append(files, q)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	if len(files) == 0 {
+		return fmt.Errorf("load: no files under %s", strings.Join(f.Args(), " "))
+	}
+	for pass := 0; pass < *repeat; pass++ {
+		rep, err := loadOnce(ctx, s, l, dev, files, *tpRank, *tpSize, *check, *inflight)
+		if err != nil {
+			return err
+		}
+		rep.Device = dev.String()
+		rep.Path, rep.Note = func() (string, string) { p, n := l.Path(); return string(p), n }()
+		if f.jsonOut {
+			if err := f.printJSON(rep); err != nil {
+				return err
+			}
+			continue
+		}
+		fmt.Fprintf(e.stdout, "device %s, path %s (%s), tp %d/%d; %s\n", rep.Device, rep.Path, rep.Note, rep.TPRank, rep.TPSize, l.VerifyNote())
+		for _, lf := range rep.Files {
+			ver := "verified on " + lf.VerifyOn
+			if !lf.Verified {
+				ver = "NOT verified"
+			}
+			chk := ""
+			if lf.Checked {
+				chk = ", read back and compared"
+			}
+			fmt.Fprintf(e.stdout, "  %-60s %10s %7.3fs %7.2f GB/s  %s, %s, %s%s\n", lf.Path, human(lf.Bytes), lf.Seconds, lf.GBps, lf.DataPath, lf.IO, ver, chk)
+		}
+		fmt.Fprintf(e.stdout, "total: %s in %.3fs = %.2f GB/s\n", human(rep.Bytes), rep.Seconds, rep.GBps)
+	}
+	return nil
+}
+
+// openDevice opens "cuda:N" or "host". No GPU is an error, never a silent
+// switch to the host device.
+func openDevice(name string) (gpuio.Device, error) {
+	if name == "host" {
+		return &gpuio.HostDevice{}, nil
+	}
+	n, ok := strings.CutPrefix(name, "cuda:")
+	ord, err := strconv.Atoi(n)
+	if !ok || err != nil || ord < 0 {
+		return nil, fmt.Errorf("load: --device %q: want cuda:N or host", name)
+	}
+	d, err := gpuio.NewCUDADevice(ord)
+	if err != nil {
+		return nil, fmt.Errorf("load: %w (see kylix doctor; --device host loads into host memory for testing)", err)
+	}
+	return d, nil
+}
+
+func loadOnce(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpuio.Device, files []string, rank, size int, check bool, inflight int) (*loadReport, error) {
+	rep := &loadReport{TPRank: rank, TPSize: size}
+	var mems []gpuio.DeviceMem
+	defer func() {
+		for _, m := range mems {
+			m.Free()
+		}
+	}()
+	start := time.Now()
+	var (
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		errs = make([]error, len(files))
+		outs = make([]*loadFile, len(files))
+		next atomic.Int64
+	)
+	keep := func(m gpuio.DeviceMem) {
+		mu.Lock()
+		mems = append(mems, m)
+		mu.Unlock()
+	}
+	// Several files in flight share the loader's buffers, so the pipeline
+	// does not drain at each file boundary.
+	for range min(inflight, len(files)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(files) {
+					return
+				}
+				outs[i], errs[i] = loadOne(ctx, s, l, dev, files[i], rank, size, check, keep)
+				if errs[i] != nil {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	for _, lf := range outs {
+		if lf != nil {
+			rep.Files = append(rep.Files, *lf)
+			rep.Bytes += lf.Bytes
+		}
+	}
+	el := time.Since(start)
+	if check {
+		// Wall time includes the checks; report the loads' own time.
+		el = 0
+		for _, lf := range rep.Files {
+			el += time.Duration(lf.Seconds * float64(time.Second))
+		}
+	}
+	rep.Seconds = el.Seconds()
+	if rep.Seconds > 0 {
+		rep.GBps = float64(rep.Bytes) / rep.Seconds / 1e9
+	}
+	return rep, nil
+}
+
+// loadOne loads one stored file; keep takes ownership of device memory.
+func loadOne(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpuio.Device, p string, rank, size int, check bool, keep func(gpuio.DeviceMem)) (*loadFile, error) {
+	file, _, err := s.OpenPath(p)
+	if err != nil {
+		return nil, err
+	}
+	lf := loadFile{Path: p}
+	var res gpuio.Result
+	var verifyFn func() error
+	if file.M.Format == chunkstore.FormatSafetensors {
+		h, err := safetensors.Parse(file, file.Size())
+		if err != nil {
+			return nil, fmt.Errorf("load %s: %w", p, err)
+		}
+		var targets []gpuio.TensorTarget
+		var total int64
+		offs := make([]int64, len(h.Tensors))
+		layouts := make([]gpuio.ShareLayout, len(h.Tensors))
+		for i, t := range h.Tensors {
+			sh := gpuio.LlamaShare(t, rank, size)
+			sl, err := sh.Layout(t)
+			if err != nil {
+				return nil, fmt.Errorf("load %s: %w", p, err)
+			}
+			offs[i], layouts[i] = total, sl
+			total += (sl.Bytes + 255) &^ 255 // 256-byte aligned, like allocators
+			targets = append(targets, gpuio.TensorTarget{Name: t.Name, Share: sh, Off: offs[i]})
+		}
+		mem, err := dev.Alloc(max(total, 1))
+		if err != nil {
+			return nil, fmt.Errorf("load %s: allocate %d bytes: %w", p, total, err)
+		}
+		keep(mem)
+		for i := range targets {
+			targets[i].Mem = mem
+		}
+		lf.Tensors = len(targets)
+		res, err = l.LoadTensors(ctx, file, h, targets)
+		if err != nil {
+			return nil, fmt.Errorf("load %s: %w", p, err)
+		}
+		verifyFn = func() error {
+			for i, t := range h.Tensors {
+				src := make([]byte, t.Size())
+				if _, err := file.ReadAt(src, h.DataStart()+t.Begin); err != nil {
+					return err
+				}
+				sl := layouts[i]
+				want := make([]byte, 0, sl.Bytes)
+				for r := int64(0); r < sl.Rows; r++ {
+					want = append(want, src[r*sl.Pitch+sl.ColOff:][:sl.Width]...)
+				}
+				got := make([]byte, sl.Bytes)
+				if err := mem.CopyToHost(got, offs[i]); err != nil {
+					return err
+				}
+				if chunkstore.Sum(got) != chunkstore.Sum(want) {
+					return fmt.Errorf("tensor %s: device bytes differ from the store", t.Name)
+				}
+			}
+			return nil
+		}
+	} else {
+		if rank != 0 && size > 1 {
+			return nil, nil // opaque files go to rank 0 only
+		}
+		mem, err := dev.Alloc(max(file.Size(), 1))
+		if err != nil {
+			return nil, fmt.Errorf("load %s: %w", p, err)
+		}
+		keep(mem)
+		res, err = l.ReadRange(ctx, file, 0, file.Size(), mem, 0)
+		if err != nil {
+			return nil, fmt.Errorf("load %s: %w", p, err)
+		}
+		verifyFn = func() error {
+			want := make([]byte, file.Size())
+			if _, err := file.ReadAt(want, 0); err != nil && file.Size() > 0 {
+				return err
+			}
+			got := make([]byte, file.Size())
+			if err := mem.CopyToHost(got, 0); err != nil {
+				return err
+			}
+			if chunkstore.Sum(got) != chunkstore.Sum(want) {
+				return errors.New("device bytes differ from the store")
+			}
+			return nil
+		}
+	}
+	lf.Bytes, lf.Seconds, lf.GBps = res.Bytes, res.Duration.Seconds(), res.GBps()
+	lf.DataPath, lf.IO, lf.Verified, lf.VerifyOn = string(res.Path), res.IO, res.Verified, res.VerifyOn
+	if check {
+		if err := verifyFn(); err != nil {
+			return nil, fmt.Errorf("load --check %s: %w", p, err)
+		}
+		lf.Checked = true
+	}
+	return &lf, nil
+}

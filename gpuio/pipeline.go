@@ -1,0 +1,432 @@
+package gpuio
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/chunkstore/storeio"
+)
+
+// job is one group read plus where its bytes go.
+type job struct {
+	g     group
+	place placer
+	// into, on the unified path, is the device memory (as the CPU sees it)
+	// that the group's chunks go to whole: they are read straight there.
+	into []byte
+}
+
+// placer issues the copies of the wanted part of a group. src addresses the
+// group's bytes: file offset fo is at src offset fo-base.
+type placer func(c copier, base int64, g group) ([]Transfer, int64, error)
+
+// copier copies from a group's source buffer (pinned host memory, or device
+// staging memory on the gds paths) into device memory.
+type copier interface {
+	copy1D(dst DeviceMem, dstOff int64, srcOff int64, n int) (Transfer, error)
+	copy2D(dst DeviceMem, dstOff int64, dstPitch int, srcOff int64, srcPitch, width, rows int) ([]Transfer, error)
+}
+
+type hostCopier struct {
+	s   Stream
+	buf PinnedMem
+}
+
+func (c hostCopier) copy1D(dst DeviceMem, dstOff, srcOff int64, n int) (Transfer, error) {
+	return c.s.CopyHtoD(dst, dstOff, c.buf, int(srcOff), n)
+}
+
+func (c hostCopier) copy2D(dst DeviceMem, dstOff int64, dstPitch int, srcOff int64, srcPitch, width, rows int) ([]Transfer, error) {
+	t, err := c.s.Copy2DHtoD(dst, dstOff, dstPitch, c.buf, int(srcOff), srcPitch, width, rows)
+	if err != nil {
+		return nil, err
+	}
+	return []Transfer{t}, nil
+}
+
+type devCopier struct {
+	s     Stream
+	stage DeviceMem
+}
+
+func (c devCopier) copy1D(dst DeviceMem, dstOff, srcOff int64, n int) (Transfer, error) {
+	return c.s.CopyDtoD(dst, dstOff, c.stage, srcOff, n)
+}
+
+func (c devCopier) copy2D(dst DeviceMem, dstOff int64, dstPitch int, srcOff int64, srcPitch, width, rows int) ([]Transfer, error) {
+	t, err := c.s.Copy2DDtoD(dst, dstOff, dstPitch, c.stage, srcOff, srcPitch, width, rows)
+	if err != nil {
+		return nil, err
+	}
+	return []Transfer{t}, nil
+}
+
+// linear places file range [start, start+len) of the group's wanted part at
+// dst+dstOff+(fo-start) for each byte fo.
+func linear(dst DeviceMem, dstOff, start int64) placer {
+	return func(c copier, base int64, g group) ([]Transfer, int64, error) {
+		n := g.copyEnd - g.copyStart
+		if n <= 0 {
+			return nil, 0, nil
+		}
+		t, err := c.copy1D(dst, dstOff+(g.copyStart-start), g.copyStart-base, int(n))
+		if err != nil {
+			return nil, 0, err
+		}
+		return []Transfer{t}, n, nil
+	}
+}
+
+// strided places a share of a tensor that starts at file offset tstart: outer
+// rows of pitch bytes, of which bytes [colOff, colOff+width) of each row are
+// wanted, packed densely at dst+dstOff.
+func strided(dst DeviceMem, dstOff, tstart int64, pitch, colOff, width int64) placer {
+	return func(c copier, base int64, g group) ([]Transfer, int64, error) {
+		lo, hi := g.copyStart, g.copyEnd // within the tensor, clipped to the group
+		if lo >= hi {
+			return nil, 0, nil
+		}
+		var ts []Transfer
+		var placed int64
+		firstRow := (lo - tstart) / pitch
+		lastRow := (hi - 1 - tstart) / pitch
+		// Rows whose wanted segment lies wholly inside [lo, hi) go in one
+		// 2D copy; the (at most two) cut rows at the edges go one by one.
+		full0, full1 := int64(-1), int64(-1)
+		edges := []int64{firstRow, lastRow}
+		if firstRow == lastRow {
+			edges = edges[:1]
+		}
+		for _, r := range edges {
+			s := tstart + r*pitch + colOff
+			a, b := max(s, lo), min(s+width, hi)
+			if a >= b || (a == s && b == s+width) {
+				continue
+			}
+			t, err := c.copy1D(dst, dstOff+r*width+(a-s), a-base, int(b-a))
+			if err != nil {
+				return ts, placed, err
+			}
+			ts = append(ts, t)
+			placed += b - a
+		}
+		for r := firstRow; r <= lastRow; r++ {
+			s := tstart + r*pitch + colOff
+			if s >= lo && s+width <= hi {
+				if full0 < 0 {
+					full0 = r
+				}
+				full1 = r
+			}
+		}
+		if full0 >= 0 {
+			rows := full1 - full0 + 1
+			s := tstart + full0*pitch + colOff
+			t2, err := c.copy2D(dst, dstOff+full0*width, int(width), s-base, int(pitch), int(width), int(rows))
+			ts = append(ts, t2...)
+			if err != nil {
+				return ts, placed, err
+			}
+			placed += rows * width
+		}
+		return ts, placed, nil
+	}
+}
+
+// run executes jobs with up to Buffers in flight and fills res.
+func (l *Loader) run(ctx context.Context, jobs []job, res *Result) error {
+	start := time.Now()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var (
+		wg           sync.WaitGroup
+		mu           sync.Mutex
+		placed, read int64
+		kinds        [nIOKinds]int
+	)
+	res.Path, res.Note, res.Verified = l.path, l.note, !l.opts.NoVerify
+	if res.Verified {
+		res.VerifyOn = "cpu"
+		if l.verifier != nil {
+			res.VerifyOn = "device"
+		}
+	}
+loop:
+	for _, j := range jobs {
+		var buf PinnedMem
+		select {
+		case buf = <-l.free:
+		case <-ctx.Done():
+			break loop
+		}
+		s := <-l.streams
+		var stage DeviceMem
+		if l.stage != nil {
+			stage = <-l.stage
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p, kind, err := l.doJob(ctx, j, buf, s, stage)
+			// The job waited for its copies: the buffers are free again.
+			l.free <- buf
+			l.streams <- s
+			if stage != nil {
+				l.stage <- stage
+			}
+			if err != nil {
+				cancel(err)
+				return
+			}
+			mu.Lock()
+			placed += p
+			read += j.g.readLen
+			kinds[kind]++
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	res.Bytes, res.Read, res.Duration = placed, read, time.Since(start)
+	var used []string
+	for k, n := range kinds {
+		if n > 0 {
+			used = append(used, ioKindNames[k])
+		}
+	}
+	res.IO = strings.Join(used, " + ")
+	if err := context.Cause(ctx); err != nil {
+		return err
+	}
+	return nil
+}
+
+// ioKind is how one group was read.
+type ioKind int
+
+const (
+	ioBuffered ioKind = iota // page cache, copied into a pinned buffer
+	ioDirect                 // O_DIRECT into a pinned buffer
+	ioMapped                 // straight from the registered page cache
+	ioCuFile                 // cuFile into device staging memory
+	ioUnified                // straight into unified memory
+	nIOKinds
+)
+
+var ioKindNames = [nIOKinds]string{"page cache", "O_DIRECT", "page cache (mapped)", "cufile", "unified"}
+
+// source is where a group's bytes are once read: host memory (a pinned
+// buffer, or the registered page cache) or device staging memory (cuFile).
+type source struct {
+	host    []byte    // CPU view of the bytes, nil for cuFile
+	pinned  PinnedMem // what the device copies from (host sources)
+	hostOff int64     // offset of the group's first data byte in pinned
+	onDev   bool      // bytes are in stage already (cuFile)
+	devOff  int64     // offset of the first data byte in stage
+	kind    ioKind
+}
+
+// doJob reads, verifies and places one group. It returns only when every copy
+// it issued has completed, so its buffers can be reused.
+func (l *Loader) doJob(ctx context.Context, j job, buf PinnedMem, s Stream, stage DeviceMem) (int64, ioKind, error) {
+	g := j.g
+	if err := ctx.Err(); err != nil {
+		return 0, ioBuffered, err
+	}
+	if j.into != nil {
+		return l.readInto(ctx, g, j.into)
+	}
+	src, err := l.read(ctx, g, buf, stage)
+	if err != nil {
+		return 0, src.kind, err
+	}
+	var ts []Transfer
+	var vw VerifyWait
+	var c copier
+	var base int64
+	placed, err := func() (int64, error) {
+		switch {
+		case l.verifier != nil:
+			// Whole chunks to the device, hashed there, then placed with
+			// device-to-device copies.
+			if !src.onDev {
+				t, err := s.CopyHtoD(stage, 0, src.pinned, int(src.hostOff), int(g.dataLen))
+				if err != nil {
+					return 0, err
+				}
+				ts = append(ts, t)
+				src.devOff = 0
+			}
+			msgs := make([]VerifyMsg, len(g.chunks))
+			for i, ch := range g.chunks {
+				msgs[i] = VerifyMsg{Off: src.devOff + ch.Loc.Off - g.dataOff, Len: ch.Len, Want: ch.ID}
+			}
+			var err error
+			if vw, err = l.verifier.VerifyAsync(s, stage, msgs); err != nil {
+				return 0, fmt.Errorf("device verification: %w", err)
+			}
+			c, base = devCopier{s: s, stage: stage}, g.fileOff-src.devOff
+		case src.onDev:
+			if !l.opts.NoVerify {
+				// cuFile's bytes never passed the CPU and the device
+				// cannot hash: bring them back to hash them.
+				host := buf.Bytes()[:g.readLen]
+				if err := stage.CopyToHost(host[:src.devOff+g.dataLen], 0); err != nil {
+					return 0, fmt.Errorf("read back for verification: %w", err)
+				}
+				if err := verifyHost(g, host[src.devOff:]); err != nil {
+					return 0, err
+				}
+			}
+			c, base = devCopier{s: s, stage: stage}, g.fileOff-src.devOff
+		default:
+			if !l.opts.NoVerify {
+				if err := verifyHost(g, src.host[src.hostOff:]); err != nil {
+					return 0, err
+				}
+			}
+			c, base = hostCopier{s: s, buf: src.pinned}, g.fileOff-src.hostOff
+		}
+		pts, n, err := j.place(c, base, g)
+		ts = append(ts, pts...)
+		return n, err
+	}()
+	// Wait for everything issued, even after an error or cancellation: the
+	// buffers must not be reused while the device still reads them.
+	var werr error
+	for _, t := range ts {
+		werr = errors.Join(werr, t.Wait(context.Background()))
+	}
+	if vw != nil {
+		bad, verr := vw.Wait(context.Background())
+		werr = errors.Join(werr, verr)
+		if len(bad) > 0 && err == nil {
+			ch := g.chunks[bad[0]]
+			err = fmt.Errorf("chunk %s (pack %016x at %d): hash mismatch (%d of %d chunks bad, checked on the device): %w", ch.ID.Short(), g.pack, ch.Loc.Off, len(bad), len(g.chunks), chunkstore.ErrCorrupt)
+		}
+	}
+	if err = errors.Join(err, werr); err != nil {
+		return 0, src.kind, fmt.Errorf("gpuio: %w", err)
+	}
+	return placed, src.kind, nil
+}
+
+// verifyHost hashes a group's chunks; data starts at the group's first chunk.
+func verifyHost(g group, data []byte) error {
+	for _, ch := range g.chunks {
+		o := ch.Loc.Off - g.dataOff
+		if chunkstore.Sum(data[o:o+ch.Len]) != ch.ID {
+			return fmt.Errorf("chunk %s (pack %016x at %d): hash mismatch: %w", ch.ID.Short(), g.pack, ch.Loc.Off, chunkstore.ErrCorrupt)
+		}
+	}
+	return nil
+}
+
+// read brings a group's bytes where the device can copy them from.
+func (l *Loader) read(ctx context.Context, g group, buf PinnedMem, stage DeviceMem) (source, error) {
+	if l.path == PathGDS || l.path == PathGDSCompat {
+		src := source{onDev: true, devOff: g.dataOff - g.readOff, kind: ioCuFile}
+		return src, l.readGDS(g, stage)
+	}
+	pf, err := l.pack(g.pack)
+	if err != nil {
+		return source{}, err
+	}
+	mapped := l.opts.IO == IOMapped
+	resident := l.opts.IO == IOAuto && pf.resident(g.readOff, g.readLen)
+	if resident {
+		if _, err := l.registered(pf); err == nil {
+			mapped = true
+		}
+	}
+	if mapped {
+		reg, err := l.registered(pf)
+		if err != nil {
+			return source{kind: ioMapped}, fmt.Errorf("gpuio: mapped read of pack %016x: %w", g.pack, err)
+		}
+		if g.dataOff+g.dataLen > int64(len(pf.mapped)) {
+			return source{kind: ioMapped}, fmt.Errorf("gpuio: pack %016x is %d bytes, chunk data ends at %d: %w", g.pack, len(pf.mapped), g.dataOff+g.dataLen, chunkstore.ErrCorrupt)
+		}
+		return source{host: pf.mapped, pinned: reg, hostOff: g.dataOff, kind: ioMapped}, nil
+	}
+	f, kind := pf.buffered, ioBuffered
+	if l.opts.IO == IODirect || (l.opts.IO == IOAuto && !resident) {
+		f, kind = pf.direct, ioDirect
+	}
+	src := source{host: buf.Bytes()[:g.readLen], pinned: buf, hostOff: g.dataOff - g.readOff, kind: kind}
+	req := &storeio.Request{Fd: int(f.Fd()), Off: g.readOff, Buf: src.host}
+	if err := l.io.Read(ctx, []*storeio.Request{req}); err != nil {
+		return src, fmt.Errorf("gpuio: read pack %016x at %d: %w", g.pack, g.readOff, err)
+	}
+	if need := g.dataOff + g.dataLen - g.readOff; int64(req.N) < need {
+		return src, fmt.Errorf("gpuio: pack %016x holds %d of %d bytes at %d: %w", g.pack, req.N, need, g.readOff, chunkstore.ErrCorrupt)
+	}
+	return src, nil
+}
+
+func (l *Loader) readGDS(g group, stage DeviceMem) error {
+	l.mu.Lock()
+	gf, ok := l.gds[g.pack]
+	l.mu.Unlock()
+	if !ok {
+		pf, err := l.pack(g.pack)
+		if err != nil {
+			return err
+		}
+		if pf.direct == nil {
+			return fmt.Errorf("gpuio: gds needs O_DIRECT pack files")
+		}
+		gd := l.dev.(GDSDevice)
+		gf, err = gd.OpenGDS(int(pf.direct.Fd()))
+		if err != nil {
+			return fmt.Errorf("gpuio: cuFile register pack %016x: %w", g.pack, err)
+		}
+		l.mu.Lock()
+		if old, ok := l.gds[g.pack]; ok {
+			gf.Close()
+			gf = old
+		} else {
+			l.gds[g.pack] = gf
+		}
+		l.mu.Unlock()
+	}
+	n, err := gf.Read(stage, 0, g.readOff, int(g.readLen))
+	if err != nil {
+		return fmt.Errorf("gpuio: cuFile read pack %016x at %d: %w", g.pack, g.readOff, err)
+	}
+	if int64(n) < g.dataOff+g.dataLen-g.readOff {
+		return fmt.Errorf("gpuio: cuFile read pack %016x at %d: short (%d bytes): %w", g.pack, g.readOff, n, chunkstore.ErrCorrupt)
+	}
+	return nil
+}
+
+// readInto reads a group's chunks straight into memory the device uses (the
+// unified path) and verifies them there.
+func (l *Loader) readInto(ctx context.Context, g group, into []byte) (int64, ioKind, error) {
+	pf, err := l.pack(g.pack)
+	if err != nil {
+		return 0, ioUnified, err
+	}
+	req := &storeio.Request{Fd: int(pf.buffered.Fd()), Off: g.dataOff, Buf: into[:g.dataLen]}
+	if err := l.io.Read(ctx, []*storeio.Request{req}); err != nil {
+		return 0, ioUnified, fmt.Errorf("gpuio: read pack %016x at %d: %w", g.pack, g.dataOff, err)
+	}
+	if int64(req.N) < g.dataLen {
+		return 0, ioUnified, fmt.Errorf("gpuio: pack %016x holds %d of %d bytes at %d: %w", g.pack, req.N, g.dataLen, g.dataOff, chunkstore.ErrCorrupt)
+	}
+	if !l.opts.NoVerify {
+		for _, ch := range g.chunks {
+			o := ch.Loc.Off - g.dataOff
+			if chunkstore.Sum(into[o:o+ch.Len]) != ch.ID {
+				// Never leave unverified bytes where the device reads.
+				clear(into[:g.dataLen])
+				return 0, ioUnified, fmt.Errorf("gpuio: chunk %s (pack %016x at %d): hash mismatch: %w", ch.ID.Short(), g.pack, ch.Loc.Off, chunkstore.ErrCorrupt)
+			}
+		}
+	}
+	return g.dataLen, ioUnified, nil
+}

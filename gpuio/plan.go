@@ -1,0 +1,58 @@
+package gpuio
+
+import (
+	"fmt"
+
+	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/chunkstore/storeio"
+)
+
+// group is one read: whole chunks lying back to back in one pack, fitting one
+// buffer with the alignment slack.
+type group struct {
+	pack      uint64
+	readOff   int64 // aligned down
+	readLen   int64 // aligned up
+	dataOff   int64 // pack offset of the first chunk
+	fileOff   int64 // file offset of the first chunk
+	dataLen   int64 // bytes of the chunks
+	chunks    []chunkstore.ChunkLayout
+	copyStart int64 // file range to place on the device: [copyStart, copyEnd)
+	copyEnd   int64
+}
+
+// planGroups cuts the chunks overlapping [off, off+n) into groups.
+func planGroups(layout []chunkstore.ChunkLayout, off, n int64, bufSize int) ([]group, error) {
+	end := off + n
+	var gs []group
+	for _, c := range layout {
+		if c.FileOff+c.Len <= off || c.FileOff >= end {
+			continue
+		}
+		if c.Loc.Pack == 0 {
+			return nil, fmt.Errorf("chunk %s at file offset %d: %w", c.ID.Short(), c.FileOff, ErrNotLocal)
+		}
+		if c.Len+2*storeio.BlockSize > int64(bufSize) {
+			return nil, fmt.Errorf("gpuio: chunk %s of %d bytes does not fit a %d-byte buffer (raise BufferSize)", c.ID.Short(), c.Len, bufSize)
+		}
+		if k := len(gs) - 1; k >= 0 {
+			g := &gs[k]
+			newEnd := storeio.AlignUp(c.Loc.Off + c.Len)
+			if g.pack == c.Loc.Pack && g.dataOff+g.dataLen == c.Loc.Off && newEnd-g.readOff <= int64(bufSize) {
+				g.chunks = append(g.chunks, c)
+				g.dataLen += c.Len
+				g.readLen = newEnd - g.readOff
+				g.copyEnd = min(end, c.FileOff+c.Len)
+				continue
+			}
+		}
+		ro := storeio.AlignDown(c.Loc.Off)
+		gs = append(gs, group{
+			pack: c.Loc.Pack, readOff: ro, readLen: storeio.AlignUp(c.Loc.Off+c.Len) - ro,
+			dataOff: c.Loc.Off, fileOff: c.FileOff, dataLen: c.Len,
+			chunks:    []chunkstore.ChunkLayout{c},
+			copyStart: max(off, c.FileOff), copyEnd: min(end, c.FileOff+c.Len),
+		})
+	}
+	return gs, nil
+}
