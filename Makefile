@@ -58,6 +58,7 @@ gpu-build:
 	CGO_ENABLED=0 $(GO) test -c $(GOFLAGS_) -o .gpu/cuda.test ./cuda
 	CGO_ENABLED=0 $(GO) test -c $(GOFLAGS_) -o .gpu/gpuio.test ./gpuio
 	CGO_ENABLED=0 $(GO) test -c $(GOFLAGS_) -o .gpu/chunkstore.test ./chunkstore
+	CGO_ENABLED=0 $(GO) test -c $(GOFLAGS_) -o .gpu/gpublake3.test ./cuda/gpublake3
 
 clean:
 	rm -rf bin

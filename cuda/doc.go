@@ -18,6 +18,10 @@
 //     select on (Done). One poller goroutine per busy stream completes
 //     transfers in order; see WaitPolicy.
 //   - Event: timing (ElapsedTime) and ordering.
+//   - Kernels: Compile (NVRTC, libnvrtc.so bound at run time) turns CUDA
+//     C++ into PTX or a CUBIN for Device.Arch; Context.LoadModule,
+//     Module.Function and Stream.Launch run it. A launch returns a
+//     *Transfer and holds its buffer arguments like a copy does.
 //   - cuFile: CuFileStatus (native / p2pdma / compat / absent, and why),
 //     FileDriverOpen/Close, HandleRegister, BufRegister, FileHandle.Read.
 //

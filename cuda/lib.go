@@ -56,6 +56,8 @@ type driver struct {
 	cuMemcpyDtoHAsync func(dst unsafe.Pointer, src uintptr, n uintptr, s uintptr) cuResult
 	cuMemcpyDtoDAsync func(dst, src, n, s uintptr) cuResult
 	cuMemsetD8Async   func(dst uintptr, v uint8, n uintptr, s uintptr) cuResult
+	// Optional: without it Copy2D falls back to one copy per row.
+	cuMemcpy2DAsync func(p unsafe.Pointer, s uintptr) cuResult
 
 	cuEventCreate      func(e *uintptr, flags uint32) cuResult
 	cuEventDestroy     func(e uintptr) cuResult
@@ -120,6 +122,7 @@ func (d *driver) symbols() []symbol {
 		s(&d.cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"),
 		s(&d.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"),
 		s(&d.cuMemsetD8Async, "cuMemsetD8Async"),
+		opt(&d.cuMemcpy2DAsync, "cuMemcpy2DAsync_v2"),
 		s(&d.cuEventCreate, "cuEventCreate"),
 		s(&d.cuEventDestroy, "cuEventDestroy_v2"),
 		s(&d.cuEventRecord, "cuEventRecord"),

@@ -2,10 +2,12 @@ package gpuio
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
 	"github.com/kylix/kylix/cuda"
+	"github.com/kylix/kylix/cuda/gpublake3"
 )
 
 // CUDADevice adapts package cuda to Device: device ordinal's primary context
@@ -22,6 +24,46 @@ type CUDADevice struct {
 	gdsReason string
 	probeMu   sync.Mutex
 	probes    map[string]error
+
+	hashOnce sync.Once
+	hasher   *gpublake3.Hasher
+	hashErr  error
+}
+
+var _ DeviceVerifier = (*CUDADevice)(nil)
+
+// CanVerify reports whether the device can hash chunks in its memory (the
+// BLAKE3 kernels compile with NVRTC and load); the first call compiles them.
+func (d *CUDADevice) CanVerify() error {
+	d.hashOnce.Do(func() {
+		d.hasher, d.hashErr = gpublake3.New(d.ctx)
+	})
+	return d.hashErr
+}
+
+// VerifyAsync implements DeviceVerifier with the BLAKE3 kernels of
+// cuda/gpublake3.
+func (d *CUDADevice) VerifyAsync(s Stream, mem DeviceMem, msgs []VerifyMsg) (VerifyWait, error) {
+	if err := d.CanVerify(); err != nil {
+		return nil, err
+	}
+	cs, ok := s.(*cudaStream)
+	if !ok {
+		return nil, fmt.Errorf("gpuio: stream %T is not a CUDA stream", s)
+	}
+	m, err := devOf(mem)
+	if err != nil {
+		return nil, err
+	}
+	gm := make([]gpublake3.Msg, len(msgs))
+	for i, v := range msgs {
+		gm[i] = gpublake3.Msg{Off: v.Off, Len: v.Len, Want: v.Want}
+	}
+	p, err := d.hasher.Verify(cs.s, m, gm)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 var (
@@ -54,8 +96,14 @@ func (d *CUDADevice) String() string { return fmt.Sprintf("%s (%s)", d.dev, d.na
 // Integrated implements Device.
 func (d *CUDADevice) Integrated() bool { return d.integ }
 
-// Close releases the primary context reference.
-func (d *CUDADevice) Close() error { return d.ctx.Close() }
+// Close releases the kernels and the primary context reference.
+func (d *CUDADevice) Close() error {
+	var errs []error
+	if d.hasher != nil {
+		errs = append(errs, d.hasher.Close())
+	}
+	return errors.Join(append(errs, d.ctx.Close())...)
+}
 
 // Alloc implements Device.
 func (d *CUDADevice) Alloc(n int64) (DeviceMem, error) {
@@ -202,12 +250,31 @@ func (m multiTransfer) Wait(ctx context.Context) error {
 }
 
 func (s *cudaStream) Copy2DHtoD(dst DeviceMem, dstOff int64, dstPitch int, src PinnedMem, srcOff, srcPitch, width, rows int) (Transfer, error) {
-	// One async copy per row, all on one stream. (A cuMemcpy2DAsync binding
-	// would make this one call; rows are tensor rows of KiBs, so the per-call
-	// cost is small against the bytes.)
+	d, err := devOf(dst)
+	if err != nil {
+		return nil, err
+	}
+	h, err := hostOf(src)
+	if err != nil {
+		return nil, err
+	}
+	t, err := s.s.Copy2D(d, int(dstOff), dstPitch, h, nil, srcOff, srcPitch, width, rows)
+	if errors.Is(err, cuda.ErrUnavailable) {
+		return s.rows(rows, func(r int) (Transfer, error) {
+			return s.CopyHtoD(dst, dstOff+int64(r*dstPitch), src, srcOff+r*srcPitch, width)
+		})
+	}
+	if err != nil {
+		return nil, err
+	}
+	return cudaTransfer{t}, nil
+}
+
+// rows issues one copy per row (drivers without cuMemcpy2DAsync).
+func (s *cudaStream) rows(n int, one func(r int) (Transfer, error)) (Transfer, error) {
 	var ts multiTransfer
-	for r := range rows {
-		t, err := s.CopyHtoD(dst, dstOff+int64(r*dstPitch), src, srcOff+r*srcPitch, width)
+	for r := range n {
+		t, err := one(r)
 		if err != nil {
 			ts.Wait(context.Background())
 			return nil, err
@@ -218,16 +285,24 @@ func (s *cudaStream) Copy2DHtoD(dst DeviceMem, dstOff int64, dstPitch int, src P
 }
 
 func (s *cudaStream) Copy2DDtoD(dst DeviceMem, dstOff int64, dstPitch int, src DeviceMem, srcOff int64, srcPitch, width, rows int) (Transfer, error) {
-	var ts multiTransfer
-	for r := range rows {
-		t, err := s.CopyDtoD(dst, dstOff+int64(r*dstPitch), src, srcOff+int64(r*srcPitch), width)
-		if err != nil {
-			ts.Wait(context.Background())
-			return nil, err
-		}
-		ts = append(ts, t)
+	d, err := devOf(dst)
+	if err != nil {
+		return nil, err
 	}
-	return ts, nil
+	sm, err := devOf(src)
+	if err != nil {
+		return nil, err
+	}
+	t, err := s.s.Copy2D(d, int(dstOff), dstPitch, nil, sm, int(srcOff), srcPitch, width, rows)
+	if errors.Is(err, cuda.ErrUnavailable) {
+		return s.rows(rows, func(r int) (Transfer, error) {
+			return s.CopyDtoD(dst, dstOff+int64(r*dstPitch), src, srcOff+int64(r*srcPitch), width)
+		})
+	}
+	if err != nil {
+		return nil, err
+	}
+	return cudaTransfer{t}, nil
 }
 
 func (s *cudaStream) CopyDtoD(dst DeviceMem, dstOff int64, src DeviceMem, srcOff int64, n int) (Transfer, error) {

@@ -336,14 +336,7 @@ func (l *Loader) read(ctx context.Context, g group, buf PinnedMem, stage DeviceM
 	if err != nil {
 		return source{}, err
 	}
-	mapped := l.opts.IO == IOMapped
-	resident := l.opts.IO == IOAuto && pf.resident(g.readOff, g.readLen)
-	if resident {
-		if _, err := l.registered(pf); err == nil {
-			mapped = true
-		}
-	}
-	if mapped {
+	if l.opts.IO == IOMapped {
 		reg, err := l.registered(pf)
 		if err != nil {
 			return source{kind: ioMapped}, fmt.Errorf("gpuio: mapped read of pack %016x: %w", g.pack, err)
@@ -354,7 +347,7 @@ func (l *Loader) read(ctx context.Context, g group, buf PinnedMem, stage DeviceM
 		return source{host: pf.mapped, pinned: reg, hostOff: g.dataOff, kind: ioMapped}, nil
 	}
 	f, kind := pf.buffered, ioBuffered
-	if l.opts.IO == IODirect || (l.opts.IO == IOAuto && !resident) {
+	if l.opts.IO == IODirect || (l.opts.IO == IOAuto && !pf.resident(g.readOff, g.readLen)) {
 		f, kind = pf.direct, ioDirect
 	}
 	src := source{host: buf.Bytes()[:g.readLen], pinned: buf, hostOff: g.dataOff - g.readOff, kind: kind}

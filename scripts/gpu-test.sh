@@ -11,6 +11,7 @@ fail=0
 step() { echo; echo "== $*"; }
 step "machine"; nvidia-smi -L; uname -r
 step "cuda package tests"; ./.gpu/cuda.test -test.count=1 2>&1 | tail -15 || fail=1
+step "gpublake3 (BLAKE3 on the GPU vs zeebo)"; ./.gpu/gpublake3.test -test.count=1 2>&1 | tail -5 || fail=1
 step "gpuio GPU tests (every path, every byte)"; ./.gpu/gpuio.test -test.run 'GPU' -test.v -test.count=1 2>&1 | grep -E '^(=== RUN|--- |ok|FAIL|PASS)|->|not available' | head -40
 ./.gpu/gpuio.test -test.run 'GPU' -test.count=1 >/dev/null 2>&1 || { echo "gpuio GPU tests FAILED"; fail=1; }
 step "kylix doctor"; $k doctor | tee "$out/doctor.txt"
@@ -20,7 +21,7 @@ $k demo-model --size ${TEST_SIZE:-512MiB} "$work/src" >/dev/null
 $k import "$work/src/base" models/base >/dev/null
 $k import "$work/src/finetuned" models/ft >/dev/null
 step "kylix load --check (copy back, compare every byte)"
-for args in "" "--io direct" "--io buffered" "--io mapped" "--tp-size 2 --tp-rank 1" "--tp-size 4 --tp-rank 3 --io mapped" "--reader io_uring --io direct" "--files 1" "--path gds-compat"; do
+for args in "" "--io direct" "--io buffered" "--io mapped" "--tp-size 2 --tp-rank 1" "--tp-size 4 --tp-rank 3 --io mapped" "--reader io_uring --io direct" "--files 1" "--verify-on cpu" "--verify-on device --io buffered" "--path gds-compat"; do
   echo "-- load $args"
   if ! $k load --device cuda:0 --check $args models/base models/ft > "$out/load.txt" 2>&1; then
     if [ "$args" = "--path gds-compat" ]; then tail -3 "$out/load.txt"; else cat "$out/load.txt"; fail=1; fi

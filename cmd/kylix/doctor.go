@@ -104,10 +104,7 @@ func doctor(data string) doctorReport {
 	default:
 		native := info.Mode == cuda.CuFileNative || info.Mode == cuda.CuFileP2PDMA
 		add("cufile", native, "mode %s (%s): %s", info.Mode, info.Library, info.Reason)
-		dir := filepath.Join(data, "packs")
-		if _, err := os.Stat(dir); err != nil {
-			dir = data
-		}
+		dir := existingDir(filepath.Join(data, "packs"))
 		if perr := cuda.CuFileProbe(dir); perr != nil {
 			add("cufile on data", false, "cannot register files in %s: %v", dir, perr)
 		} else {
@@ -136,11 +133,9 @@ func doctor(data string) doctorReport {
 	} else {
 		add("io_uring", true, "available: storage reads keep many requests in flight")
 	}
-	// O_DIRECT on the data directory.
-	probeDir := data
-	if _, err := os.Stat(probeDir); err != nil {
-		probeDir = filepath.Dir(data)
-	}
+	// O_DIRECT on the data directory (or, before it exists, the nearest
+	// directory above it: where it will be created).
+	probeDir := existingDir(data)
 	if err := storeio.ProbeDirect(probeDir); err != nil {
 		add("o_direct", false, "%s: %v: cold reads go through the page cache", probeDir, err)
 	} else {
@@ -174,10 +169,7 @@ func doctor(data string) doctorReport {
 		dev, err := gpuio.NewCUDADevice(0)
 		if err == nil {
 			defer dev.Close()
-			dir := filepath.Join(data, "packs")
-			if _, err := os.Stat(dir); err != nil {
-				dir = data
-			}
+			dir := existingDir(filepath.Join(data, "packs"))
 			p, note := gpuio.ResolvePath(dev, dir, gpuio.PathAuto)
 			r.Path, r.PathNote = string(p), note
 		} else {
@@ -185,4 +177,18 @@ func doctor(data string) doctorReport {
 		}
 	}
 	return r
+}
+
+// existingDir returns dir or its nearest existing ancestor.
+func existingDir(dir string) string {
+	for {
+		if st, err := os.Stat(dir); err == nil && st.IsDir() {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return dir
+		}
+		dir = parent
+	}
 }
