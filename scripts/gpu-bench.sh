@@ -73,14 +73,14 @@ for i in $(seq 1 $reps); do
 done
 echo "BLAKE3 on all cores (in memory):"; ./.gpu/chunkstore.test -test.run '^$' -test.bench SumParallel -test.benchtime 2s | grep Sum
 cat $packs > /dev/null; cat $srcs > /dev/null
-r=$(python3 "$out/h2d.py"); rec pinned-h2d warm 1 "$r"
+for i in 1 2; do r=$(python3 "$out/h2d.py"); rec pinned-h2d warm $i "$r"; done
 for i in $(seq 1 $wreps); do
-  kload kylix warm $i --repeat 3
-  kload kylix-copied warm $i --io buffered --repeat 2
-  kload kylix-mapped warm $i --io mapped --repeat 2
+  kload kylix warm $i --repeat 2
+  kload kylix-mapped warm $i --io mapped --repeat 3
 done
+r=$(python3 "$out/h2d.py"); rec pinned-h2d warm 3 "$r"
 kload kylix-cpuverify warm 1 --verify-on cpu
-kload kylix-noverify warm 1 --no-verify --repeat 2
+kload kylix-noverify warm 1 --no-verify
 for i in $(seq 1 3); do r=$(python3 "$out/st.py" $srcs); rec safetensors warm $i "$r"; done
 python3 - "$j" <<'PY'
 import json, sys, statistics as st
@@ -97,6 +97,6 @@ raw, h2d = med.get(("raw-odirect","cold")), med.get(("pinned-h2d","warm"))
 kc, kw = med.get(("kylix","cold")), med.get(("kylix","warm"))
 print(f"\ncold: kylix / raw O_DIRECT = {kc/raw:.3f}  (goal >= 0.9); safetensors / raw = {med[('safetensors','cold')]/raw:.3f}")
 print(f"warm: kylix = {kw:.1f} GB/s (goal >= 40), kylix / pinned H2D ({h2d:.1f}) = {kw/h2d:.3f} (goal >= 0.75); safetensors warm {med[('safetensors','warm')]:.2f} GB/s")
-k2 = med.get(("kylix-pass2+", "warm"))
-if k2: print(f"warm, mapping already registered (passes 2+ in one process): {k2:.1f} GB/s = {k2/h2d:.3f} of pinned H2D")
+k2 = med.get(("kylix-mapped-pass2+", "warm"))
+if k2: print(f"warm, --io mapped, pack mapping already registered (passes 2+ in one process): {k2:.1f} GB/s = {k2/h2d:.3f} of pinned H2D")
 PY
