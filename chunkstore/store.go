@@ -426,28 +426,6 @@ func (s *Store) DirManifest(id ID) (*DirManifest, error) {
 	return m, nil
 }
 
-// putObjects stores encoded manifests in one transaction and returns their IDs.
-func (s *Store) putObjects(objs ...[]byte) ([]ID, error) {
-	ids := make([]ID, len(objs))
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketObjects)
-		for i, o := range objs {
-			ids[i] = Sum(o)
-			if b.Get(ids[i][:]) != nil {
-				continue
-			}
-			if err := b.Put(ids[i][:], o); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("chunkstore: put objects: %w", err)
-	}
-	return ids, nil
-}
-
 // GetHead returns the head name.
 func (s *Store) GetHead(name string) (Head, error) {
 	var h Head

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -29,6 +30,14 @@ type env struct {
 	stdout, stderr io.Writer
 	tty            bool
 	getenv         func(string) string
+
+	// store is set when the command runs inside a node (kylix serve),
+	// forwarded through its admin socket: open returns it.
+	store *chunkstore.Store
+	// ctx and args are the command line being run (set by run), for
+	// forwarding it to a running node.
+	ctx  context.Context
+	args []string
 }
 
 func newEnv(stdin io.Reader, stdout, stderr *os.File) *env {
@@ -69,7 +78,6 @@ type flags struct {
 	e       *env
 	data    string
 	jsonOut bool
-	usage   string
 }
 
 // newFlags makes a command's flag set. usage is the argument synopsis,
@@ -114,8 +122,31 @@ func (f *flags) parse(args []string, minArgs, maxArgs int) error {
 	return nil
 }
 
-// open opens the store in --data.
+// open opens the store in --data. Inside a node it returns the node's open
+// store (Close then only drops a reference). When a node serves --data, the
+// whole command line is forwarded to it instead (admin.go): open then
+// returns an exitError with the node's exit status, which the command
+// returns as is.
 func (f *flags) open() (*chunkstore.Store, error) {
+	if f.e.store != nil {
+		f.e.store.Retain()
+		return f.e.store, nil
+	}
+	if code, ok := forwardToNode(f.e, f.data); ok {
+		return nil, exitError(code)
+	}
+	s, err := f.openLocal()
+	// A node that is starting holds the lock before its socket answers.
+	for wait := 0; errors.Is(err, chunkstore.ErrLocked) && wait < 50 && lockedByNode(f.data); wait++ {
+		time.Sleep(100 * time.Millisecond)
+		if code, ok := forwardToNode(f.e, f.data); ok {
+			return nil, exitError(code)
+		}
+	}
+	return s, err
+}
+
+func (f *flags) openLocal() (*chunkstore.Store, error) {
 	return chunkstore.Open(chunkstore.Options{
 		Dir:    f.data,
 		Logger: slog.New(slog.NewTextHandler(f.e.stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),

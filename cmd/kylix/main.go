@@ -44,6 +44,7 @@ func main() {
 
 // run executes one command line and returns the exit status.
 func run(ctx context.Context, e *env, args []string) int {
+	e.ctx, e.args = ctx, args // for forwarding to a running node (admin.go)
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		if len(args) > 1 {
 			if c, ok := commands[args[1]]; ok {

@@ -1,0 +1,229 @@
+package fs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/kylix/kylix/chunkstore"
+)
+
+// committer turns closed working copies into store versions. It runs one
+// batch at a time: every file closed while the previous batch was being
+// written goes into the next one, which is imported with one Importer (one
+// pack sync and one index transaction) and linked into the namespace with
+// one namespace transaction. So a copy of many small files costs a few
+// syncs per batch, not per file.
+type committer struct {
+	f      *FS
+	mu     sync.Mutex
+	cond   *sync.Cond
+	queue  []*fileNode
+	queued map[*fileNode]bool
+	issued uint64 // tickets handed out by enqueue
+	done   uint64 // every ticket <= done is committed (or failed)
+	closed bool
+	exited chan struct{}
+}
+
+func newCommitter(f *FS) *committer {
+	c := &committer{f: f, queued: map[*fileNode]bool{}, exited: make(chan struct{})}
+	c.cond = sync.NewCond(&c.mu)
+	go c.loop()
+	return c
+}
+
+// enqueue asks for n to be committed and returns a ticket for wait.
+func (c *committer) enqueue(n *fileNode) uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.issued++
+	if !c.queued[n] {
+		c.queued[n] = true
+		c.queue = append(c.queue, n)
+	}
+	c.cond.Broadcast()
+	return c.issued
+}
+
+// barrier returns a ticket that is done when everything enqueued so far is.
+func (c *committer) barrier() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.issued
+}
+
+func (c *committer) wait(t uint64) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for c.done < t {
+		if c.closed && len(c.queue) == 0 {
+			select {
+			case <-c.exited:
+				return errors.New("fs: committer stopped")
+			default:
+			}
+		}
+		c.cond.Wait()
+	}
+	return nil
+}
+
+// close commits what is queued and stops.
+func (c *committer) close() error {
+	c.mu.Lock()
+	c.closed = true
+	c.cond.Broadcast()
+	c.mu.Unlock()
+	<-c.exited
+	return nil
+}
+
+func (c *committer) loop() {
+	defer close(c.exited)
+	for {
+		c.mu.Lock()
+		for len(c.queue) == 0 && !c.closed {
+			c.cond.Wait()
+		}
+		if len(c.queue) == 0 && c.closed {
+			c.done = c.issued
+			c.cond.Broadcast()
+			c.mu.Unlock()
+			return
+		}
+		batch := c.queue
+		c.queue = nil
+		clear(c.queued)
+		upto := c.issued
+		c.mu.Unlock()
+
+		c.commit(batch)
+
+		c.mu.Lock()
+		c.done = upto
+		c.cond.Broadcast()
+		c.mu.Unlock()
+	}
+}
+
+type commitItem struct {
+	n     *fileNode
+	tf    *tempFile
+	name  string
+	res   chunkstore.PutResult
+	err   error
+	ent   chunkstore.Entry
+	put   bool // written into the namespace
+	gone  bool // the node has no name any more
+	nothg bool // nothing to write yet (created, still open)
+}
+
+func (c *committer) commit(batch []*fileNode) {
+	f := c.f
+	f.stats.commitBatches.Add(1)
+	items := make([]*commitItem, len(batch))
+	f.nsMu.RLock()
+	for i, n := range batch {
+		items[i] = &commitItem{n: n, name: n.name}
+	}
+	f.nsMu.RUnlock()
+	for _, it := range items {
+		it.n.mu.Lock()
+		if st := it.n.st; st != nil && st.committing != nil {
+			it.tf = st.committing
+			it.tf.ref()
+		}
+		it.n.mu.Unlock()
+	}
+	im := f.s.NewImporter()
+	defer im.Abort()
+	ctx := context.Background()
+	for _, it := range items {
+		if it.tf == nil {
+			continue
+		}
+		it.res, it.err = im.PutFile(ctx, it.tf.f, it.name, nil)
+	}
+	flushErr := im.Flush()
+	f.nsMu.Lock()
+	var upErr error
+	if flushErr == nil {
+		upErr = f.update(func(tx *chunkstore.NSTx) error {
+			for _, it := range items {
+				if it.err != nil {
+					continue
+				}
+				n := it.n
+				n.mu.Lock()
+				ent := chunkstore.Entry{Mode: n.mode, MTime: n.mtime, ID: n.id, Size: n.size}
+				inStore := n.inStore
+				n.mu.Unlock()
+				if it.tf == nil && !inStore {
+					it.nothg = true
+					continue
+				}
+				p, ok := n.path()
+				if !ok {
+					it.gone = true
+					continue
+				}
+				e := chunkstore.Entry{Kind: chunkstore.KindFile, Mode: ent.Mode, MTime: ent.MTime, ID: ent.ID, Size: ent.Size}
+				if it.tf != nil {
+					e.ID, e.Size = it.res.ID, it.res.Size
+				}
+				if err := tx.Put(p, e); err != nil {
+					it.err = err
+					continue
+				}
+				it.ent, it.put = e, true
+			}
+			return nil
+		})
+	}
+	for _, it := range items {
+		n := it.n
+		err := it.err
+		if err == nil {
+			err = flushErr
+		}
+		if err == nil {
+			err = upErr
+		}
+		n.mu.Lock()
+		st := n.st
+		switch {
+		case err != nil:
+			if st != nil {
+				st.commitErr = fmt.Errorf("fs: commit %s: %w", it.name, err)
+			}
+			f.log.Error("commit failed", "name", it.name, "err", err)
+		case it.put:
+			f.stats.commits.Add(1)
+			n.id, n.size, n.inStore, n.notPT = it.ent.ID, it.ent.Size, true, false
+			if st != nil {
+				st.commitErr = nil
+				if it.tf != nil && st.committing == it.tf {
+					st.committing = nil
+					it.tf.release() // the node's reference
+				}
+			}
+		}
+		clean := st == nil || (st.tmp == nil && (st.committing == nil || it.gone))
+		n.idleLocked()
+		n.mu.Unlock()
+		if clean {
+			f.markDirty(n, false)
+		}
+	}
+	f.nsMu.Unlock()
+	if flushErr == nil && upErr == nil {
+		im.Close()
+	}
+	for _, it := range items {
+		if it.tf != nil {
+			it.tf.release()
+		}
+	}
+}

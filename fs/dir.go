@@ -1,0 +1,589 @@
+package fs
+
+import (
+	"context"
+	iofs "io/fs"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/kylix/kylix/chunkstore"
+)
+
+// base is what every node has: its place in the namespace. parent and name
+// are guarded by FS.nsMu; a node that was unlinked or replaced has no
+// parent (orphan) and no path.
+type base struct {
+	fsys   *FS
+	isRoot bool
+	gone   atomic.Bool // orphaned: no name any more (nlink 0)
+	parent *dirNode
+	name   string
+}
+
+// place sets a new node's file system and position.
+func (b *base) place(f *FS, parent *dirNode, name string) {
+	b.fsys, b.parent, b.name = f, parent, name
+}
+
+// path returns the node's namespace path; false for an orphan. Callers
+// hold nsMu (shared is enough).
+func (b *base) path() (string, bool) {
+	if b.isRoot {
+		return "", true
+	}
+	if b.parent == nil {
+		return "", false
+	}
+	pp, ok := b.parent.path()
+	if !ok {
+		return "", false
+	}
+	return joinPath(pp, b.name), true
+}
+
+// dirNode is a directory. Its entries are read from the store on every
+// lookup and readdir (through the manifest cache), so it holds no copy.
+type dirNode struct {
+	gofs.Inode
+	base
+	mu   sync.Mutex
+	seen chunkstore.ID    // manifest ID at the last Reconcile
+	last chunkstore.Entry // last entry seen, for fstat after the name is gone
+}
+
+func (d *dirNode) remember(e chunkstore.Entry) {
+	d.mu.Lock()
+	d.last = chunkstore.Entry{Kind: e.Kind, Mode: e.Mode, MTime: e.MTime, HLC: e.HLC}
+	d.mu.Unlock()
+}
+
+var (
+	_ = (gofs.NodeLookuper)((*dirNode)(nil))
+	_ = (gofs.NodeReaddirer)((*dirNode)(nil))
+	_ = (gofs.NodeGetattrer)((*dirNode)(nil))
+	_ = (gofs.NodeSetattrer)((*dirNode)(nil))
+	_ = (gofs.NodeCreater)((*dirNode)(nil))
+	_ = (gofs.NodeMkdirer)((*dirNode)(nil))
+	_ = (gofs.NodeSymlinker)((*dirNode)(nil))
+	_ = (gofs.NodeUnlinker)((*dirNode)(nil))
+	_ = (gofs.NodeRmdirer)((*dirNode)(nil))
+	_ = (gofs.NodeRenamer)((*dirNode)(nil))
+	_ = (gofs.NodeStatfser)((*dirNode)(nil))
+	_ = (gofs.NodeGetxattrer)((*dirNode)(nil))
+	_ = (gofs.NodeListxattrer)((*dirNode)(nil))
+	_ = (gofs.NodeFsyncer)((*dirNode)(nil))
+)
+
+func dirAttr(f *FS, e chunkstore.Entry, out *fuse.Attr) {
+	out.Mode = syscall.S_IFDIR | uint32(e.Mode.Perm())
+	out.Nlink = 2
+	out.Size = 4096
+	out.Blksize = 4096
+	t := e.MTime
+	if w := e.HLC.Wall().UnixNano(); w > t {
+		t = w
+	}
+	setTimes(out, t)
+	out.Uid, out.Gid = f.uid, f.gid
+}
+
+func setTimes(out *fuse.Attr, ns int64) {
+	sec, nsec := uint64(ns/1e9), uint32(ns%1e9)
+	out.Mtime, out.Mtimensec = sec, nsec
+	out.Atime, out.Atimensec = sec, nsec
+	out.Ctime, out.Ctimensec = sec, nsec
+}
+
+// entry returns the directory's store entry.
+func (d *dirNode) entry() (chunkstore.Entry, error) {
+	p, ok := d.path()
+	if !ok {
+		return chunkstore.Entry{}, chunkstore.ErrNotFound
+	}
+	return d.fsys.resolve(p)
+}
+
+func (d *dirNode) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	d.fsys.nsMu.RLock()
+	e, err := d.entry()
+	d.fsys.nsMu.RUnlock()
+	if err != nil {
+		// An orphaned directory still answers fstat.
+		d.mu.Lock()
+		e = d.last
+		d.mu.Unlock()
+	} else {
+		d.remember(e)
+	}
+	dirAttr(d.fsys, e, &out.Attr)
+	out.SetTimeout(d.fsys.opts.DirAttrTimeout)
+	return 0
+}
+
+func (d *dirNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if _, ok := in.GetSize(); ok {
+		return syscall.EISDIR
+	}
+	f := d.fsys
+	f.nsMu.Lock()
+	defer f.nsMu.Unlock()
+	p, ok := d.path()
+	if !ok {
+		return syscall.ENOENT
+	}
+	var e chunkstore.Entry
+	err := f.update(func(tx *chunkstore.NSTx) error {
+		var err error
+		if e, err = tx.Lookup(p); err != nil {
+			return err
+		}
+		if p == "" {
+			return nil // the root's metadata is not stored
+		}
+		if m, ok := in.GetMode(); ok {
+			e.Mode = iofs.FileMode(m & 0o7777)
+		}
+		if t, ok := in.GetMTime(); ok {
+			e.MTime = t.UnixNano()
+		}
+		return tx.Put(p, e)
+	})
+	if err != nil {
+		return toErrno(err)
+	}
+	if p == "" {
+		e, _ = f.resolve("")
+	}
+	dirAttr(f, e, &out.Attr)
+	out.SetTimeout(f.opts.DirAttrTimeout)
+	return 0
+}
+
+// Lookup finds name in the store (or among files created here and not yet
+// committed) and returns its node, reusing the kernel's node when it still
+// stands for the same thing.
+func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	f := d.fsys
+	f.nsMu.RLock()
+	defer f.nsMu.RUnlock()
+	existing := d.GetChild(name)
+	if existing != nil {
+		if fn, ok := existing.Operations().(*fileNode); ok && fn.pending() && fn.parent == d {
+			fn.fillEntry(out)
+			return existing, 0
+		}
+	}
+	p, ok := d.path()
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	e, err := f.resolve(joinPath(p, name))
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	return d.childFor(ctx, name, e, existing, out), 0
+}
+
+// childFor returns the node for store entry e at name. Callers hold nsMu.
+func (d *dirNode) childFor(ctx context.Context, name string, e chunkstore.Entry, existing *gofs.Inode, out *fuse.EntryOut) *gofs.Inode {
+	f := d.fsys
+	if existing != nil {
+		switch c := existing.Operations().(type) {
+		case *dirNode:
+			if e.Kind == chunkstore.KindDir {
+				c.remember(e)
+				dirAttr(f, e, &out.Attr)
+				out.SetEntryTimeout(f.opts.FileTimeout)
+				out.SetAttrTimeout(f.opts.DirAttrTimeout)
+				return existing
+			}
+		case *fileNode:
+			if e.Kind == chunkstore.KindFile && c.adopt(e) {
+				c.fillEntry(out)
+				return existing
+			}
+		case *linkNode:
+			if e.Kind == chunkstore.KindSymlink && c.target() == e.Target {
+				c.setEntry(e)
+				c.fillEntry(out)
+				return existing
+			}
+		}
+		// The name now stands for something else: the old node keeps
+		// serving its open handles, without a name.
+		orphan(existing)
+	}
+	switch e.Kind {
+	case chunkstore.KindDir:
+		c := &dirNode{}
+		c.place(f, d, name)
+		c.remember(e)
+		dirAttr(f, e, &out.Attr)
+		out.SetEntryTimeout(f.opts.FileTimeout)
+		out.SetAttrTimeout(f.opts.DirAttrTimeout)
+		return d.NewInode(ctx, c, gofs.StableAttr{Mode: syscall.S_IFDIR})
+	case chunkstore.KindSymlink:
+		c := &linkNode{ent: e}
+		c.place(f, d, name)
+		c.fillEntry(out)
+		return d.NewInode(ctx, c, gofs.StableAttr{Mode: syscall.S_IFLNK})
+	default:
+		c := newFileNode(f, d, name, e, true)
+		c.fillEntry(out)
+		return d.NewInode(ctx, c, gofs.StableAttr{Mode: syscall.S_IFREG})
+	}
+}
+
+// orphan detaches a node from its name in our bookkeeping. Callers hold
+// nsMu exclusively, or shared when the node is being replaced by lookup
+// (the kernel serialises that with every other use of the name).
+func orphan(in *gofs.Inode) {
+	if b := baseOf(in); b != nil {
+		b.parent = nil
+		b.gone.Store(true)
+	}
+}
+
+func baseOf(in *gofs.Inode) *base {
+	switch c := in.Operations().(type) {
+	case *dirNode:
+		return &c.base
+	case *fileNode:
+		return &c.base
+	case *linkNode:
+		return &c.base
+	}
+	return nil
+}
+
+func kindMode(k chunkstore.Kind) uint32 {
+	switch k {
+	case chunkstore.KindDir:
+		return syscall.S_IFDIR
+	case chunkstore.KindSymlink:
+		return syscall.S_IFLNK
+	}
+	return syscall.S_IFREG
+}
+
+func (d *dirNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+	f := d.fsys
+	f.nsMu.RLock()
+	defer f.nsMu.RUnlock()
+	p, ok := d.path()
+	if !ok {
+		return gofs.NewListDirStream(nil), 0
+	}
+	ents, err := f.list(p)
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	out := make([]fuse.DirEntry, 0, len(ents))
+	seen := make(map[string]bool, len(ents))
+	for _, e := range ents {
+		out = append(out, fuse.DirEntry{Name: e.Name, Mode: kindMode(e.Kind)})
+		seen[e.Name] = true
+	}
+	// Files created here and not yet committed.
+	for name, ch := range d.Children() {
+		if fn, ok := ch.Operations().(*fileNode); ok && !seen[name] && fn.pending() && fn.parent == d {
+			out = append(out, fuse.DirEntry{Name: name, Mode: syscall.S_IFREG})
+		}
+	}
+	return gofs.NewListDirStream(out), 0
+}
+
+// forget detaches the node the kernel may still have under name after the
+// store stopped naming it (an rm through the admin socket), before a new
+// node takes the name. Callers hold nsMu exclusively.
+func (d *dirNode) forget(name string) {
+	if ch := d.GetChild(name); ch != nil {
+		orphan(ch)
+	}
+}
+
+// exists reports whether name is taken in d (store or pending). Callers
+// hold nsMu.
+func (d *dirNode) exists(p, name string) bool {
+	if ch := d.GetChild(name); ch != nil {
+		if fn, ok := ch.Operations().(*fileNode); ok && fn.pending() && fn.parent == d {
+			return true
+		}
+	}
+	_, err := d.fsys.resolve(joinPath(p, name))
+	return err == nil
+}
+
+func (d *dirNode) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	f := d.fsys
+	if err := checkName(name); err != 0 {
+		return nil, nil, 0, err
+	}
+	tf, err := f.newTemp()
+	if err != nil {
+		return nil, nil, 0, toErrno(err)
+	}
+	f.nsMu.Lock()
+	defer f.nsMu.Unlock()
+	p, ok := d.path()
+	if !ok {
+		tf.release()
+		return nil, nil, 0, syscall.ENOENT
+	}
+	if d.exists(p, name) {
+		tf.release()
+		return nil, nil, 0, syscall.EEXIST
+	}
+	d.forget(name)
+	n := newFileNode(f, d, name, chunkstore.Entry{Mode: iofs.FileMode(mode & 0o777), MTime: time.Now().UnixNano()}, false)
+	n.st = &fileState{tmp: tf}
+	f.markDirty(n, true)
+	h := n.openLocked(true)
+	n.fillEntry(out)
+	return d.NewInode(ctx, n, gofs.StableAttr{Mode: syscall.S_IFREG}), h, 0, 0
+}
+
+func checkName(name string) syscall.Errno {
+	if len(name) > chunkstore.MaxNameLen {
+		return syscall.ENAMETOOLONG
+	}
+	return 0
+}
+
+func (d *dirNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	f := d.fsys
+	if err := checkName(name); err != 0 {
+		return nil, err
+	}
+	f.nsMu.Lock()
+	defer f.nsMu.Unlock()
+	p, ok := d.path()
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	if d.exists(p, name) {
+		return nil, syscall.EEXIST
+	}
+	d.forget(name)
+	e := chunkstore.Entry{Kind: chunkstore.KindDir, Mode: iofs.FileMode(mode & 0o7777), MTime: time.Now().UnixNano(), ID: f.cache.emptyID}
+	if err := f.update(func(tx *chunkstore.NSTx) error { return tx.Put(joinPath(p, name), e) }); err != nil {
+		return nil, toErrno(err)
+	}
+	e, _ = f.resolve(joinPath(p, name))
+	c := &dirNode{}
+	c.place(f, d, name)
+	c.remember(e)
+	dirAttr(f, e, &out.Attr)
+	out.SetEntryTimeout(f.opts.FileTimeout)
+	out.SetAttrTimeout(f.opts.DirAttrTimeout)
+	return d.NewInode(ctx, c, gofs.StableAttr{Mode: syscall.S_IFDIR}), 0
+}
+
+func (d *dirNode) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	f := d.fsys
+	if err := checkName(name); err != 0 {
+		return nil, err
+	}
+	if len(target) == 0 || len(target) > chunkstore.MaxPathLen {
+		return nil, syscall.ENAMETOOLONG
+	}
+	f.nsMu.Lock()
+	defer f.nsMu.Unlock()
+	p, ok := d.path()
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	if d.exists(p, name) {
+		return nil, syscall.EEXIST
+	}
+	d.forget(name)
+	e := chunkstore.Entry{Kind: chunkstore.KindSymlink, Mode: 0o777, MTime: time.Now().UnixNano(), Target: target}
+	if err := f.update(func(tx *chunkstore.NSTx) error { return tx.Put(joinPath(p, name), e) }); err != nil {
+		return nil, toErrno(err)
+	}
+	e.Name, e.Size = name, int64(len(target))
+	c := &linkNode{ent: e}
+	c.place(f, d, name)
+	c.fillEntry(out)
+	return d.NewInode(ctx, c, gofs.StableAttr{Mode: syscall.S_IFLNK}), 0
+}
+
+func (d *dirNode) Unlink(ctx context.Context, name string) syscall.Errno {
+	return d.remove(name, false)
+}
+
+func (d *dirNode) Rmdir(ctx context.Context, name string) syscall.Errno {
+	return d.remove(name, true)
+}
+
+func (d *dirNode) remove(name string, dir bool) syscall.Errno {
+	f := d.fsys
+	f.nsMu.Lock()
+	defer f.nsMu.Unlock()
+	p, ok := d.path()
+	if !ok {
+		return syscall.ENOENT
+	}
+	ch := d.GetChild(name)
+	if ch != nil {
+		if fn, ok := ch.Operations().(*fileNode); ok && fn.pending() && fn.parent == d {
+			if dir {
+				return syscall.ENOTDIR
+			}
+			orphan(ch)
+			return 0
+		}
+		if cd, ok := ch.Operations().(*dirNode); ok && dir && cd.hasPending() {
+			return syscall.ENOTEMPTY
+		}
+	}
+	cp := joinPath(p, name)
+	err := f.update(func(tx *chunkstore.NSTx) error {
+		e, err := tx.Lookup(cp)
+		if err != nil {
+			return err
+		}
+		switch {
+		case dir && e.Kind != chunkstore.KindDir:
+			return syscall.ENOTDIR
+		case !dir && e.Kind == chunkstore.KindDir:
+			return syscall.EISDIR
+		}
+		return tx.Remove(cp, false)
+	})
+	if err != nil {
+		return toErrno(err)
+	}
+	if ch != nil {
+		orphan(ch)
+	}
+	return 0
+}
+
+// hasPending reports whether files created in d wait to be committed.
+func (d *dirNode) hasPending() bool {
+	for _, ch := range d.Children() {
+		if fn, ok := ch.Operations().(*fileNode); ok && fn.pending() && fn.parent == d {
+			return true
+		}
+	}
+	return false
+}
+
+const (
+	renameNoReplace = 0x1
+	renameExchange  = 0x2
+)
+
+func (d *dirNode) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	f := d.fsys
+	if flags&renameExchange != 0 {
+		return syscall.EINVAL
+	}
+	np, ok := newParent.(*dirNode)
+	if !ok {
+		return syscall.EXDEV
+	}
+	if err := checkName(newName); err != 0 {
+		return err
+	}
+	f.nsMu.Lock()
+	defer f.nsMu.Unlock()
+	from, ok1 := d.path()
+	toDir, ok2 := np.path()
+	if !ok1 || !ok2 {
+		return syscall.ENOENT
+	}
+	to := joinPath(toDir, newName)
+	from = joinPath(from, name)
+	src, dst := d.GetChild(name), np.GetChild(newName)
+	if src != nil && dst == src {
+		return 0
+	}
+	var srcFile *fileNode
+	if src != nil {
+		if fn, ok := src.Operations().(*fileNode); ok && fn.pending() && fn.parent == d {
+			srcFile = fn
+		}
+	}
+	dstPending := false
+	if dst != nil {
+		if fn, ok := dst.Operations().(*fileNode); ok && fn.pending() && fn.parent == np {
+			dstPending = true
+		}
+	}
+	if flags&renameNoReplace != 0 && (dstPending || np.exists(toDir, newName)) {
+		return syscall.EEXIST
+	}
+	if dstPending && srcFile == nil {
+		if e, err := f.resolve(from); err == nil && e.Kind == chunkstore.KindDir {
+			return syscall.ENOTDIR
+		}
+	}
+	err := f.update(func(tx *chunkstore.NSTx) error {
+		old, oerr := tx.Lookup(to)
+		if srcFile != nil {
+			// Not in the store yet: only what it replaces changes now.
+			if oerr != nil {
+				return nil
+			}
+			if old.Kind == chunkstore.KindDir {
+				return chunkstore.ErrIsDir
+			}
+			return tx.Remove(to, false)
+		}
+		e, err := tx.Lookup(from)
+		if err != nil {
+			return err
+		}
+		if oerr == nil && e.Kind == chunkstore.KindDir && old.Kind != chunkstore.KindDir {
+			return chunkstore.ErrNotDir
+		}
+		return tx.Rename(from, to)
+	})
+	if err != nil {
+		return toErrno(err)
+	}
+	if dst != nil {
+		orphan(dst)
+	}
+	if src != nil {
+		if b := baseOf(src); b != nil {
+			b.parent, b.name = np, newName
+		}
+	}
+	return 0
+}
+
+func (d *dirNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(d.fsys.s.Dir(), &st); err != nil {
+		return toErrno(err)
+	}
+	out.FromStatfsT(&st)
+	out.NameLen = chunkstore.MaxNameLen
+	return 0
+}
+
+func (d *dirNode) Fsync(ctx context.Context, fh gofs.FileHandle, flags uint32) syscall.Errno {
+	return toErrno(d.fsys.Sync())
+}
+
+func (d *dirNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	d.fsys.nsMu.RLock()
+	e, err := d.entry()
+	d.fsys.nsMu.RUnlock()
+	if err != nil || attr != xattrID {
+		return 0, syscall.ENODATA
+	}
+	return xattrValue(dest, e.ID.String())
+}
+
+func (d *dirNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	return xattrList(dest, []string{xattrID})
+}

@@ -1,0 +1,445 @@
+package fs
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/kylix/kylix/chunkstore"
+)
+
+// Defaults for Options.
+const (
+	// DefaultFileTimeout is how long the kernel may cache a file's or
+	// symlink's name and attributes. Files are immutable per version, and
+	// every change not made through the mount is followed by Reconcile,
+	// which invalidates what changed.
+	DefaultFileTimeout = time.Hour
+	// DefaultDirAttrTimeout is how long the kernel caches a directory's
+	// attributes (its mtime and link count change with its entries).
+	DefaultDirAttrTimeout = time.Second
+	// DefaultCacheEntries bounds the decoded directory manifests kept in
+	// memory, counted in entries.
+	DefaultCacheEntries = 1 << 18
+	// DefaultMaxIO is the largest read or write request (and readahead).
+	DefaultMaxIO = 1 << 20
+)
+
+// Options configure New. The zero value of each field means its default.
+type Options struct {
+	Logger *slog.Logger
+	// TempDir holds working copies of files being written. Default
+	// DATA/tmp. It must be on a file system that supports unlinked open
+	// files (any local one).
+	TempDir        string
+	FileTimeout    time.Duration
+	DirAttrTimeout time.Duration
+	CacheEntries   int
+	// NoPassthrough serves every file through the daemon.
+	NoPassthrough bool
+	// Debug logs every FUSE request.
+	Debug bool
+}
+
+// FS is a mounted (or mountable) view of a store's namespace.
+type FS struct {
+	s      *chunkstore.Store
+	opts   Options
+	log    *slog.Logger
+	root   *dirNode
+	cache  *dirCache
+	chunks *chunkCache
+	com    *committer
+	uid    uint32
+	gid    uint32
+
+	// nsMu orders namespace changes: it guards every node's position
+	// (parent, name) and is held while a change is written to the store
+	// and the nodes are moved, so that a path computed under it is the
+	// path the store has. Lookups take it shared.
+	nsMu sync.RWMutex
+
+	passthrough bool
+	server      *fuse.Server
+	mountDir    string
+
+	dirtyMu sync.Mutex
+	dirty   map[*fileNode]struct{} // nodes with a working copy
+
+	stats struct {
+		ptOpens, daemonOpens, reads, readBytes, commits, commitBatches atomic.Int64
+	}
+}
+
+// Stats counts what the file system served since it was made.
+type Stats struct {
+	PassthroughOpens int64 `json:"passthrough_opens"`
+	DaemonOpens      int64 `json:"daemon_opens"`
+	// DaemonReads and DaemonReadBytes count reads the daemon served
+	// (passthrough reads never reach it).
+	DaemonReads     int64 `json:"daemon_reads"`
+	DaemonReadBytes int64 `json:"daemon_read_bytes"`
+	Commits         int64 `json:"commits"`
+	CommitBatches   int64 `json:"commit_batches"`
+}
+
+// Stats returns the counters.
+func (f *FS) Stats() Stats {
+	return Stats{
+		PassthroughOpens: f.stats.ptOpens.Load(),
+		DaemonOpens:      f.stats.daemonOpens.Load(),
+		DaemonReads:      f.stats.reads.Load(),
+		DaemonReadBytes:  f.stats.readBytes.Load(),
+		Commits:          f.stats.commits.Load(),
+		CommitBatches:    f.stats.commitBatches.Load(),
+	}
+}
+
+// New makes a file system over s. Mount it with Mount; tests may mount
+// Root themselves.
+func New(s *chunkstore.Store, opts Options) (*FS, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.TempDir == "" {
+		opts.TempDir = filepath.Join(s.Dir(), "tmp")
+	}
+	if opts.FileTimeout <= 0 {
+		opts.FileTimeout = DefaultFileTimeout
+	}
+	if opts.DirAttrTimeout <= 0 {
+		opts.DirAttrTimeout = DefaultDirAttrTimeout
+	}
+	if opts.CacheEntries <= 0 {
+		opts.CacheEntries = DefaultCacheEntries
+	}
+	if err := os.MkdirAll(opts.TempDir, 0o700); err != nil {
+		return nil, fmt.Errorf("fs: temp dir: %w", err)
+	}
+	// Working copies left by a crash were never committed: drop them.
+	if ents, err := os.ReadDir(opts.TempDir); err == nil {
+		for _, e := range ents {
+			os.RemoveAll(filepath.Join(opts.TempDir, e.Name()))
+		}
+	}
+	f := &FS{
+		s:           s,
+		opts:        opts,
+		log:         opts.Logger,
+		cache:       newDirCache(s, opts.CacheEntries),
+		chunks:      newChunkCache(s, DefaultChunkCacheBytes),
+		uid:         uint32(os.Getuid()),
+		gid:         uint32(os.Getgid()),
+		passthrough: !opts.NoPassthrough && os.Geteuid() == 0,
+		dirty:       map[*fileNode]struct{}{},
+	}
+	f.root = &dirNode{}
+	f.root.fsys, f.root.isRoot = f, true
+	f.com = newCommitter(f)
+	return f, nil
+}
+
+// Root is the root node, for gofs.Mount.
+func (f *FS) Root() gofs.InodeEmbedder { return f.root }
+
+// MountOptions returns the go-fuse options Mount uses.
+func (f *FS) MountOptions() *gofs.Options {
+	zero := time.Duration(0)
+	mo := fuse.MountOptions{
+		FsName:       "kylix",
+		Name:         "kylix",
+		MaxWrite:     DefaultMaxIO,
+		MaxReadAhead: DefaultMaxIO,
+		DirectMount:  true,
+		Debug:        f.opts.Debug,
+		// The kernel checks permissions from the attributes we return.
+		Options:              []string{"default_permissions"},
+		IgnoreSecurityLabels: true,
+		MaxBackground:        64,
+		// Replies are byte slices; splicing them only adds a pipe copy.
+		DisableSplice: true,
+	}
+	if os.Geteuid() == 0 {
+		mo.AllowOther = true
+	}
+	return &gofs.Options{
+		MountOptions: mo,
+		// Timeouts are set per node; zero here means "as the node says".
+		EntryTimeout:    &zero,
+		AttrTimeout:     &zero,
+		NegativeTimeout: &zero,
+		UID:             f.uid,
+		GID:             f.gid,
+	}
+}
+
+// Mount mounts the file system on dir, clearing a stale mount a crashed
+// node left there first.
+func (f *FS) Mount(dir string) error {
+	if _, err := ClearStaleMount(dir); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("fs: mount point: %w", err)
+	}
+	srv, err := gofs.Mount(dir, f.root, f.MountOptions())
+	if err != nil {
+		return fmt.Errorf("fs: mount %s: %w", dir, err)
+	}
+	f.server, f.mountDir = srv, dir
+	f.setReadAhead(dir)
+	return nil
+}
+
+// ReadAheadKB is the kernel readahead set on the mount's backing device
+// (the kernel's default for FUSE is 128 KiB): sequential readers of files
+// the node serves then keep several 1 MiB requests in flight.
+const ReadAheadKB = 8192
+
+func (f *FS) setReadAhead(dir string) {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return
+	}
+	p := fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(st.Dev), unix.Minor(st.Dev))
+	if err := os.WriteFile(p, []byte(fmt.Sprint(ReadAheadKB)), 0o644); err != nil {
+		f.log.Debug("readahead not set", "path", p, "err", err)
+	}
+}
+
+// Wait blocks until the file system is unmounted.
+func (f *FS) Wait() {
+	if f.server != nil {
+		f.server.Wait()
+	}
+}
+
+// Unmount commits every file still being written, then unmounts. If
+// programs still hold files open, the mount is detached (MNT_DETACH): it
+// disappears from the namespace at once and goes away when they close.
+func (f *FS) Unmount() error {
+	f.CommitAll()
+	if f.server == nil {
+		return f.com.close()
+	}
+	var err error
+	for range 3 {
+		if err = f.server.Unmount(); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		f.log.Warn("unmount busy; detaching", "dir", f.mountDir, "err", err)
+		if derr := syscall.Unmount(f.mountDir, unix.MNT_DETACH); derr != nil {
+			return fmt.Errorf("fs: unmount %s: %w", f.mountDir, derr)
+		}
+		done := make(chan struct{})
+		go func() { f.server.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Second):
+		}
+	}
+	return f.com.close()
+}
+
+// CommitAll hands every working copy to the committer, as if its writers
+// had closed it, and waits until everything is committed. Writers still
+// open keep writing into a fresh copy.
+func (f *FS) CommitAll() error {
+	f.dirtyMu.Lock()
+	nodes := make([]*fileNode, 0, len(f.dirty))
+	for n := range f.dirty {
+		nodes = append(nodes, n)
+	}
+	f.dirtyMu.Unlock()
+	for _, n := range nodes {
+		n.handoff()
+	}
+	return f.Sync()
+}
+
+// Sync waits until every file closed so far is committed to the store.
+func (f *FS) Sync() error {
+	return f.com.wait(f.com.barrier())
+}
+
+func (f *FS) markDirty(n *fileNode, dirty bool) {
+	f.dirtyMu.Lock()
+	if dirty {
+		f.dirty[n] = struct{}{}
+	} else {
+		delete(f.dirty, n)
+	}
+	f.dirtyMu.Unlock()
+}
+
+// resolve returns the store's entry at a namespace path, through the
+// manifest cache.
+func (f *FS) resolve(path string) (chunkstore.Entry, error) {
+	rootID, hlc, err := f.s.Root()
+	if err != nil {
+		return chunkstore.Entry{}, err
+	}
+	e := chunkstore.Entry{Kind: chunkstore.KindDir, Mode: 0o755, ID: rootID, HLC: hlc, MTime: hlc.Wall().UnixNano()}
+	if path == "" {
+		return e, nil
+	}
+	for name := range strings.SplitSeq(path, "/") {
+		if e.Kind != chunkstore.KindDir {
+			return chunkstore.Entry{}, fmt.Errorf("fs: %s: %w", path, chunkstore.ErrNotDir)
+		}
+		m, err := f.cache.get(e.ID)
+		if err != nil {
+			return chunkstore.Entry{}, err
+		}
+		i, ok := m.Find(name)
+		if !ok || m.Entries[i].Deleted {
+			return chunkstore.Entry{}, fmt.Errorf("fs: %s: %w", path, chunkstore.ErrNotFound)
+		}
+		e = m.Entries[i]
+	}
+	return e, nil
+}
+
+// list returns the live entries of the directory at path.
+func (f *FS) list(path string) ([]chunkstore.Entry, error) {
+	e, err := f.resolve(path)
+	if err != nil {
+		return nil, err
+	}
+	if e.Kind != chunkstore.KindDir {
+		return nil, fmt.Errorf("fs: list %s: %w", path, chunkstore.ErrNotDir)
+	}
+	m, err := f.cache.get(e.ID)
+	if err != nil {
+		return nil, err
+	}
+	return m.Live(), nil
+}
+
+func joinPath(dir, name string) string {
+	if dir == "" {
+		return name
+	}
+	return dir + "/" + name
+}
+
+// update runs a namespace transaction. Callers hold nsMu.
+func (f *FS) update(fn func(tx *chunkstore.NSTx) error) error {
+	return f.s.Update(fn)
+}
+
+// Reconcile makes the kernel drop what it caches about names whose entries
+// changed in the store behind the mount's back (an import or rm through
+// the admin socket, later a peer). Directories whose manifest did not
+// change are skipped whole: the namespace is a Merkle tree.
+func (f *FS) Reconcile() {
+	type inval struct {
+		parent *gofs.Inode
+		name   string
+	}
+	var todo []inval
+	f.nsMu.RLock()
+	var walk func(d *dirNode, path string)
+	walk = func(d *dirNode, path string) {
+		e, err := f.resolve(path)
+		if err != nil || e.Kind != chunkstore.KindDir {
+			return
+		}
+		d.mu.Lock()
+		same := d.seen == e.ID
+		d.seen = e.ID
+		d.mu.Unlock()
+		if same {
+			return
+		}
+		m, err := f.cache.get(e.ID)
+		if err != nil {
+			return
+		}
+		for name, ch := range d.Children() {
+			i, ok := m.Find(name)
+			var se *chunkstore.Entry
+			if ok && !m.Entries[i].Deleted {
+				se = &m.Entries[i]
+			}
+			switch c := ch.Operations().(type) {
+			case *dirNode:
+				if se == nil || se.Kind != chunkstore.KindDir {
+					todo = append(todo, inval{&d.Inode, name})
+					continue
+				}
+				walk(c, joinPath(path, name))
+			case *fileNode:
+				if !c.stale(se) {
+					continue
+				}
+				todo = append(todo, inval{&d.Inode, name})
+			case *linkNode:
+				if se == nil || se.Kind != chunkstore.KindSymlink || se.Target != c.target() {
+					todo = append(todo, inval{&d.Inode, name})
+				}
+			}
+		}
+	}
+	walk(f.root, "")
+	f.nsMu.RUnlock()
+	// Notify without locks held: the kernel takes the directory's lock,
+	// which a lookup waiting for nsMu may hold.
+	for _, t := range todo {
+		t.parent.NotifyEntry(t.name)
+	}
+}
+
+// dirCache keeps decoded directory manifests by ID. Manifests are
+// content-addressed, so an entry never goes stale; the cache is bounded by
+// the number of entries it holds and emptied when full.
+type dirCache struct {
+	s       *chunkstore.Store
+	max     int
+	emptyID chunkstore.ID
+	mu      sync.Mutex
+	m       map[chunkstore.ID]*chunkstore.DirManifest
+	n       int
+}
+
+func newDirCache(s *chunkstore.Store, max int) *dirCache {
+	return &dirCache{s: s, max: max, emptyID: chunkstore.Sum((&chunkstore.DirManifest{}).Encode()), m: map[chunkstore.ID]*chunkstore.DirManifest{}}
+}
+
+func (c *dirCache) get(id chunkstore.ID) (*chunkstore.DirManifest, error) {
+	if id == c.emptyID {
+		return &chunkstore.DirManifest{}, nil
+	}
+	c.mu.Lock()
+	m, ok := c.m[id]
+	c.mu.Unlock()
+	if ok {
+		return m, nil
+	}
+	m, err := c.s.DirManifest(id)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if c.n+len(m.Entries) > c.max {
+		clear(c.m)
+		c.n = 0
+	}
+	c.m[id] = m
+	c.n += len(m.Entries)
+	c.mu.Unlock()
+	return m, nil
+}

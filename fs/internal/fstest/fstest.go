@@ -1,0 +1,66 @@
+// Package fstest mounts a Kylix file system in-process for tests.
+package fstest
+
+import (
+	"os"
+	"testing"
+
+	"github.com/kylix/kylix/chunkstore"
+	kfs "github.com/kylix/kylix/fs"
+)
+
+// RequireFUSE skips t unless it runs as root with /dev/fuse.
+func RequireFUSE(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("FUSE mount tests need root (DirectMount and passthrough); CI runs them as root")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skipf("FUSE mount tests need /dev/fuse: %v", err)
+	}
+}
+
+// Mounted is a store with its namespace mounted.
+type Mounted struct {
+	Store *chunkstore.Store
+	FS    *kfs.FS
+	Dir   string // the mount point
+	Data  string // the data directory
+}
+
+// Mount opens a fresh store in a temporary directory and mounts it; the
+// cleanup unmounts and closes.
+func Mount(t testing.TB, opts kfs.Options) *Mounted {
+	t.Helper()
+	RequireFUSE(t)
+	data := t.TempDir()
+	return MountStore(t, data, opts)
+}
+
+// MountStore opens the store in data and mounts it.
+func MountStore(t testing.TB, data string, opts kfs.Options) *Mounted {
+	t.Helper()
+	RequireFUSE(t)
+	s, err := chunkstore.Open(chunkstore.Options{Dir: data})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fsys, err := kfs.New(s, opts)
+	if err != nil {
+		s.Close()
+		t.Fatal(err)
+	}
+	mnt := t.TempDir()
+	if err := fsys.Mount(mnt); err != nil {
+		s.Close()
+		t.Fatal(err)
+	}
+	m := &Mounted{Store: s, FS: fsys, Dir: mnt, Data: data}
+	t.Cleanup(func() {
+		if err := fsys.Unmount(); err != nil {
+			t.Errorf("unmount: %v", err)
+		}
+		s.Close()
+	})
+	return m
+}

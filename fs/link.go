@@ -1,0 +1,97 @@
+package fs
+
+import (
+	"context"
+	"sync"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/kylix/kylix/chunkstore"
+)
+
+// linkNode is a symbolic link.
+type linkNode struct {
+	gofs.Inode
+	base
+	mu  sync.Mutex
+	ent chunkstore.Entry
+}
+
+var (
+	_ = (gofs.NodeReadlinker)((*linkNode)(nil))
+	_ = (gofs.NodeGetattrer)((*linkNode)(nil))
+	_ = (gofs.NodeSetattrer)((*linkNode)(nil))
+)
+
+func (l *linkNode) target() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.ent.Target
+}
+
+func (l *linkNode) setEntry(e chunkstore.Entry) {
+	l.mu.Lock()
+	l.ent = e
+	l.mu.Unlock()
+}
+
+func (l *linkNode) attr(out *fuse.Attr) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out.Mode = syscall.S_IFLNK | 0o777
+	out.Size = uint64(len(l.ent.Target))
+	out.Nlink = 1
+	if l.gone.Load() {
+		out.Nlink = 0
+	}
+	setTimes(out, l.ent.MTime)
+	out.Uid, out.Gid = l.fsys.uid, l.fsys.gid
+}
+
+func (l *linkNode) fillEntry(out *fuse.EntryOut) {
+	l.attr(&out.Attr)
+	out.SetEntryTimeout(l.fsys.opts.FileTimeout)
+	out.SetAttrTimeout(l.fsys.opts.FileTimeout)
+}
+
+func (l *linkNode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	return []byte(l.target()), 0
+}
+
+func (l *linkNode) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	l.attr(&out.Attr)
+	out.SetTimeout(l.fsys.opts.FileTimeout)
+	return 0
+}
+
+// Setattr changes a symlink's mtime (lutimes); its mode is always 0777.
+func (l *linkNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	f := l.fsys
+	if t, ok := in.GetMTime(); ok {
+		f.nsMu.Lock()
+		p, ok := l.path()
+		if ok {
+			err := f.update(func(tx *chunkstore.NSTx) error {
+				e, err := tx.Lookup(p)
+				if err != nil {
+					return err
+				}
+				e.MTime = t.UnixNano()
+				return tx.Put(p, e)
+			})
+			if err != nil {
+				f.nsMu.Unlock()
+				return toErrno(err)
+			}
+		}
+		l.mu.Lock()
+		l.ent.MTime = t.UnixNano()
+		l.mu.Unlock()
+		f.nsMu.Unlock()
+	}
+	l.attr(&out.Attr)
+	out.SetTimeout(f.opts.FileTimeout)
+	return 0
+}

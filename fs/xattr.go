@@ -1,0 +1,139 @@
+package fs
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/kylix/kylix/chunkstore"
+)
+
+// The extended attributes every file shows (read-only).
+const (
+	// xattrPath: "passthrough" when opens are served by FUSE passthrough
+	// from a pack holding exactly the file, else "daemon".
+	xattrPath = "user.kylix.path"
+	// xattrID: the manifest ID (files) or directory manifest ID.
+	xattrID = "user.kylix.id"
+	// xattrChunks: the number of chunks.
+	xattrChunks = "user.kylix.chunks"
+	// xattrResidency: "local", "partial" or "not local".
+	xattrResidency = "user.kylix.residency"
+	// xattrState: "committed" or "writing" (a working copy not yet
+	// committed).
+	xattrState = "user.kylix.state"
+)
+
+var fileXattrs = []string{xattrPath, xattrID, xattrChunks, xattrResidency, xattrState}
+
+// xattrValue answers a getxattr with v: its size when dest is empty,
+// ERANGE when dest is too small.
+func xattrValue(dest []byte, v string) (uint32, syscall.Errno) {
+	if len(dest) == 0 {
+		return uint32(len(v)), 0
+	}
+	if len(dest) < len(v) {
+		return uint32(len(v)), syscall.ERANGE
+	}
+	return uint32(copy(dest, v)), 0
+}
+
+func xattrList(dest []byte, names []string) (uint32, syscall.Errno) {
+	var b strings.Builder
+	for _, n := range names {
+		b.WriteString(n)
+		b.WriteByte(0)
+	}
+	return xattrValue(dest, b.String())
+}
+
+func (n *fileNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	if !strings.HasPrefix(attr, "user.kylix.") {
+		return 0, syscall.ENODATA
+	}
+	n.mu.Lock()
+	local := n.hasLocalLocked()
+	var sf *chunkstore.File
+	var err error
+	if !local && !n.id.IsZero() {
+		sf, err = n.storeFileLocked()
+		n.idleLocked()
+	}
+	id := n.id
+	n.mu.Unlock()
+	if err != nil {
+		return 0, toErrno(err)
+	}
+	var v string
+	switch attr {
+	case xattrState:
+		v = "committed"
+		if local {
+			v = "writing"
+		}
+	case xattrPath:
+		v = "daemon"
+		if sf != nil && n.fsys.passthrough {
+			if _, ok := sf.WholeFilePack(); ok {
+				v = "passthrough"
+			}
+		}
+	case xattrID:
+		if local || id.IsZero() {
+			return 0, syscall.ENODATA
+		}
+		v = id.String()
+	case xattrChunks:
+		if sf == nil {
+			return 0, syscall.ENODATA
+		}
+		v = strconv.Itoa(len(sf.M.Chunks))
+	case xattrResidency:
+		v = "local"
+		if sf != nil {
+			v = residency(sf)
+		}
+	default:
+		return 0, syscall.ENODATA
+	}
+	return xattrValue(dest, v)
+}
+
+func residency(sf *chunkstore.File) string {
+	local, remote := false, false
+	for _, e := range sf.Extents() {
+		if e.Pack == 0 {
+			remote = true
+		} else {
+			local = true
+		}
+	}
+	switch {
+	case remote && local:
+		return "partial"
+	case remote:
+		return "not local"
+	}
+	return "local"
+}
+
+func (n *fileNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	return xattrList(dest, fileXattrs)
+}
+
+// Setxattr: Kylix stores no extended attributes of its own; its
+// user.kylix.* attributes are computed and read-only.
+func (n *fileNode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	if strings.HasPrefix(attr, "user.kylix.") {
+		return syscall.EPERM
+	}
+	return syscall.ENOTSUP
+}
+
+func (n *fileNode) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	if strings.HasPrefix(attr, "user.kylix.") {
+		return syscall.EPERM
+	}
+	return syscall.ENODATA
+}

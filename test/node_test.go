@@ -1,0 +1,183 @@
+package test
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var kylixBin string
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	if b := os.Getenv("KYLIX_BIN"); b != "" {
+		kylixBin = b
+		return m.Run()
+	}
+	dir, err := os.MkdirTemp("", "kylix-test-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o755) // other users run it too (TestAdminSocketRefusesOtherUsers)
+	kylixBin = filepath.Join(dir, "kylix")
+	cmd := exec.Command("go", "build", "-ldflags=-checklinkname=0", "-o", kylixBin, "github.com/kylix/kylix/cmd/kylix")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building kylix:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+func requireFUSE(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: kylix serve mounts with FUSE (DirectMount, passthrough); CI runs this as root")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skipf("needs /dev/fuse: %v", err)
+	}
+}
+
+// node is a running kylix serve.
+type node struct {
+	t    *testing.T
+	data string
+	mnt  string
+	cmd  *exec.Cmd
+	log  *bytes.Buffer
+}
+
+func startNode(t *testing.T, data, mnt string) *node {
+	t.Helper()
+	n := &node{t: t, data: data, mnt: mnt, log: &bytes.Buffer{}}
+	n.cmd = exec.Command(kylixBin, "serve", "--data", data, "--mount", mnt)
+	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
+	if err := n.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for !isMounted(mnt) || !answers(filepath.Join(data, "kylix.sock")) {
+		if time.Now().After(deadline) {
+			n.cmd.Process.Kill()
+			t.Fatalf("node did not come up: %s", n.log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Cleanup(func() {
+		if n.cmd.ProcessState == nil {
+			n.stop()
+		}
+	})
+	return n
+}
+
+// stop sends SIGTERM and waits for a clean exit.
+func (n *node) stop() {
+	n.t.Helper()
+	n.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- n.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			n.t.Errorf("node exited with %v: %s", err, n.log)
+		}
+	case <-time.After(20 * time.Second):
+		n.cmd.Process.Kill()
+		n.t.Fatalf("node did not stop: %s", n.log)
+	}
+	if isMounted(n.mnt) {
+		n.t.Errorf("%s still mounted after the node stopped", n.mnt)
+	}
+}
+
+// kill9 kills the node with SIGKILL, leaving its mount stale.
+func (n *node) kill9() {
+	n.cmd.Process.Kill()
+	n.cmd.Wait()
+}
+
+// kylix runs a kylix command (forwarded to the node when one runs).
+func kylix(t *testing.T, dir string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(kylixBin, args...)
+	cmd.Dir = dir
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errb.String(), code
+}
+
+func mustKylix(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	out, errs, code := kylix(t, dir, args...)
+	if code != 0 {
+		t.Fatalf("kylix %s: exit %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), code, out, errs)
+	}
+	return out
+}
+
+func run(t *testing.T, dir, name string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// answers reports whether a node listens on the socket (a killed node
+// leaves the file behind).
+func answers(sock string) bool {
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+func isMounted(dir string) bool {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 4 && fields[4] == dir {
+			return true
+		}
+	}
+	return false
+}
+
+// dirs returns a data directory and a mount point for a test.
+func dirs(t *testing.T) (data, mnt string) {
+	base := t.TempDir()
+	return filepath.Join(base, "data"), filepath.Join(base, "mnt")
+}
