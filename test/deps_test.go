@@ -1,0 +1,92 @@
+package test
+
+import (
+	"encoding/json"
+	"io"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/kylix/kylix"
+
+// forbidden lists, for each of our packages (by prefix), the packages it
+// must never import: the dependency arrows of DESIGN.md.
+var forbidden = map[string][]string{
+	"/chunkstore": {"/fs", "/gpuio", "/cuda", "/peers", "/cmd"},
+	"/fs":         {"/peers", "/gpuio", "/cuda", "/cmd"},
+	"/gpuio":      {"/fs", "/peers", "/cmd"},
+	"/cuda":       {"/chunkstore", "/fs", "/gpuio", "/peers", "/cmd", "/internal"},
+	"/peers":      {"/fs", "/gpuio", "/cuda", "/cmd"},
+	"/internal":   {"/fs", "/gpuio", "/cuda", "/peers", "/cmd"},
+}
+
+type pkg struct {
+	ImportPath string
+	Doc        string
+	Name       string
+	Imports    []string
+}
+
+func listPackages(t *testing.T) []pkg {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-json", module+"/...")
+	cmd.Dir = ".."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	var pkgs []pkg
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for {
+		var p pkg
+		if err := dec.Decode(&p); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	if len(pkgs) < 8 {
+		t.Fatalf("go list found only %d packages", len(pkgs))
+	}
+	return pkgs
+}
+
+// TestDependencyArrows guards the layering (in the style of tailscale's
+// deptest): non-test imports only.
+func TestDependencyArrows(t *testing.T) {
+	for _, p := range listPackages(t) {
+		rel := strings.TrimPrefix(p.ImportPath, module)
+		for prefix, bad := range forbidden {
+			if rel != prefix && !strings.HasPrefix(rel, prefix+"/") {
+				continue
+			}
+			for _, imp := range p.Imports {
+				for _, b := range bad {
+					if imp == module+b || strings.HasPrefix(imp, module+b+"/") {
+						t.Errorf("%s imports %s: the design forbids %s -> %s", p.ImportPath, imp, prefix, b)
+					}
+				}
+			}
+		}
+		// io_uring only inside chunkstore's I/O subpackage.
+		for _, imp := range p.Imports {
+			if strings.Contains(imp, "giouring") && rel != "/chunkstore/storeio" {
+				t.Errorf("%s imports %s: io_uring belongs to chunkstore/storeio", p.ImportPath, imp)
+			}
+			if strings.HasPrefix(imp, module+"/cmd") {
+				t.Errorf("%s imports %s: nothing imports cmd", p.ImportPath, imp)
+			}
+		}
+	}
+}
+
+// TestEveryPackageHasADocComment: each package says what it is for.
+func TestEveryPackageHasADocComment(t *testing.T) {
+	for _, p := range listPackages(t) {
+		if strings.TrimSpace(p.Doc) == "" {
+			t.Errorf("%s has no package doc comment", p.ImportPath)
+		}
+	}
+}
