@@ -4,7 +4,7 @@ LDFLAGS  := -checklinkname=0
 GOFLAGS_ := -ldflags=$(LDFLAGS)
 BIN      := bin/kylix
 # Packages where the race detector is affordable on a 2-core machine.
-RACE_PKGS := ./chunkstore/... ./cuda/...
+RACE_PKGS := ./chunkstore/... ./cuda/... ./gpuio/... ./fs/...
 export CGO_ENABLED ?= 0
 
 .PHONY: all build test test-unit test-race lint bench run clean fuzz tools gpu-build
