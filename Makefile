@@ -41,8 +41,8 @@ fuzz:
 	$(GO) test $(GOFLAGS_) ./chunkstore -run '^$$' -fuzz FuzzDecodeFileManifest -fuzztime $(FUZZTIME)
 	$(GO) test $(GOFLAGS_) ./chunkstore -run '^$$' -fuzz FuzzDecodeDirManifest -fuzztime $(FUZZTIME)
 
+# Side-by-side benchmarks (store, FUSE); results go to docs/bench.md by hand.
 bench: build
-	$(GO) test $(GOFLAGS_) -run '^$$' -bench . -benchtime 3x ./chunkstore/...
 	bash test/bench/run.sh
 
 # The embedded default: a single node on the default data directory with a
