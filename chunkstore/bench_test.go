@@ -195,7 +195,7 @@ func BenchmarkStoreHashAllCores(b *testing.B) {
 func benchStore(b *testing.B) *Store {
 	src, _ := benchSource(b)
 	d := filepath.Join(filepath.Dir(benchModel.dir), "..", "store")
-	s, err := Open(Options{Dir: d})
+	s, err := Open(Options{Dir: d, IO: os.Getenv("KYLIX_BENCH_IO")})
 	if err != nil {
 		b.Fatal(err)
 	}
