@@ -129,9 +129,9 @@ func doctor(data string) doctorReport {
 	}
 	// io_uring.
 	if err := storeio.Probe(); err != nil {
-		add("io_uring", false, "%v: storage reads use the pread pool", err)
+		add("io_uring", false, "%v: every storage read uses the pread pool", err)
 	} else {
-		add("io_uring", true, "available: storage reads keep many requests in flight")
+		add("io_uring", true, "available (kylix load --reader io_uring, bench-read); the store's page-cache reads use the pread pool, which copies on every core")
 	}
 	// O_DIRECT on the data directory (or, before it exists, the nearest
 	// directory above it: where it will be created).
