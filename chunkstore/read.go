@@ -293,42 +293,51 @@ func (s *Store) ReadChunk(ctx context.Context, id ID) ([]byte, error) {
 	return out[0], nil
 }
 
-// WriteTo writes the whole file to w, reading ahead while writing, and
-// verifying every chunk. progress (may be nil) is called with bytes written.
+// WriteTo writes the whole file to w, verifying every chunk. Two 32 MiB
+// windows are read and verified at once, ahead of the window being written, so
+// reading, hashing and writing overlap. progress (may be nil) is called with
+// bytes written.
 func (f *File) WriteTo(ctx context.Context, w io.Writer, progress func(int64)) (int64, error) {
-	const window = 32 << 20
+	const (
+		window = 32 << 20
+		ahead  = 2 // windows read and verified concurrently
+	)
 	type batch struct {
 		data [][]byte
 		err  error
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	ch := make(chan batch, 2)
+	// futures carries, in file order, one channel per window; each is
+	// filled by its own goroutine. Its capacity bounds the windows in flight.
+	futures := make(chan chan batch, ahead)
 	go func() {
-		defer close(ch)
+		defer close(futures)
 		for i := 0; i < len(f.M.Chunks); {
 			j, n := i, int64(0)
 			for j < len(f.M.Chunks) && (j == i || n+int64(f.M.Chunks[j].Len) <= window) {
 				n += int64(f.M.Chunks[j].Len)
 				j++
 			}
-			d, err := f.s.readChunks(ctx, f.M.Chunks[i:j], f.locs[i:j], false)
-			if err != nil {
-				err = fmt.Errorf("chunkstore: read %s at %d: %w", f.ID.Short(), f.offs[i], err)
-			}
+			fut := make(chan batch, 1)
 			select {
-			case ch <- batch{d, err}:
+			case futures <- fut:
 			case <-ctx.Done():
 				return
 			}
-			if err != nil {
-				return
-			}
+			go func(i, j int) {
+				d, err := f.s.readChunks(ctx, f.M.Chunks[i:j], f.locs[i:j], false)
+				if err != nil {
+					err = fmt.Errorf("chunkstore: read %s at %d: %w", f.ID.Short(), f.offs[i], err)
+				}
+				fut <- batch{d, err}
+			}(i, j)
 			i = j
 		}
 	}()
 	var total int64
-	for b := range ch {
+	for fut := range futures {
+		b := <-fut
 		if b.err != nil {
 			return total, b.err
 		}
