@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -165,8 +164,10 @@ passthrough and by the node. Fails when no node runs.`).withJSON()
 	if f.jsonOut {
 		return f.printJSON(out)
 	}
-	b, _ := json.MarshalIndent(out, "", "  ")
-	fmt.Fprintln(e.stdout, string(b))
+	st := out.FS
+	fmt.Fprintf(e.stdout, "node:     pid %d, up %s\ndata dir: %s\nmount:    %s\nmemory:   %s resident, %s Go heap\nopens:    %d by passthrough, %d by the node (%d reads, %s)\ncommits:  %d files in %d batches\n",
+		out.PID, time.Since(out.Started).Round(time.Second), out.DataDir, out.Mount, human(out.RSSBytes), human(out.HeapBytes),
+		st.PassthroughOpens, st.DaemonOpens, st.DaemonReads, human(st.DaemonReadBytes), st.Commits, st.CommitBatches)
 	return nil
 }
 
