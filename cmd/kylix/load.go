@@ -194,8 +194,10 @@ func loadOnce(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpu
 		mu.Unlock()
 	}
 	// Several files in flight share the loader's buffers, so the pipeline
-	// does not drain at each file boundary.
-	for range min(inflight, len(files)) {
+	// does not drain at each file boundary. The first failure stops the rest.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for range max(1, min(inflight, len(files))) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -206,14 +208,23 @@ func loadOnce(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpu
 				}
 				outs[i], errs[i] = loadOne(ctx, s, l, dev, files[i], rank, size, check, keep)
 				if errs[i] != nil {
+					cancel()
 					return
 				}
 			}
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
+	// Report the failure that stopped the load, not the cancellations it
+	// caused in the other files.
+	var first error
+	for _, err := range errs {
+		if err != nil && (first == nil || errors.Is(first, context.Canceled)) {
+			first = err
+		}
+	}
+	if first != nil {
+		return nil, first
 	}
 	for _, lf := range outs {
 		if lf != nil {
