@@ -196,7 +196,7 @@ func (p *progress) update(done, total int64) {
 	}
 	eta := ""
 	if rate > 0 && total > done {
-		eta = fmt.Sprintf(" ETA %s", (time.Duration(float64(total-done)/rate) * time.Second / time.Second).Round(time.Second))
+		eta = fmt.Sprintf(" ETA %s", time.Duration(float64(total-done)/rate*float64(time.Second)).Round(time.Second))
 	}
 	fmt.Fprintf(p.e.stderr, "\r%s [%s] %3.0f%% %s/%s %s/s%s   ", p.label, bar, frac*100, human(done), human(total), human(int64(rate)), eta)
 }
