@@ -195,7 +195,11 @@ func (s *Store) takeLock() error {
 		holder, _ := os.ReadFile(path)
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return fmt.Errorf("chunkstore: %s is in use by pid %s: %w", s.dir, strings.TrimSpace(string(holder)), ErrLocked)
+			who := "another process"
+			if pid := strings.TrimSpace(string(holder)); pid != "" {
+				who = "pid " + pid
+			}
+			return fmt.Errorf("chunkstore: %s is in use by %s: %w", s.dir, who, ErrLocked)
 		}
 		return fmt.Errorf("chunkstore: lock %s: %w", path, err)
 	}
