@@ -6,6 +6,7 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 
+	"github.com/kylix/kylix/chunkstore"
 	"github.com/kylix/kylix/fs/layout"
 )
 
@@ -29,15 +30,9 @@ func (n *fileNode) ioctlLayout(input, output []byte) syscall.Errno {
 	if err != nil {
 		return syscall.EINVAL
 	}
-	n.mu.Lock()
-	if n.hasLocalLocked() || n.id.IsZero() {
-		n.mu.Unlock()
-		return syscall.EBUSY
-	}
-	sf, err := n.storeFileLocked()
-	n.mu.Unlock()
-	if err != nil {
-		return toErrno(err)
+	sf, errno := n.committedFile()
+	if errno != 0 {
+		return errno
 	}
 	size := uint64(sf.Size())
 	if req.Offset > size {
@@ -80,15 +75,9 @@ func (n *fileNode) ioctlPackPath(input, output []byte) syscall.Errno {
 	}
 	// Only packs that hold part of this file: the ioctl does not reveal
 	// the rest of the store.
-	n.mu.Lock()
-	if n.hasLocalLocked() || n.id.IsZero() {
-		n.mu.Unlock()
-		return syscall.EBUSY
-	}
-	sf, err := n.storeFileLocked()
-	n.mu.Unlock()
-	if err != nil {
-		return toErrno(err)
+	sf, errno := n.committedFile()
+	if errno != 0 {
+		return errno
 	}
 	for _, x := range sf.Extents() {
 		if x.Pack == id {
@@ -100,4 +89,21 @@ func (n *fileNode) ioctlPackPath(input, output []byte) syscall.Errno {
 		}
 	}
 	return syscall.EINVAL
+}
+
+// committedFile returns the stored version of the file for the layout
+// ioctls: EBUSY while the file is being written (its bytes are in a working
+// copy, not in packs) or was never committed.
+func (n *fileNode) committedFile() (*chunkstore.File, syscall.Errno) {
+	n.mu.Lock()
+	if n.hasLocalLocked() || n.id.IsZero() {
+		n.mu.Unlock()
+		return nil, syscall.EBUSY
+	}
+	sf, err := n.storeFileLocked()
+	n.mu.Unlock()
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	return sf, 0
 }
