@@ -100,3 +100,4 @@ print(f"warm: kylix = {kw:.1f} GB/s (goal >= 40), kylix / pinned H2D ({h2d:.1f})
 k2 = med.get(("kylix-mapped-pass2+", "warm"))
 if k2: print(f"warm, --io mapped, pack mapping already registered (passes 2+ in one process): {k2:.1f} GB/s = {k2/h2d:.3f} of pinned H2D")
 PY
+echo; echo "== through the mount: safetensors.load_file, mount vs local disk"; bash scripts/gpu-bench-mount.sh
