@@ -35,8 +35,9 @@ for name, p in m.state_dict().items():
         sd[name] = torch.ones(p.shape, dtype=torch.bfloat16)
     else:
         sd[name] = (torch.randn(p.shape, generator=g, device="cuda:0", dtype=torch.float32) * 0.02).to(torch.bfloat16).cpu()
+total = sum(t.numel() * t.element_size() for t in sd.values())
 m.save_pretrained(sys.argv[1], state_dict=sd, max_shard_size="2GB", safe_serialization=True)
-print("checkpoint:", sum(t.numel() * 2 for t in sd.values()) / 1e9, "GB")
+print("checkpoint: %.2f GB of tensors" % (total / 1e9))
 PY
 fi
 $k import "$src" models/ckpt | tail -2
