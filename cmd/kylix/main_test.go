@@ -26,7 +26,11 @@ func TestMain(m *testing.M) {
 		main()
 		return
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if demoDir != "" {
+		os.RemoveAll(demoDir) // shared by the tests, so removed after all of them
+	}
+	os.Exit(code)
 }
 
 type result struct {
