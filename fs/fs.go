@@ -389,7 +389,7 @@ func (f *FS) Reconcile() {
 				}
 				todo = append(todo, inval{&d.Inode, name})
 			case *linkNode:
-				if se == nil || se.Kind != chunkstore.KindSymlink || se.Target != c.target() {
+				if se == nil || se.Kind != chunkstore.KindSymlink || c.changed(*se) {
 					todo = append(todo, inval{&d.Inode, name})
 				}
 			}

@@ -31,6 +31,14 @@ func (l *linkNode) target() string {
 	return l.ent.Target
 }
 
+// changed reports whether store entry e differs from what the kernel was
+// told about this link (target, owner or group).
+func (l *linkNode) changed(e chunkstore.Entry) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return e.Target != l.ent.Target || e.UID != l.ent.UID || e.GID != l.ent.GID
+}
+
 func (l *linkNode) setEntry(e chunkstore.Entry) {
 	l.mu.Lock()
 	l.ent = e

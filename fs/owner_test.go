@@ -152,15 +152,19 @@ func ownerCases() []ownerCase {
 				rootOp("creat g", func(d string) error { return create(j(d, "g"), 0o644) }),
 				rootOp("chown g 65534", func(d string) error { return os.Chown(j(d, "g"), 65534, 65534) }),
 				rootOp("symlink l", func(d string) error { return unix.Symlink("f", j(d, "l")) }),
+				rootOp("mkdir dd", func(d string) error { return unix.Mkdir(j(d, "dd"), 0o755) }),
 			},
 			ops: []op{
 				{name: "chown f 65534:65534", fn: func(d string) error { return os.Chown(j(d, "f"), 65534, 65534) }, want: ok()},
+				{name: "chown dd 65534:65534", fn: func(d string) error { return os.Chown(j(d, "dd"), 65534, 65534) }, want: ok()},
+				{who: nobody, name: "chmod dd 1700 by its new owner", fn: func(d string) error { return unix.Chmod(j(d, "dd"), 0o1700) }, want: ok()},
+				{who: user1000, name: "chown dd by another", fn: func(d string) error { return os.Chown(j(d, "dd"), 1000, 1000) }, want: fails(syscall.EPERM)},
 				{who: nobody, name: "chown g 0", fn: func(d string) error { return os.Chown(j(d, "g"), 0, -1) }, want: fails(syscall.EPERM)},
 				{who: nobody, name: "chown g 65534 (no change)", fn: func(d string) error { return os.Chown(j(d, "g"), 65534, 65534) }, want: ok()},
 				{name: "lchown l 1000:2000", fn: func(d string) error { return os.Lchown(j(d, "l"), 1000, 2000) }, want: ok()},
 				{who: nobody, name: "chown f by owner to 1000", fn: func(d string) error { return os.Chown(j(d, "f"), 1000, -1) }, want: fails(syscall.EPERM)},
 			},
-			stat: []string{"f", "g", "l"},
+			stat: []string{"f", "g", "l", "dd"},
 		},
 		{
 			name: "chgrp to a group the caller is in, not to another",
@@ -518,6 +522,10 @@ func TestOwnershipStored(t *testing.T) {
 	if err := os.Chmod(m.Dir, 0o1777); !errors.Is(err, syscall.EPERM) {
 		t.Fatalf("chmod of the mount root (not stored) = %v, want EPERM", err)
 	}
+	// FIFOs and device nodes are not stored (docs/design/ownership.md).
+	if err := unix.Mkfifo(filepath.Join(m.Dir, "fifo"), 0o644); !errors.Is(err, syscall.ENOTSUP) {
+		t.Fatalf("mkfifo = %v, want ENOTSUP", err)
+	}
 	d := filepath.Join(m.Dir, "shared")
 	if err := os.Mkdir(d, 0o777); err != nil {
 		t.Fatal(err)
@@ -568,5 +576,48 @@ func TestOwnershipStored(t *testing.T) {
 	e, err = m.Store.Lookup("shared/f")
 	if err != nil || e.UID != 1000 || e.GID != 2000 || chunkstore.UnixMode(e.Mode) != 0o4750 || e.ID == before {
 		t.Fatalf("after a rewrite: %+v, %v", e, err)
+	}
+}
+
+// TestOwnerChangedBehindTheMount: an owner changed in the store (an import
+// or, later, a peer) shows in the mount after Reconcile, for files and
+// symlinks whose content did not change.
+func TestOwnerChangedBehindTheMount(t *testing.T) {
+	m := fstest.Mount(t, kfs.Options{})
+	if err := os.WriteFile(filepath.Join(m.Dir, "f"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("f", filepath.Join(m.Dir, "l")); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.FS.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"f", "l"} {
+		if got := statLine(filepath.Join(m.Dir, p)); !strings.HasSuffix(got, "uid 0 gid 0") {
+			t.Fatalf("%s: %s", p, got)
+		}
+	}
+	err := m.Store.Update(func(tx *chunkstore.NSTx) error {
+		for _, p := range []string{"f", "l"} {
+			e, err := tx.Lookup(p)
+			if err != nil {
+				return err
+			}
+			e.UID, e.GID = 1000, 2000
+			if err := tx.Put(p, e); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.FS.Reconcile()
+	for _, p := range []string{"f", "l"} {
+		if got := statLine(filepath.Join(m.Dir, p)); !strings.HasSuffix(got, "uid 1000 gid 2000") {
+			t.Errorf("%s after Reconcile: %s", p, got)
+		}
 	}
 }
