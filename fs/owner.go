@@ -93,7 +93,10 @@ func setMeta(f *FS, in *fuse.SetAttrIn, mode *iofs.FileMode, uid, gid *uint32, m
 // even without group exec (setattr_should_drop_sgid); fuse_setattr
 // recomputes the kill with the older rule (setgid only with group exec)
 // and sends an empty SETATTR (write) or one with just the size and times
-// (truncate). The node applies the newer rule to those requests. Root
+// (truncate). The node applies the newer rule to those requests. (An
+// empty SETATTR is only sent when the VFS decided to kill, so the group
+// check only changes the answer for a truncate, which sends its SETATTR
+// either way.) Root
 // stands for CAP_FSETID; the caller's groups are read from
 // /proc/PID/status, and a caller whose groups cannot be read is taken as
 // not in the group (the bit is dropped, never wrongly kept).

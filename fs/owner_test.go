@@ -219,18 +219,23 @@ func ownerCases() []ownerCase {
 				rootOp("creat m", func(d string) error { return create(j(d, "m"), 0o777) }),
 				rootOp("chown m 0:65534", func(d string) error { return os.Chown(j(d, "m"), 0, 65534) }),
 				rootOp("chmod m 2767", func(d string) error { return unix.Chmod(j(d, "m"), 0o2767) }),
+				rootOp("creat s", func(d string) error { return create(j(d, "s"), 0o777) }),
+				rootOp("chown s 0:2000", func(d string) error { return os.Chown(j(d, "s"), 0, 2000) }),
+				rootOp("chmod s 2767", func(d string) error { return unix.Chmod(j(d, "s"), 0o2767) }),
 			},
 			ops: []op{
 				{who: nobody, name: "append a", fn: func(d string) error { return appendTo(j(d, "a")) }, want: ok()},
 				{who: nobody, name: "append m", fn: func(d string) error { return appendTo(j(d, "m")) }, want: ok()},
+				{who: user1000, name: "append s (group 2000 is supplementary)", fn: func(d string) error { return appendTo(j(d, "s")) }, want: ok()},
 				{who: nobody, name: "append b", fn: func(d string) error { return appendTo(j(d, "b")) }, want: ok()},
 				{name: "append c as root", fn: func(d string) error { return appendTo(j(d, "c")) }, want: ok()},
 			},
 			// b: since 6.2 the VFS also clears setgid without group exec
 			// when the writer is not in the file's group; FUSE's kernel
 			// side does not (fs/owner.go dropsSGID), m: the writer is in
-			// the group, so it stays.
-			stat: []string{"a", "b", "c", "m"},
+			// the group, so it stays; s: the writer is in it through a
+			// supplementary group.
+			stat: []string{"a", "b", "c", "m", "s"},
 		},
 		{
 			name: "truncate by a non-owner clears setuid; by a non-writer EACCES",
@@ -240,6 +245,9 @@ func ownerCases() []ownerCase {
 				rootOp("creat r", func(d string) error { return create(j(d, "r"), 0o644) }),
 				rootOp("creat b", func(d string) error { return create(j(d, "b"), 0o777) }),
 				rootOp("chmod b 2767", func(d string) error { return unix.Chmod(j(d, "b"), 0o2767) }),
+				rootOp("creat s", func(d string) error { return create(j(d, "s"), 0o777) }),
+				rootOp("chown s 0:2000", func(d string) error { return os.Chown(j(d, "s"), 0, 2000) }),
+				rootOp("chmod s 2767", func(d string) error { return unix.Chmod(j(d, "s"), 0o2767) }),
 				rootOp("creat c", func(d string) error { return create(j(d, "c"), 0o777) }),
 				rootOp("chmod c 6777", func(d string) error { return unix.Chmod(j(d, "c"), 0o6777) }),
 				rootOp("creat o", func(d string) error { return create(j(d, "o"), 0o777) }),
@@ -248,6 +256,7 @@ func ownerCases() []ownerCase {
 			ops: []op{
 				{who: nobody, name: "truncate a 0", fn: func(d string) error { return unix.Truncate(j(d, "a"), 0) }, want: ok()},
 				{who: nobody, name: "truncate b 0", fn: func(d string) error { return unix.Truncate(j(d, "b"), 0) }, want: ok()},
+				{who: user1000, name: "truncate s 0 (in group 2000 as a supplementary group)", fn: func(d string) error { return unix.Truncate(j(d, "s"), 0) }, want: ok()},
 				{who: nobody, name: "open o O_TRUNC", fn: func(d string) error {
 					f, err := os.OpenFile(j(d, "o"), os.O_WRONLY|os.O_TRUNC, 0)
 					if err != nil {
@@ -258,7 +267,7 @@ func ownerCases() []ownerCase {
 				{name: "truncate c as root", fn: func(d string) error { return unix.Truncate(j(d, "c"), 1) }, want: ok()},
 				{who: nobody, name: "truncate r 0", fn: func(d string) error { return unix.Truncate(j(d, "r"), 0) }, want: fails(syscall.EACCES)},
 			},
-			stat: []string{"a", "r", "b", "c", "o"},
+			stat: []string{"a", "r", "b", "s", "c", "o"},
 		},
 		{
 			name: "non-root chown clears setuid and setgid",
