@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -95,6 +96,10 @@ func TestOwnersSurviveRestartAndExport(t *testing.T) {
 		t.Fatalf("after a restart:\n%s\nwant:\n%s", got, want)
 	}
 	n.stop()
+
+	if ls := mustKylix(t, base, "ls", "--data", data, "m"); !regexp.MustCompile(`-rwsr-xr-x +1000 +2000 .* g\n`).MatchString(ls) {
+		t.Errorf("kylix ls does not show g's owner and setuid:\n%s", ls)
+	}
 
 	out := filepath.Join(base, "out")
 	mustKylix(t, base, "export", "--data", data, "m", out)
