@@ -1,6 +1,8 @@
 package fs_test
 
 import (
+	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -628,5 +630,61 @@ func TestOwnerChangedBehindTheMount(t *testing.T) {
 		if got := statLine(filepath.Join(m.Dir, p)); !strings.HasSuffix(got, "uid 1000 gid 2000") {
 			t.Errorf("%s after Reconcile: %s", p, got)
 		}
+	}
+}
+
+// TestLegacyKXD1Store: a directory written before owners were stored
+// (KXD1) still mounts; its entries show as the node's user, and a chgrp
+// through the mount stores a real owner (the node's uid) and group.
+func TestLegacyKXD1Store(t *testing.T) {
+	m := fstest.Mount(t, kfs.Options{})
+	src := filepath.Join(t.TempDir(), "a")
+	if err := os.WriteFile(src, []byte("legacy"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	im := m.Store.NewImporter()
+	r, err := im.PutFile(context.Background(), f, "a", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// KXD1: one file "a", mode 0640 (Go FileMode), size 6, mtime 0, HLC 1.
+	v1 := append([]byte("KXD1\x01\x01a\x01\x00"), binary.AppendUvarint(nil, 0o640)...)
+	v1 = append(v1, 6, 0, 1)
+	v1 = append(v1, r.ID[:]...)
+	dirID := im.PutObject(v1)
+	if err := im.Close(); err != nil {
+		t.Fatal(err)
+	}
+	err = m.Store.Update(func(tx *chunkstore.NSTx) error {
+		return tx.Put("legacy", chunkstore.Entry{Kind: chunkstore.KindDir, Mode: 0o755, UID: chunkstore.OwnerUnknown, GID: chunkstore.OwnerUnknown, ID: dirID})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.FS.Reconcile()
+	p := filepath.Join(m.Dir, "legacy", "a")
+	uid, gid := os.Getuid(), os.Getgid()
+	if got, want := statLine(p), fmt.Sprintf("mode 0100640 uid %d gid %d", uid, gid); got != want {
+		t.Fatalf("legacy entry: %s, want %s", got, want)
+	}
+	if e, err := m.Store.Lookup("legacy/a"); err != nil || e.UID != chunkstore.OwnerUnknown {
+		t.Fatalf("legacy entry in the store: %+v %v", e, err)
+	}
+	if b, err := os.ReadFile(p); err != nil || string(b) != "legacy" {
+		t.Fatalf("read: %q %v", b, err)
+	}
+	if err := os.Chown(p, -1, 2000); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.FS.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := m.Store.Lookup("legacy/a"); err != nil || e.UID != uint32(uid) || e.GID != 2000 || e.Mode != 0o640 {
+		t.Fatalf("after chgrp: %+v %v", e, err)
 	}
 }
