@@ -105,7 +105,12 @@ func (s *Store) importEntry(ctx context.Context, im *Importer, src string, st fs
 	if err := ctxErr(ctx); err != nil {
 		return Entry{}, err
 	}
-	e := Entry{Name: st.Name(), Mode: st.Mode().Perm(), MTime: st.ModTime().UnixNano()}
+	// The source's owner, group and full mode (setuid, setgid, sticky
+	// included) are recorded as they are, as cp -a would keep them.
+	e := Entry{Name: st.Name(), Mode: st.Mode() & EntryModeMask, UID: OwnerUnknown, GID: OwnerUnknown, MTime: st.ModTime().UnixNano()}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		e.UID, e.GID = sys.Uid, sys.Gid
+	}
 	switch {
 	case st.Mode().IsRegular():
 		f, err := os.Open(src)
@@ -181,6 +186,10 @@ type ExportOptions struct {
 	Progress func(done, total int64)
 	// Overwrite replaces existing files at the destination.
 	Overwrite bool
+	// Note, if set, receives one line for each recorded attribute export
+	// could not restore (setuid/setgid bits and owners, when not run as
+	// root).
+	Note func(msg string)
 }
 
 // Export writes the file or tree at namespace path src to the local path dest,
@@ -232,7 +241,17 @@ func (s *Store) exportEntry(ctx context.Context, e Entry, dest string, opts Expo
 			}
 		}
 		if e.Mode != 0 {
-			os.Chmod(dest, e.Mode.Perm())
+			// Restored after the entries, so that a read-only directory
+			// could still be filled.
+			dir, err := os.OpenFile(dest, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+			if err != nil {
+				return fmt.Errorf("chunkstore: export: %w", err)
+			}
+			err = restoreMeta(dir, e, dest, opts)
+			dir.Close()
+			if err != nil {
+				return err
+			}
 		}
 	case KindSymlink:
 		if opts.Overwrite {
@@ -240,6 +259,11 @@ func (s *Store) exportEntry(ctx context.Context, e Entry, dest string, opts Expo
 		}
 		if err := os.Symlink(e.Target, dest); err != nil {
 			return fmt.Errorf("chunkstore: export: %w", err)
+		}
+		if os.Geteuid() == 0 && e.UID != OwnerUnknown {
+			if err := os.Lchown(dest, int(e.UID), int(e.GID)); err != nil {
+				return fmt.Errorf("chunkstore: export %s: owner: %w", dest, err)
+			}
 		}
 	case KindFile:
 		if !opts.Overwrite {
@@ -258,7 +282,7 @@ func (s *Store) exportEntry(ctx context.Context, e Entry, dest string, opts Expo
 		}
 		n, err := f.WriteTo(ctx, out, progress)
 		if err == nil {
-			err = out.Chmod(e.Mode.Perm())
+			err = restoreMeta(out, e, dest, opts)
 		}
 		if cerr := out.Close(); err == nil {
 			err = cerr
@@ -279,6 +303,33 @@ func (s *Store) exportEntry(ctx context.Context, e Entry, dest string, opts Expo
 		}
 		*files++
 		*bytes += n
+	}
+	return nil
+}
+
+// restoreMeta gives the open file or directory f (exported to dest) the
+// owner, group and mode entry e records. As root, owner and group come
+// first (fchown), then the full mode: chown clears setuid and setgid, so
+// the other order would lose them. Not as root, owners are left to the
+// user running export and the mode is restored without setuid and
+// setgid, which would otherwise grant that user's rights rather than the
+// recorded owner's; each bit dropped is reported through opts.Note.
+func restoreMeta(f *os.File, e Entry, dest string, opts ExportOptions) error {
+	mode := e.Mode & EntryModeMask
+	if os.Geteuid() == 0 {
+		if e.UID != OwnerUnknown {
+			if err := f.Chown(int(e.UID), int(e.GID)); err != nil {
+				return fmt.Errorf("chunkstore: export %s: owner: %w", dest, err)
+			}
+		}
+	} else if mode&(fs.ModeSetuid|fs.ModeSetgid) != 0 {
+		mode &^= fs.ModeSetuid | fs.ModeSetgid
+		if opts.Note != nil {
+			opts.Note(fmt.Sprintf("%s: setuid/setgid not restored (recorded mode %#o; export is not running as root, so owners are not restored either)", dest, UnixMode(e.Mode)))
+		}
+	}
+	if err := f.Chmod(mode); err != nil {
+		return fmt.Errorf("chunkstore: export %s: mode: %w", dest, err)
 	}
 	return nil
 }

@@ -18,8 +18,62 @@ const (
 	maxFileSize  = 1 << 50
 	maxSymlink   = 4096
 	manifestFile = "KXF1"
-	manifestDir  = "KXD1"
+	// manifestDirV1 is the directory encoding before owners were stored:
+	// still decoded (its entries' owners are OwnerUnknown), and still the
+	// one encoding of the empty directory, whose ID is well known and
+	// never stored as an object.
+	manifestDirV1 = "KXD1"
+	// manifestDir is the encoding written now: each entry also carries
+	// its owner, group and Unix mode (permission and special bits).
+	manifestDir = "KXD2"
 )
+
+// OwnerUnknown is the UID and GID of entries recorded before owners were
+// stored (KXD1 manifests). The mount shows them as owned by the node's own
+// user and group, as it showed everything then; export leaves their owner
+// alone. It is (uid_t)-1, which no account can have: chown(2) reads it as
+// "no change".
+const OwnerUnknown = ^uint32(0)
+
+// Special mode bits kept per entry, in Go's FileMode encoding.
+const modeSpecial = fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky
+
+// EntryModeMask is what an Entry's Mode may hold: permission bits plus
+// setuid, setgid and sticky.
+const EntryModeMask = fs.ModePerm | modeSpecial
+
+// UnixMode returns m's permission and special bits as a Unix mode
+// (S_ISUID 0o4000, S_ISGID 0o2000, S_ISVTX 0o1000, rwx bits), the form
+// stat(2) and the directory manifest use.
+func UnixMode(m fs.FileMode) uint32 {
+	u := uint32(m.Perm())
+	if m&fs.ModeSetuid != 0 {
+		u |= 0o4000
+	}
+	if m&fs.ModeSetgid != 0 {
+		u |= 0o2000
+	}
+	if m&fs.ModeSticky != 0 {
+		u |= 0o1000
+	}
+	return u
+}
+
+// ModeFromUnix returns the FileMode of the low 12 bits of a Unix mode
+// (file type bits are ignored).
+func ModeFromUnix(u uint32) fs.FileMode {
+	m := fs.FileMode(u & 0o777)
+	if u&0o4000 != 0 {
+		m |= fs.ModeSetuid
+	}
+	if u&0o2000 != 0 {
+		m |= fs.ModeSetgid
+	}
+	if u&0o1000 != 0 {
+		m |= fs.ModeSticky
+	}
+	return m
+}
 
 // Format says how a file was chunked.
 type Format uint8
@@ -134,15 +188,23 @@ func (k Kind) String() string {
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
 
-// Entry is one name in a directory.
+// Entry is one name in a directory. Owner, group and mode are what
+// stat(2) shows and the kernel enforces on the mount; they live here, not
+// in the file's manifest, so changing them never writes file content.
 type Entry struct {
-	Name   string
-	Kind   Kind
-	Mode   fs.FileMode // permission bits only
-	Size   int64       // file size; 0 for directories; len(Target) for symlinks
-	MTime  int64       // Unix nanoseconds
-	ID     ID          // FileManifest (files) or DirManifest (directories)
-	Target string      // symlink target
+	Name string
+	Kind Kind
+	// Mode holds the permission bits and fs.ModeSetuid, fs.ModeSetgid,
+	// fs.ModeSticky (EntryModeMask); other bits are not stored.
+	Mode fs.FileMode
+	// UID and GID own the entry; OwnerUnknown for entries recorded before
+	// owners were stored.
+	UID    uint32
+	GID    uint32
+	Size   int64  // file size; 0 for directories; len(Target) for symlinks
+	MTime  int64  // Unix nanoseconds
+	ID     ID     // FileManifest (files) or DirManifest (directories)
+	Target string // symlink target
 	// HLC orders concurrent updates of this name from different nodes: the
 	// larger wins. Deleted entries are tombstones kept so that a merge does
 	// not resurrect what was removed.
@@ -157,10 +219,16 @@ type DirManifest struct {
 
 const entryDeleted = 1
 
-// Encode returns the manifest's canonical bytes. Entries must be sorted by
-// name (see Sort).
+// Encode returns the manifest's canonical bytes (KXD2; the empty directory
+// keeps its KXD1 bytes, so its well-known ID never changed). Entries must
+// be sorted by name (see Put).
 func (m *DirManifest) Encode() []byte {
 	var buf bytes.Buffer
+	if len(m.Entries) == 0 {
+		buf.WriteString(manifestDirV1)
+		buf.WriteByte(0)
+		return buf.Bytes()
+	}
 	buf.WriteString(manifestDir)
 	var tmp [binary.MaxVarintLen64]byte
 	put := func(v uint64) { buf.Write(tmp[:binary.PutUvarint(tmp[:], v)]) }
@@ -174,7 +242,9 @@ func (m *DirManifest) Encode() []byte {
 			flags |= entryDeleted
 		}
 		buf.WriteByte(flags)
-		put(uint64(e.Mode.Perm() | e.Mode&(fs.ModeSetuid|fs.ModeSetgid|fs.ModeSticky)))
+		put(uint64(UnixMode(e.Mode)))
+		put(uint64(e.UID))
+		put(uint64(e.GID))
 		put(uint64(e.Size))
 		buf.Write(tmp[:binary.PutVarint(tmp[:], e.MTime)])
 		put(uint64(e.HLC))
@@ -190,13 +260,21 @@ func (m *DirManifest) Encode() []byte {
 }
 
 // DecodeDirManifest parses bytes made by Encode, rejecting bad names, unsorted
-// or duplicate entries, unknown kinds and truncated data.
+// or duplicate entries, unknown kinds and truncated data. It also reads the
+// KXD1 encoding written before owners were stored: its entries get
+// OwnerUnknown as UID and GID and keep their mode. Every accepted KXD2
+// input is byte for byte what Encode makes of the result.
 func DecodeDirManifest(b []byte) (*DirManifest, error) {
 	d := decoder{b: b}
-	if !d.magic(manifestDir) {
+	v2 := d.magic(manifestDir)
+	if !v2 && !d.magic(manifestDirV1) {
 		return nil, fmt.Errorf("chunkstore: dir manifest: bad magic: %w", ErrCorrupt)
 	}
 	n := d.uvarint()
+	if v2 && n == 0 && d.err == nil {
+		// The empty directory has one encoding: KXD1's.
+		return nil, fmt.Errorf("chunkstore: dir manifest: empty KXD2 manifest: %w", ErrCorrupt)
+	}
 	// Each entry takes at least 8 bytes, so a count larger than that is a lie.
 	if n > uint64(len(d.b))/8 {
 		return nil, fmt.Errorf("chunkstore: dir manifest: %d entries in %d bytes: %w", n, len(d.b), ErrCorrupt)
@@ -213,6 +291,10 @@ func DecodeDirManifest(b []byte) (*DirManifest, error) {
 		flags := d.byte()
 		e.Deleted = flags&entryDeleted != 0
 		mode := d.uvarint()
+		uid, gid := uint64(OwnerUnknown), uint64(OwnerUnknown)
+		if v2 {
+			uid, gid = d.uvarint(), d.uvarint()
+		}
 		e.Size = int64(d.uvarint())
 		e.MTime = d.varint()
 		e.HLC = HLC(d.uvarint())
@@ -222,10 +304,23 @@ func DecodeDirManifest(b []byte) (*DirManifest, error) {
 		if err := checkName(e.Name); err != nil {
 			return nil, fmt.Errorf("chunkstore: dir manifest: entry %d: %w", i, err)
 		}
-		if flags&^entryDeleted != 0 || mode > math.MaxUint32 || e.Size < 0 || e.Size > maxFileSize {
-			return nil, fmt.Errorf("chunkstore: dir manifest: entry %q: bad flags, mode or size: %w", e.Name, ErrCorrupt)
+		if flags&^entryDeleted != 0 || uid > math.MaxUint32 || gid > math.MaxUint32 || e.Size < 0 || e.Size > maxFileSize {
+			return nil, fmt.Errorf("chunkstore: dir manifest: entry %q: bad flags, owner or size: %w", e.Name, ErrCorrupt)
 		}
-		e.Mode = fs.FileMode(mode)
+		e.UID, e.GID = uint32(uid), uint32(gid)
+		if v2 {
+			if mode > 0o7777 {
+				return nil, fmt.Errorf("chunkstore: dir manifest: entry %q: mode %#o: %w", e.Name, mode, ErrCorrupt)
+			}
+			e.Mode = ModeFromUnix(uint32(mode))
+		} else {
+			// KXD1 wrote Go's FileMode: permission bits and Go's
+			// setuid, setgid and sticky bits, nothing else.
+			if mode&^uint64(EntryModeMask) != 0 {
+				return nil, fmt.Errorf("chunkstore: dir manifest: entry %q: mode %#x: %w", e.Name, mode, ErrCorrupt)
+			}
+			e.Mode = fs.FileMode(mode)
+		}
 		switch e.Kind {
 		case KindFile, KindDir:
 			copy(e.ID[:], d.bytes(IDSize))

@@ -2,6 +2,7 @@ package chunkstore
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"io/fs"
 	"testing"
@@ -15,11 +16,30 @@ func sampleFile() *FileManifest {
 
 func sampleDir() *DirManifest {
 	return &DirManifest{Entries: []Entry{
-		{Name: "a.bin", Kind: KindFile, Mode: 0o644, Size: 10, MTime: 123, ID: Sum([]byte("f")), HLC: 7},
+		{Name: "a.bin", Kind: KindFile, Mode: 0o644, UID: 1000, GID: 2000, Size: 10, MTime: 123, ID: Sum([]byte("f")), HLC: 7},
 		{Name: "gone", Kind: KindFile, HLC: 9, Deleted: true},
-		{Name: "link", Kind: KindSymlink, Mode: 0o777, Size: 5, Target: "a.bin", HLC: 8},
-		{Name: "sub", Kind: KindDir, Mode: 0o755, ID: Sum([]byte("d")), MTime: -5},
+		{Name: "link", Kind: KindSymlink, Mode: 0o777, UID: 65534, GID: 65534, Size: 5, Target: "a.bin", HLC: 8},
+		{Name: "sub", Kind: KindDir, Mode: 0o755 | fs.ModeSetgid | fs.ModeSticky, GID: 3000, ID: Sum([]byte("d")), MTime: -5},
+		{Name: "suid", Kind: KindFile, Mode: 0o755 | fs.ModeSetuid, UID: OwnerUnknown, GID: OwnerUnknown, ID: Sum([]byte("s"))},
 	}}
+}
+
+// v1Dir is a KXD1 manifest as the encoder wrote it before owners were
+// stored (bytes kept literally, so the old format stays readable): a file
+// "a" 0644 and a directory "d" with Go's setgid bit, 02755.
+func v1Dir() []byte {
+	var b []byte
+	b = append(b, "KXD1"...)
+	b = append(b, 2)                   // entries
+	b = append(b, 1, 'a', 1, 0)        // name, kind file, flags
+	b = binary.AppendUvarint(b, 0o644) // mode
+	b = append(b, 10, 246, 1, 7)       // size 10, mtime 123, hlc 7
+	b = append(b, make([]byte, IDSize)...)
+	b = append(b, 1, 'd', 2, 0)
+	b = binary.AppendUvarint(b, uint64(0o755|fs.ModeSetgid))
+	b = append(b, 0, 0, 0)
+	b = append(b, make([]byte, IDSize)...)
+	return b
 }
 
 func TestFileManifestRoundTrip(t *testing.T) {
@@ -46,8 +66,52 @@ func TestDirManifestRoundTrip(t *testing.T) {
 	if !bytes.Equal(got.Encode(), m.Encode()) {
 		t.Fatal("re-encoding differs")
 	}
-	if len(got.Live()) != 3 || !got.Entries[1].Deleted || got.Entries[2].Target != "a.bin" || got.Entries[3].MTime != -5 {
+	if len(got.Live()) != 4 || !got.Entries[1].Deleted || got.Entries[2].Target != "a.bin" || got.Entries[3].MTime != -5 {
 		t.Fatalf("round trip: %+v", got.Entries)
+	}
+	for i, e := range m.Entries {
+		g := got.Entries[i]
+		if g.UID != e.UID || g.GID != e.GID || g.Mode != e.Mode {
+			t.Errorf("%s: owner %d:%d mode %v, want %d:%d %v", e.Name, g.UID, g.GID, g.Mode, e.UID, e.GID, e.Mode)
+		}
+	}
+	if string(m.Encode()[:4]) != "KXD2" {
+		t.Fatalf("encoder writes %q, want KXD2", m.Encode()[:4])
+	}
+	// The empty directory keeps its KXD1 bytes: its ID is well known and
+	// stores made before KXD2 point at it without holding it.
+	if got := (&DirManifest{}).Encode(); string(got) != "KXD1\x00" {
+		t.Fatalf("empty directory encodes as %q", got)
+	}
+}
+
+func TestDirManifestReadsV1(t *testing.T) {
+	m, err := DecodeDirManifest(v1Dir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, d := m.Entries[0], m.Entries[1]
+	if a.Name != "a" || a.Mode != 0o644 || a.Size != 10 || a.MTime != 123 || a.HLC != 7 || d.Mode != 0o755|fs.ModeSetgid {
+		t.Fatalf("decoded %+v", m.Entries)
+	}
+	if a.UID != OwnerUnknown || a.GID != OwnerUnknown || d.UID != OwnerUnknown {
+		t.Fatalf("v1 owners %d:%d, want OwnerUnknown", a.UID, a.GID)
+	}
+	// Re-encoded, it is KXD2 and keeps everything.
+	m2, err := DecodeDirManifest(m.Encode())
+	if err != nil || string(m.Encode()[:4]) != "KXD2" || m2.Entries[1].Mode != d.Mode || m2.Entries[0].UID != OwnerUnknown {
+		t.Fatalf("re-encoded: %+v %v", m2, err)
+	}
+}
+
+func TestUnixMode(t *testing.T) {
+	for u := uint32(0); u <= 0o7777; u++ {
+		if got := UnixMode(ModeFromUnix(u)); got != u {
+			t.Fatalf("UnixMode(ModeFromUnix(%#o)) = %#o", u, got)
+		}
+	}
+	if UnixMode(0o755|fs.ModeSetuid|fs.ModeDir) != 0o4755 {
+		t.Fatal("setuid or type bits")
 	}
 }
 
@@ -88,12 +152,28 @@ func TestDirManifestRejects(t *testing.T) {
 		"empty link": enc(Entry{Name: "x", Kind: KindSymlink}),
 		"huge count": []byte("KXD1\xff\xff\xff\xff\x0f"),
 		"empty name": []byte("KXD1\x01\x00\x01\x00\x00\x00\x00\x00"),
+		"huge v2":    []byte("KXD2\xff\xff\xff\xff\x0f"),
+		"empty v2":   []byte("KXD2\x00"),
+		"v2 mode":    bytes.Replace(enc(f("a")), []byte{0xa4, 0x03}, []byte{0x80, 0x40}, 1), // 0o644 -> 0o10000
+		"v2 uid":     v2WithOwner(1 << 32),
+		"v1 mode":    bytes.Replace(v1Dir(), []byte{0xa4, 0x03}, []byte{0x80, 0x40}, 1),
+		"v1 trunc":   v1Dir()[:len(v1Dir())-1],
 	}
 	for name, b := range cases {
 		if _, err := DecodeDirManifest(b); !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrInvalidPath) {
 			t.Errorf("%s: got %v, want ErrCorrupt", name, err)
 		}
 	}
+}
+
+// v2WithOwner is a KXD2 manifest of one file whose uid is uid (which may
+// be out of range).
+func v2WithOwner(uid uint64) []byte {
+	b := []byte("KXD2\x01\x01x\x01\x00")
+	b = binary.AppendUvarint(b, 0o644)
+	b = binary.AppendUvarint(b, uid)
+	b = append(b, 0, 0, 0, 0)
+	return append(b, make([]byte, IDSize)...)
 }
 
 func TestSplitPath(t *testing.T) {
@@ -143,17 +223,31 @@ func FuzzDecodeDirManifest(f *testing.F) {
 	f.Add(sampleDir().Encode())
 	f.Add((&DirManifest{}).Encode())
 	f.Add([]byte("KXD1\x01"))
+	f.Add([]byte("KXD2\x01"))
+	f.Add(v1Dir())
+	f.Add(v2WithOwner(uint64(OwnerUnknown)))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := DecodeDirManifest(b)
 		if err != nil {
 			return
 		}
-		m2, err := DecodeDirManifest(m.Encode())
+		enc := m.Encode()
+		// KXD2 (and the empty KXD1) has exactly one encoding; other KXD1
+		// input is re-encoded as KXD2.
+		if (bytes.HasPrefix(b, []byte("KXD2")) || len(m.Entries) == 0) && !bytes.Equal(enc, b) {
+			t.Fatalf("accepted non-canonical encoding")
+		}
+		m2, err := DecodeDirManifest(enc)
 		if err != nil {
 			t.Fatalf("re-decoding an accepted manifest failed: %v", err)
 		}
-		if len(m2.Entries) != len(m.Entries) {
-			t.Fatal("entry count changed")
+		if !bytes.Equal(m2.Encode(), enc) || len(m2.Entries) != len(m.Entries) {
+			t.Fatal("re-encoding changed the manifest")
+		}
+		for i := range m.Entries {
+			if m.Entries[i] != m2.Entries[i] {
+				t.Fatalf("entry %d changed: %+v -> %+v", i, m.Entries[i], m2.Entries[i])
+			}
 		}
 	})
 }

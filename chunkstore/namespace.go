@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"strings"
 
 	bolt "go.etcd.io/bbolt"
@@ -37,7 +38,7 @@ func (s *Store) dirAt(id ID) (*DirManifest, error) {
 
 // rootEntry is the synthetic entry of the namespace root.
 func rootEntry(id ID, h HLC) Entry {
-	return Entry{Kind: KindDir, Mode: 0o755 | fs.ModeDir, ID: id, HLC: h, MTime: h.Wall().UnixNano()}
+	return Entry{Kind: KindDir, Mode: 0o755 | fs.ModeDir, UID: OwnerUnknown, GID: OwnerUnknown, ID: id, HLC: h, MTime: h.Wall().UnixNano()}
 }
 
 // Lookup returns the entry at a namespace path ("" is the root).
@@ -210,7 +211,8 @@ func (s *Store) commitObjects(objs [][]byte, head *Head) error {
 }
 
 // dir walks to the directory at parts, loading it. With create, missing
-// directories are made (mode 0755) and everything on the way is marked dirty.
+// directories are made (mode 0755, owned by this process's user, who asked
+// for them) and everything on the way is marked dirty.
 func (tx *NSTx) dir(parts []string, create, markDirty bool) (*txDir, error) {
 	d := tx.root
 	if markDirty {
@@ -239,7 +241,7 @@ func (tx *NSTx) dir(parts []string, create, markDirty bool) (*txDir, error) {
 			return nil, fmt.Errorf("chunkstore: %s: %w", strings.Join(parts[:i+1], "/"), ErrNotFound)
 		default:
 			child = &txDir{m: &DirManifest{}}
-			d.m.Put(Entry{Name: name, Kind: KindDir, Mode: 0o755, MTime: tx.hlc.Wall().UnixNano(), ID: Sum(emptyDir), HLC: tx.hlc})
+			d.m.Put(Entry{Name: name, Kind: KindDir, Mode: 0o755, UID: uint32(os.Getuid()), GID: uint32(os.Getgid()), MTime: tx.hlc.Wall().UnixNano(), ID: Sum(emptyDir), HLC: tx.hlc})
 			d.dirty = true
 		}
 		if d.children == nil {
@@ -261,7 +263,7 @@ func (tx *NSTx) Lookup(path string) (Entry, error) {
 		return Entry{}, err
 	}
 	if len(parts) == 0 {
-		return Entry{Kind: KindDir, Mode: 0o755}, nil
+		return Entry{Kind: KindDir, Mode: 0o755, UID: OwnerUnknown, GID: OwnerUnknown}, nil
 	}
 	d, err := tx.dir(parts[:len(parts)-1], false, false)
 	if err != nil {
@@ -310,7 +312,7 @@ func (tx *NSTx) Put(path string, e Entry) error {
 	}
 	name := parts[len(parts)-1]
 	e.Name, e.HLC, e.Deleted = name, tx.hlc, false
-	e.Mode &= fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky
+	e.Mode &= EntryModeMask
 	if e.Kind == KindSymlink {
 		e.Size = int64(len(e.Target))
 	}

@@ -2,7 +2,6 @@ package fs
 
 import (
 	"context"
-	iofs "io/fs"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -58,7 +57,7 @@ type dirNode struct {
 
 func (d *dirNode) remember(e chunkstore.Entry) {
 	d.mu.Lock()
-	d.last = chunkstore.Entry{Kind: e.Kind, Mode: e.Mode, MTime: e.MTime, HLC: e.HLC}
+	d.last = chunkstore.Entry{Kind: e.Kind, Mode: e.Mode, UID: e.UID, GID: e.GID, MTime: e.MTime, HLC: e.HLC}
 	d.mu.Unlock()
 }
 
@@ -80,7 +79,7 @@ var (
 )
 
 func dirAttr(f *FS, e chunkstore.Entry, out *fuse.Attr) {
-	out.Mode = syscall.S_IFDIR | uint32(e.Mode.Perm())
+	out.Mode = syscall.S_IFDIR | chunkstore.UnixMode(e.Mode)
 	out.Nlink = 2
 	out.Size = 4096
 	out.Blksize = 4096
@@ -89,7 +88,7 @@ func dirAttr(f *FS, e chunkstore.Entry, out *fuse.Attr) {
 		t = w
 	}
 	setTimes(out, t)
-	out.Uid, out.Gid = f.uid, f.gid
+	out.Uid, out.Gid = f.owner(e.UID, e.GID)
 }
 
 func setTimes(out *fuse.Attr, ns int64) {
@@ -143,14 +142,19 @@ func (d *dirNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetA
 			return err
 		}
 		if p == "" {
-			return nil // the root's metadata is not stored
+			// The root's metadata is not stored (it has no entry): it is
+			// always the node user's 0755. Saying yes to a change of its
+			// owner or mode would be a lie.
+			old := e
+			setMeta(f, in, &e.Mode, &e.UID, &e.GID, &e.MTime)
+			ou, og := f.owner(old.UID, old.GID)
+			nu, ng := f.owner(e.UID, e.GID)
+			if e.Mode != old.Mode || ou != nu || og != ng {
+				return syscall.EPERM
+			}
+			return nil
 		}
-		if m, ok := in.GetMode(); ok {
-			e.Mode = iofs.FileMode(m & 0o7777)
-		}
-		if t, ok := in.GetMTime(); ok {
-			e.MTime = t.UnixNano()
-		}
+		setMeta(f, in, &e.Mode, &e.UID, &e.GID, &e.MTime)
 		return tx.Put(p, e)
 	})
 	if err != nil {
@@ -169,6 +173,9 @@ func (d *dirNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetA
 // stands for the same thing.
 func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	f := d.fsys
+	if err := checkName(name); err != 0 {
+		return nil, err
+	}
 	f.nsMu.RLock()
 	defer f.nsMu.RUnlock()
 	existing := d.GetChild(name)
@@ -339,8 +346,14 @@ func (d *dirNode) Create(ctx context.Context, name string, flags uint32, mode ui
 		tf.release()
 		return nil, nil, 0, syscall.EEXIST
 	}
+	pe, err := f.resolve(p)
+	if err != nil {
+		tf.release()
+		return nil, nil, 0, toErrno(err)
+	}
 	d.forget(name)
-	n := newFileNode(f, d, name, chunkstore.Entry{Mode: iofs.FileMode(mode & 0o777), MTime: time.Now().UnixNano()}, false)
+	uid, gid, m := f.newOwner(ctx, pe, mode, false)
+	n := newFileNode(f, d, name, chunkstore.Entry{Mode: m, UID: uid, GID: gid, MTime: time.Now().UnixNano()}, false)
 	n.st = &fileState{tmp: tf}
 	f.markDirty(n, true)
 	h := n.openLocked(true)
@@ -369,8 +382,13 @@ func (d *dirNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse
 	if d.exists(p, name) {
 		return nil, syscall.EEXIST
 	}
+	pe, err := f.resolve(p)
+	if err != nil {
+		return nil, toErrno(err)
+	}
 	d.forget(name)
-	e := chunkstore.Entry{Kind: chunkstore.KindDir, Mode: iofs.FileMode(mode & 0o7777), MTime: time.Now().UnixNano(), ID: f.cache.emptyID}
+	uid, gid, m := f.newOwner(ctx, pe, mode, true)
+	e := chunkstore.Entry{Kind: chunkstore.KindDir, Mode: m, UID: uid, GID: gid, MTime: time.Now().UnixNano(), ID: f.cache.emptyID}
 	if err := f.update(func(tx *chunkstore.NSTx) error { return tx.Put(joinPath(p, name), e) }); err != nil {
 		return nil, toErrno(err)
 	}
@@ -401,8 +419,13 @@ func (d *dirNode) Symlink(ctx context.Context, target, name string, out *fuse.En
 	if d.exists(p, name) {
 		return nil, syscall.EEXIST
 	}
+	pe, err := f.resolve(p)
+	if err != nil {
+		return nil, toErrno(err)
+	}
 	d.forget(name)
-	e := chunkstore.Entry{Kind: chunkstore.KindSymlink, Mode: 0o777, MTime: time.Now().UnixNano(), Target: target}
+	uid, gid, _ := f.newOwner(ctx, pe, 0o777, false)
+	e := chunkstore.Entry{Kind: chunkstore.KindSymlink, Mode: 0o777, UID: uid, GID: gid, MTime: time.Now().UnixNano(), Target: target}
 	if err := f.update(func(tx *chunkstore.NSTx) error { return tx.Put(joinPath(p, name), e) }); err != nil {
 		return nil, toErrno(err)
 	}

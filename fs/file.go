@@ -34,7 +34,9 @@ type fileNode struct {
 	// notPT: the committed version is known to have no whole-file pack
 	// (not passthrough-eligible), so opens skip the check.
 	notPT bool
-	mode  iofs.FileMode
+	mode  iofs.FileMode // permission and special bits (chunkstore.EntryModeMask)
+	uid   uint32
+	gid   uint32
 	size  int64 // committed size
 	mtime int64
 	id    chunkstore.ID // committed version (zero until the first commit)
@@ -73,7 +75,7 @@ var (
 )
 
 func newFileNode(f *FS, parent *dirNode, name string, e chunkstore.Entry, inStore bool) *fileNode {
-	n := &fileNode{inStore: inStore, mode: e.Mode.Perm(), size: e.Size, mtime: e.MTime, id: e.ID}
+	n := &fileNode{inStore: inStore, mode: e.Mode & chunkstore.EntryModeMask, uid: e.UID, gid: e.GID, size: e.Size, mtime: e.MTime, id: e.ID}
 	n.place(f, parent, name)
 	return n
 }
@@ -145,7 +147,8 @@ func (n *fileNode) adopt(e chunkstore.Entry) bool {
 	if e.ID != n.id {
 		return false
 	}
-	n.mode, n.mtime, n.size, n.inStore = e.Mode.Perm(), e.MTime, e.Size, true
+	n.mode, n.mtime, n.size, n.inStore = e.Mode&chunkstore.EntryModeMask, e.MTime, e.Size, true
+	n.uid, n.gid = e.UID, e.GID
 	return true
 }
 
@@ -158,7 +161,8 @@ func (n *fileNode) stale(se *chunkstore.Entry) bool {
 		return false
 	}
 	return se == nil || se.Kind != chunkstore.KindFile || se.ID != n.id ||
-		se.Mode.Perm() != n.mode || se.MTime != n.mtime
+		se.Mode&chunkstore.EntryModeMask != n.mode || se.MTime != n.mtime ||
+		se.UID != n.uid || se.GID != n.gid
 }
 
 func (n *fileNode) newestLocked() *tempFile {
@@ -180,7 +184,7 @@ func (n *fileNode) sizeLocked() int64 {
 
 func (n *fileNode) attrLocked(out *fuse.Attr) {
 	size := n.sizeLocked()
-	out.Mode = syscall.S_IFREG | uint32(n.mode)
+	out.Mode = syscall.S_IFREG | chunkstore.UnixMode(n.mode)
 	out.Size = uint64(size)
 	out.Blocks = uint64(size+511) / 512
 	out.Blksize = DefaultMaxIO
@@ -189,7 +193,7 @@ func (n *fileNode) attrLocked(out *fuse.Attr) {
 		out.Nlink = 0
 	}
 	setTimes(out, n.mtime)
-	out.Uid, out.Gid = n.fsys.uid, n.fsys.gid
+	out.Uid, out.Gid = n.fsys.owner(n.uid, n.gid)
 }
 
 func (n *fileNode) fillEntry(out *fuse.EntryOut) {
@@ -223,14 +227,10 @@ func (n *fileNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.Set
 			n.handoff() // truncate(2) without an open file: commit now
 		}
 	}
-	meta := false
 	n.mu.Lock()
-	if m, ok := in.GetMode(); ok {
-		n.mode = iofs.FileMode(m & 0o777)
-		meta = true
-	}
-	if t, ok := in.GetMTime(); ok {
-		n.mtime = t.UnixNano()
+	meta := setMeta(n.fsys, in, &n.mode, &n.uid, &n.gid, &n.mtime)
+	if n.fsys.dropsSGID(ctx, in, n.mode, n.uid, n.gid) {
+		n.mode &^= iofs.ModeSetgid
 		meta = true
 	}
 	n.attrLocked(&out.Attr)

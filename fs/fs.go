@@ -292,7 +292,8 @@ func (f *FS) resolve(path string) (chunkstore.Entry, error) {
 	if err != nil {
 		return chunkstore.Entry{}, err
 	}
-	e := chunkstore.Entry{Kind: chunkstore.KindDir, Mode: 0o755, ID: rootID, HLC: hlc, MTime: hlc.Wall().UnixNano()}
+	// The root has no entry of its own: it is the node user's 0755.
+	e := chunkstore.Entry{Kind: chunkstore.KindDir, Mode: 0o755, UID: chunkstore.OwnerUnknown, GID: chunkstore.OwnerUnknown, ID: rootID, HLC: hlc, MTime: hlc.Wall().UnixNano()}
 	if path == "" {
 		return e, nil
 	}
@@ -388,7 +389,7 @@ func (f *FS) Reconcile() {
 				}
 				todo = append(todo, inval{&d.Inode, name})
 			case *linkNode:
-				if se == nil || se.Kind != chunkstore.KindSymlink || se.Target != c.target() {
+				if se == nil || se.Kind != chunkstore.KindSymlink || c.changed(*se) {
 					todo = append(todo, inval{&d.Inode, name})
 				}
 			}

@@ -31,6 +31,14 @@ func (l *linkNode) target() string {
 	return l.ent.Target
 }
 
+// changed reports whether store entry e differs from what the kernel was
+// told about this link (target, owner or group).
+func (l *linkNode) changed(e chunkstore.Entry) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return e.Target != l.ent.Target || e.UID != l.ent.UID || e.GID != l.ent.GID
+}
+
 func (l *linkNode) setEntry(e chunkstore.Entry) {
 	l.mu.Lock()
 	l.ent = e
@@ -47,7 +55,7 @@ func (l *linkNode) attr(out *fuse.Attr) {
 		out.Nlink = 0
 	}
 	setTimes(out, l.ent.MTime)
-	out.Uid, out.Gid = l.fsys.uid, l.fsys.gid
+	out.Uid, out.Gid = l.fsys.owner(l.ent.UID, l.ent.GID)
 }
 
 func (l *linkNode) fillEntry(out *fuse.EntryOut) {
@@ -66,10 +74,17 @@ func (l *linkNode) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.At
 	return 0
 }
 
-// Setattr changes a symlink's mtime (lutimes); its mode is always 0777.
+// Setattr changes a symlink's owner and group (lchown) and mtime
+// (lutimes); its mode is always 0777 (Linux has no lchmod: the kernel
+// answers EOPNOTSUPP before asking us).
 func (l *linkNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	f := l.fsys
-	if t, ok := in.GetMTime(); ok {
+	l.mu.Lock()
+	ent := l.ent
+	l.mu.Unlock()
+	ent.Mode = 0o777
+	if setMeta(f, in, &ent.Mode, &ent.UID, &ent.GID, &ent.MTime) {
+		ent.Mode = 0o777
 		f.nsMu.Lock()
 		p, ok := l.path()
 		if ok {
@@ -78,7 +93,7 @@ func (l *linkNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.Set
 				if err != nil {
 					return err
 				}
-				e.MTime = t.UnixNano()
+				e.UID, e.GID, e.MTime = ent.UID, ent.GID, ent.MTime
 				return tx.Put(p, e)
 			})
 			if err != nil {
@@ -87,7 +102,7 @@ func (l *linkNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.Set
 			}
 		}
 		l.mu.Lock()
-		l.ent.MTime = t.UnixNano()
+		l.ent.UID, l.ent.GID, l.ent.MTime = ent.UID, ent.GID, ent.MTime
 		l.mu.Unlock()
 		f.nsMu.Unlock()
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 
 	"github.com/kylix/kylix/chunkstore"
 )
@@ -17,7 +18,10 @@ Writes the file or tree at namespace path SRC to the local path DEST, verifying
 every chunk against its hash on the way. A file is written under a temporary
 name and renamed when complete, so a failure never leaves wrong bytes under the
 real name. Existing files are not replaced unless --force is given. If SRC is a
-file and DEST an existing directory, the file is written into it.`)
+file and DEST an existing directory, the file is written into it. Run as root,
+export restores each entry's recorded owner, group and mode (setuid, setgid and
+sticky included); run as another user, files belong to that user and setuid and
+setgid bits are dropped, each one named in a note.`)
 	force := f.Bool("force", false, "replace existing files at DEST")
 	if err := f.parse(args, 2, 2); err != nil {
 		return err
@@ -28,11 +32,19 @@ file and DEST an existing directory, the file is written into it.`)
 	}
 	defer s.Close()
 	p := newProgress(e, "export")
-	files, n, err := s.Export(ctx, f.Arg(0), f.Arg(1), chunkstore.ExportOptions{Progress: p.update, Overwrite: *force})
+	var notes []string
+	note := func(msg string) { notes = append(notes, msg) }
+	files, n, err := s.Export(ctx, f.Arg(0), f.Arg(1), chunkstore.ExportOptions{Progress: p.update, Overwrite: *force, Note: note})
 	p.finish()
+	for _, msg := range notes {
+		fmt.Fprintf(e.stderr, "kylix export: note: %s\n", msg)
+	}
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "exported %s -> %s: %d files, %s\n", f.Arg(0), f.Arg(1), files, human(n))
+	if os.Geteuid() != 0 {
+		fmt.Fprintf(e.stdout, "  owners not restored (not root): everything belongs to uid %d; %d setuid/setgid modes dropped\n", os.Geteuid(), len(notes))
+	}
 	return nil
 }

@@ -14,9 +14,13 @@ func init() {
 }
 
 type lsEntry struct {
-	Name   string    `json:"name"`
-	Kind   string    `json:"kind"`
-	Mode   string    `json:"mode"`
+	Name string `json:"name"`
+	Kind string `json:"kind"`
+	Mode string `json:"mode"`
+	// UID and GID are absent for entries recorded before owners were
+	// stored (the mount shows those as the node's user).
+	UID    *uint32   `json:"uid,omitempty"`
+	GID    *uint32   `json:"gid,omitempty"`
 	Size   int64     `json:"size"`
 	MTime  time.Time `json:"mtime"`
 	ID     string    `json:"id,omitempty"`
@@ -44,6 +48,12 @@ if it is a file.`).withJSON()
 	var out []lsEntry
 	add := func(name string, c chunkstore.Entry) {
 		le := lsEntry{Name: name, Kind: c.Kind.String(), Mode: modeString(c), Size: c.Size, MTime: time.Unix(0, c.MTime).UTC(), Target: c.Target}
+		if c.UID != chunkstore.OwnerUnknown {
+			le.UID = &c.UID
+		}
+		if c.GID != chunkstore.OwnerUnknown {
+			le.GID = &c.GID
+		}
 		if c.Kind != chunkstore.KindSymlink {
 			le.ID = c.ID.String()
 		}
@@ -84,18 +94,46 @@ if it is a file.`).withJSON()
 		} else if le.Target != "" {
 			name += " -> " + le.Target
 		}
-		fmt.Fprintf(tw, "%s\t%s\t %s\t %s\n", le.Mode, human(le.Size), le.MTime.Local().Format("2006-01-02 15:04"), name)
+		fmt.Fprintf(tw, "%s\t %s\t %s\t%s\t %s\t %s\n", le.Mode, idString(le.UID), idString(le.GID), human(le.Size), le.MTime.Local().Format("2006-01-02 15:04"), name)
 	}
 	return tw.Flush()
 }
 
+func idString(id *uint32) string {
+	if id == nil {
+		return "-"
+	}
+	return fmt.Sprint(*id)
+}
+
+// modeString is ls -l's mode column: type, then rwx per class with
+// setuid, setgid and sticky as s/S and t/T.
 func modeString(c chunkstore.Entry) string {
-	m := c.Mode.Perm()
+	b := []byte("-rwxrwxrwx")
 	switch c.Kind {
 	case chunkstore.KindDir:
-		return "d" + m.String()[1:]
+		b[0] = 'd'
 	case chunkstore.KindSymlink:
-		return "l" + m.String()[1:]
+		b[0] = 'l'
 	}
-	return m.String()
+	u := chunkstore.UnixMode(c.Mode)
+	for i := range 9 {
+		if u&(1<<(8-i)) == 0 {
+			b[1+i] = '-'
+		}
+	}
+	special := func(pos int, bit uint32, set, unset byte) {
+		if u&bit == 0 {
+			return
+		}
+		if b[pos] == 'x' {
+			b[pos] = set
+		} else {
+			b[pos] = unset
+		}
+	}
+	special(3, 0o4000, 's', 'S')
+	special(6, 0o2000, 's', 'S')
+	special(9, 0o1000, 't', 'T')
+	return string(b)
 }
