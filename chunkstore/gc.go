@@ -3,7 +3,6 @@ package chunkstore
 import (
 	"context"
 	"fmt"
-	"os"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -153,8 +152,10 @@ func (s *Store) GC(ctx context.Context) (GCResult, error) {
 			// The open shared pack keeps its file; new appends go after it.
 			continue
 		}
-		s.dropPackFile(id)
-		if err := os.Remove(s.PackPath(id)); err != nil && !os.IsNotExist(err) {
+		// A pack a read still leases is deleted when that read releases
+		// it (packs.go); it is counted as removed: it is out of the index
+		// and nothing can lease it again.
+		if err := s.packs.retire(id); err != nil {
 			return res, fmt.Errorf("chunkstore: gc: %w", err)
 		}
 		res.PacksRemoved++
