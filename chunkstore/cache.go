@@ -44,6 +44,8 @@ type cacheEntry struct {
 	err   error
 	until time.Time     // failed entries: remembered until then
 	elem  *list.Element // set while the bytes are in the LRU
+	// waiters counts the claims that found the read in flight (tests).
+	waiters int
 }
 
 func newChunkCache(max int64, now func() time.Time) *chunkCache {
@@ -65,6 +67,9 @@ func (c *chunkCache) claim(id ID) (e *cacheEntry, owner bool) {
 			return e, false
 		}
 		if e.err == nil || c.now().Before(e.until) {
+			if e.err == nil && e.data == nil {
+				e.waiters++
+			}
 			return e, false // in flight, or failed a moment ago
 		}
 		delete(c.items, id) // an old failure: try again
@@ -136,4 +141,14 @@ func (c *chunkCache) remove(id ID) {
 	} else if e.err != nil {
 		delete(c.items, id)
 	}
+}
+
+// waiting returns how many readers wait for the read of id in flight (tests).
+func (c *chunkCache) waiting(id ID) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.items[id]; ok {
+		return e.waiters
+	}
+	return 0
 }

@@ -34,9 +34,9 @@ type Reader struct {
 	mu     sync.Mutex
 	at     map[int64]Fault // 1-based request number -> fault
 	always *Fault
-	// Gate, when non-nil, is waited on before every batch runs (tests use it
-	// to hold reads in flight while other readers pile up).
-	Gate chan struct{}
+	// Before, when set, runs before every batch (tests use it to hold a
+	// read in flight while other readers pile up or GC runs).
+	Before func(reqs []*storeio.Request)
 }
 
 // Wrap returns a Reader around r.
@@ -68,11 +68,8 @@ func (r *Reader) Reads() int64 { return r.n.Load() }
 
 // Read runs reqs through the wrapped reader, then applies the faults.
 func (r *Reader) Read(ctx context.Context, reqs []*storeio.Request) error {
-	if r.Gate != nil {
-		select {
-		case <-r.Gate:
-		case <-ctx.Done():
-		}
+	if r.Before != nil {
+		r.Before(reqs)
 	}
 	faults := make([]*Fault, len(reqs))
 	r.mu.Lock()
