@@ -282,11 +282,8 @@ func (f *File) Prefetch(off, n int64) {
 	}
 	end := min(off+n, f.M.Size)
 	first, last := f.chunkIndex(off), f.chunkIndex(end-1)
-	// Skip the cached ones here, cheaply, before taking a slot.
-	for first <= last {
-		if _, ok := f.s.cache.get(f.M.Chunks[first].ID); !ok {
-			break
-		}
+	// Skip the chunks cached or being read, cheaply, before taking a slot.
+	for first <= last && f.s.cache.present(f.M.Chunks[first].ID) {
 		first++
 	}
 	if first > last {

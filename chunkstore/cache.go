@@ -152,3 +152,12 @@ func (c *chunkCache) waiting(id ID) int {
 	}
 	return 0
 }
+
+// present reports whether id is cached or being read (a prefetch need not
+// start it).
+func (c *chunkCache) present(id ID) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.items[id]
+	return ok && e.err == nil
+}

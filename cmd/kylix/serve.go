@@ -102,6 +102,10 @@ inside the mount point.`)
 	if err != nil {
 		return err
 	}
+	// stopped ends the stop watchdog; closed after the store (defers run
+	// last-in first-out), so the watchdog covers closing the store too.
+	stopped := make(chan struct{})
+	defer close(stopped)
 	defer s.Close()
 	fsys, err := kfs.New(s, kfs.Options{Logger: log, NoPassthrough: *noPT, Debug: *debug})
 	if err != nil {
@@ -131,8 +135,6 @@ inside the mount point.`)
 	case <-unmounted:
 		log.Warn("the mount went away (unmounted from outside); stopping", "mount", mountDir)
 	}
-	stopped := make(chan struct{})
-	defer close(stopped)
 	go stopWatchdog(log, mountDir, *stopTimeout, stopped)
 	admin.close()
 	if err := fsys.Unmount(); err != nil {
