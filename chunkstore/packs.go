@@ -135,17 +135,6 @@ func (t *packTable) removeErr(id uint64) error {
 	return nil
 }
 
-// drop closes the cached fd of pack id if no one leases it (verify found it
-// damaged, or it was rewritten); a leased one stays open until released.
-func (t *packTable) drop(id uint64) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if e, ok := t.m[id]; ok && e.leases == 0 {
-		e.f.Close()
-		delete(t.m, id)
-	}
-}
-
 // leases reports how many leases pack id has (tests).
 func (t *packTable) leases(id uint64) int {
 	t.mu.Lock()

@@ -54,9 +54,9 @@ type fileState struct {
 	committing *tempFile
 	commitErr  error // last commit failure, reported by fsync
 	file       *chunkstore.File
-	writers    int     // open handles that may write
-	ptOpen     int     // open passthrough handles
-	cachedOpen int     // open handles served by the daemon
+	writers    int // open handles that may write
+	ptOpen     int // open passthrough handles
+	cachedOpen int // open handles served by the daemon
 }
 
 var (
