@@ -306,7 +306,8 @@ func (l *Loader) doJob(ctx context.Context, j job, buf PinnedMem, s Stream, stag
 		werr = errors.Join(werr, verr)
 		if len(bad) > 0 && err == nil {
 			ch := g.chunks[bad[0]]
-			err = fmt.Errorf("chunk %s (pack %016x at %d): hash mismatch (%d of %d chunks bad, checked on the device): %w", ch.ID.Short(), g.pack, ch.PackOff, len(bad), len(g.chunks), chunkstore.ErrCorrupt)
+			err = &chunkstore.CorruptError{Chunk: ch.ID, Pack: g.pack, PackOff: ch.PackOff,
+				Reason: fmt.Sprintf("hash mismatch (%d of %d chunks bad, checked on the device)", len(bad), len(g.chunks))}
 		}
 	}
 	if err = errors.Join(err, werr); err != nil {
@@ -320,7 +321,7 @@ func verifyHost(g group, data []byte) error {
 	for _, ch := range g.chunks {
 		o := ch.PackOff - g.dataOff
 		if chunkstore.Sum(data[o:o+ch.Len]) != ch.ID {
-			return fmt.Errorf("chunk %s (pack %016x at %d): hash mismatch: %w", ch.ID.Short(), g.pack, ch.PackOff, chunkstore.ErrCorrupt)
+			return &chunkstore.CorruptError{Chunk: ch.ID, Pack: g.pack, PackOff: ch.PackOff, Reason: "hash mismatch"}
 		}
 	}
 	return nil
@@ -417,7 +418,7 @@ func (l *Loader) readInto(ctx context.Context, g group, into []byte) (int64, ioK
 			if chunkstore.Sum(into[o:o+ch.Len]) != ch.ID {
 				// Never leave unverified bytes where the device reads.
 				clear(into[:g.dataLen])
-				return 0, ioUnified, fmt.Errorf("gpuio: chunk %s (pack %016x at %d): hash mismatch: %w", ch.ID.Short(), g.pack, ch.PackOff, chunkstore.ErrCorrupt)
+				return 0, ioUnified, fmt.Errorf("gpuio: %w", &chunkstore.CorruptError{Chunk: ch.ID, Pack: g.pack, PackOff: ch.PackOff, Reason: "hash mismatch"})
 			}
 		}
 	}
