@@ -86,17 +86,19 @@ func (t *packTable) acquire(id uint64) (*Lease, error) {
 }
 
 func (t *packTable) release(e *packEntry) {
+	// The file is removed under the lock: an acquire in between would
+	// otherwise open the file about to go and hold it as a fresh entry.
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	e.leases--
-	last := e.leases == 0 && (e.retired || e.closing)
-	if last {
-		e.f.Close()
-		if t.m != nil && t.m[e.id] == e {
-			delete(t.m, e.id)
-		}
+	if e.leases > 0 || !(e.retired || e.closing) {
+		return
 	}
-	t.mu.Unlock()
-	if last && e.retired {
+	e.f.Close()
+	if t.m != nil && t.m[e.id] == e {
+		delete(t.m, e.id)
+	}
+	if e.retired {
 		t.remove(e.id)
 	}
 }
@@ -107,10 +109,10 @@ func (t *packTable) release(e *packEntry) {
 // unreferenced file that the next Open removes.
 func (t *packTable) retire(id uint64) error {
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	e, ok := t.m[id]
 	if ok && e.leases > 0 {
 		e.retired = true
-		t.mu.Unlock()
 		t.s.log.Info("pack is in use by a read; it is deleted when the read ends", "pack", id)
 		return nil
 	}
@@ -118,7 +120,6 @@ func (t *packTable) retire(id uint64) error {
 		e.f.Close()
 		delete(t.m, id)
 	}
-	t.mu.Unlock()
 	return t.removeErr(id)
 }
 
