@@ -263,6 +263,9 @@ func (s *Store) fetch(ctx context.Context, r ChunkRef, l Location) ([]byte, erro
 // logChunkFailure logs a failed chunk read: once per attempt, and an attempt
 // is made at most once per DefaultFailTTL per chunk (chunkCache).
 func (s *Store) logChunkFailure(id ID, l Location, err error) {
+	if errors.Is(err, ErrClosed) || errors.Is(err, storeio.ErrClosed) {
+		return // the store is closing: nothing is wrong with the chunk
+	}
 	args := []any{"chunk", id.String(), "err", err}
 	if l.Pack != 0 {
 		args = append(args, "pack", s.PackPath(l.Pack), "pack_offset", l.Off)
