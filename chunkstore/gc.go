@@ -3,7 +3,6 @@ package chunkstore
 import (
 	"context"
 	"fmt"
-	"os"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -125,9 +124,17 @@ func (s *Store) GC(ctx context.Context) (GCResult, error) {
 		res.ObjectsRemoved = len(deadObj)
 		pb := tx.Bucket(bucketPacks)
 		var deadPackKeys [][]byte
-		pb.ForEach(func(k, v []byte) error {
+		err = pb.ForEach(func(k, v []byte) error {
+			if len(k) != 8 {
+				return fmt.Errorf("pack key of %d bytes: %w", len(k), ErrCorrupt)
+			}
 			id := beUint64(k)
-			pi, _ := decodePackInfo(v)
+			pi, err := decodePackInfo(v)
+			if err != nil {
+				// Deleting packs while the index is unreadable could
+				// delete live data: stop and let verify say more.
+				return fmt.Errorf("pack %016x: %w", id, err)
+			}
 			packSize[id] = pi.Size
 			if !livePack[id] {
 				deadPackKeys = append(deadPackKeys, append([]byte(nil), k...))
@@ -135,6 +142,9 @@ func (s *Store) GC(ctx context.Context) (GCResult, error) {
 			}
 			return nil
 		})
+		if err != nil {
+			return err
+		}
 		for _, k := range deadPackKeys {
 			if err := pb.Delete(k); err != nil {
 				return err
@@ -153,8 +163,10 @@ func (s *Store) GC(ctx context.Context) (GCResult, error) {
 			// The open shared pack keeps its file; new appends go after it.
 			continue
 		}
-		s.dropPackFile(id)
-		if err := os.Remove(s.PackPath(id)); err != nil && !os.IsNotExist(err) {
+		// A pack a read still leases is deleted when that read releases
+		// it (packs.go); it is counted as removed: it is out of the index
+		// and nothing can lease it again.
+		if err := s.packs.retire(id); err != nil {
 			return res, fmt.Errorf("chunkstore: gc: %w", err)
 		}
 		res.PacksRemoved++

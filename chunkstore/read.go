@@ -2,22 +2,20 @@ package chunkstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"runtime"
-	"sort"
 	"sync"
 	"sync/atomic"
 
 	bolt "go.etcd.io/bbolt"
-
-	"github.com/kylix/kylix/chunkstore/storeio"
 )
 
 // File is an open stored file: its manifest and where each chunk lives. It is
 // safe for concurrent use. Locations are resolved at open; a chunk that is not
-// stored locally has Pack 0 and reads of it fail with ErrNotFound.
+// stored locally has Pack 0 and reads of it go to the store's Fetcher (which,
+// alone, fails with ErrNotLocal). Reads go through the chunk-access seam
+// (access.go): the one cache, leases on packs, bounded failures.
 type File struct {
 	s    *Store
 	ID   ID
@@ -107,25 +105,6 @@ func (f *File) Extents() []Extent {
 	return out
 }
 
-// ExtentsIn returns the extents covering [off, off+n), clipped to it.
-func (f *File) ExtentsIn(off, n int64) []Extent {
-	var out []Extent
-	end := min(off+n, f.M.Size)
-	for _, e := range f.Extents() {
-		s, t := max(e.FileOff, off), min(e.FileOff+e.Len, end)
-		if s >= t {
-			continue
-		}
-		d := s - e.FileOff
-		e.FileOff, e.PackOff, e.Len = s, e.PackOff+d, t-s
-		if e.Pack == 0 {
-			e.PackOff = 0
-		}
-		out = append(out, e)
-	}
-	return out
-}
-
 // WholeFilePack returns the path of a pack that holds exactly this file's
 // bytes from offset 0 and nothing else, if there is one. Only such a pack may
 // back FUSE passthrough: the kernel does not clip passthrough reads at the
@@ -149,11 +128,6 @@ func (f *File) WholeFilePack() (string, bool) {
 		return "", false
 	}
 	return ex[0].PackPath, true
-}
-
-// chunkIndex returns the index of the chunk holding byte off.
-func (f *File) chunkIndex(off int64) int {
-	return sort.Search(len(f.M.Chunks), func(i int) bool { return f.offs[i+1] > off })
 }
 
 // ReadAt implements io.ReaderAt. Every chunk it touches is read whole and
@@ -189,65 +163,6 @@ func (f *File) ReadAtContext(ctx context.Context, p []byte, off int64) (int, err
 	return n, nil
 }
 
-// readChunks returns the verified bytes of each chunk, reading the misses in
-// one batch. With cacheMisses the chunks read are kept in the cache (the
-// caller uses only part of them and will likely ask for the rest).
-func (s *Store) readChunks(ctx context.Context, refs []ChunkRef, locs []Location, cacheMisses bool) ([][]byte, error) {
-	out := make([][]byte, len(refs))
-	var reqs []*storeio.Request
-	var idx []int
-	for i, r := range refs {
-		if d, ok := s.cache.get(r.ID); ok {
-			out[i] = d
-			continue
-		}
-		l := locs[i]
-		if l.Pack == 0 {
-			return nil, fmt.Errorf("chunk %s is not stored locally: %w", r.ID.Short(), ErrNotFound)
-		}
-		pf, err := s.packFile(l.Pack)
-		if err != nil {
-			return nil, err
-		}
-		reqs = append(reqs, &storeio.Request{Fd: int(pf.Fd()), Off: l.Off, Buf: make([]byte, l.Len)})
-		idx = append(idx, i)
-	}
-	if len(reqs) == 0 {
-		return out, nil
-	}
-	if err := s.io.Read(ctx, reqs); err != nil {
-		return nil, err
-	}
-	for k, rq := range reqs {
-		if rq.N != len(rq.Buf) {
-			i := idx[k]
-			return nil, fmt.Errorf("chunk %s: pack %016x holds %d of its %d bytes: %w", refs[i].ID.Short(), locs[i].Pack, rq.N, len(rq.Buf), ErrCorrupt)
-		}
-	}
-	if err := verifyAll(refs, idx, reqs); err != nil {
-		return nil, err
-	}
-	for k, rq := range reqs {
-		i := idx[k]
-		out[i] = rq.Buf
-		if cacheMisses {
-			s.cache.add(refs[i].ID, rq.Buf)
-		}
-	}
-	return out, nil
-}
-
-// verifyAll hashes the read chunks on all cores and fails if any mismatch.
-func verifyAll(refs []ChunkRef, idx []int, reqs []*storeio.Request) error {
-	errs := make([]error, len(reqs))
-	parallelFor(len(reqs), func(k int) {
-		if i := idx[k]; Sum(reqs[k].Buf) != refs[i].ID {
-			errs[k] = fmt.Errorf("chunk %s: hash mismatch: %w", refs[i].ID.Short(), ErrCorrupt)
-		}
-	})
-	return errors.Join(errs...)
-}
-
 // parallelFor runs fn(0..n-1) on all cores.
 func parallelFor(n int, fn func(int)) {
 	workers := min(n, runtime.GOMAXPROCS(0))
@@ -277,7 +192,7 @@ func (s *Store) ReadChunk(ctx context.Context, id ID) ([]byte, error) {
 	err := s.db.View(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bucketChunks).Get(id[:])
 		if v == nil {
-			return fmt.Errorf("chunkstore: chunk %s: %w", id.Short(), ErrNotFound)
+			return fmt.Errorf("chunkstore: chunk %s: %w", id.Short(), ErrNotLocal)
 		}
 		var err error
 		loc, err = decodeLocation(v)
@@ -356,23 +271,4 @@ func (f *File) WriteTo(ctx context.Context, w io.Writer, progress func(int64)) (
 		return total, err
 	}
 	return total, nil
-}
-
-// ChunkLayout is one chunk of an open file: what it is, where it sits in the
-// file, and where its bytes are (Loc.Pack 0: not stored locally).
-type ChunkLayout struct {
-	ID      ID
-	FileOff int64
-	Len     int64
-	Loc     Location
-}
-
-// Layout returns every chunk of the file in order, for readers that move the
-// bytes themselves (the GPU path) and verify them against the IDs.
-func (f *File) Layout() []ChunkLayout {
-	out := make([]ChunkLayout, len(f.M.Chunks))
-	for i, c := range f.M.Chunks {
-		out[i] = ChunkLayout{ID: c.ID, FileOff: f.offs[i], Len: int64(c.Len), Loc: f.locs[i]}
-	}
-	return out
 }

@@ -50,8 +50,11 @@ type Options struct {
 	LargeFileMin int64
 	// SharedPackMax bounds the size a shared (small-file) pack grows to.
 	SharedPackMax int64
-	// CacheBytes bounds the in-memory cache of verified chunks.
+	// CacheBytes bounds the in-memory cache of verified chunks (the one
+	// cache every reader shares, docs/design/access.md).
 	CacheBytes int64
+	// Fetcher brings chunks that are not stored locally. Default LocalOnly.
+	Fetcher Fetcher
 	// Now is the wall clock (tests use a fake). Default time.Now.
 	Now func() time.Time
 }
@@ -67,6 +70,12 @@ type Store struct {
 	ioNote string
 	clock  *Clock
 	cache  *chunkCache
+	// packs is the one table of open pack files, with the leases that
+	// keep GC off them (packs.go).
+	packs   *packTable
+	fetcher Fetcher
+	// prefetch bounds the background prefetches in flight (File.Prefetch).
+	prefetch chan struct{}
 
 	// gcMu: imports hold it shared while they have uncommitted or
 	// unreferenced data; GC holds it exclusively.
@@ -78,7 +87,6 @@ type Store struct {
 	closed   bool
 	refs     int // extra references taken by Retain
 	nextPack uint64
-	fds      map[uint64]*os.File
 	shared   *sharedPack // current shared pack, nil when none is open
 	sharedMu sync.Mutex  // held by the importer appending to shared
 }
@@ -114,6 +122,9 @@ func Open(opts Options) (*Store, error) {
 	if opts.CacheBytes <= 0 {
 		opts.CacheBytes = DefaultCacheBytes
 	}
+	if opts.Fetcher == nil {
+		opts.Fetcher = LocalOnly{}
+	}
 	dir, err := filepath.Abs(opts.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("chunkstore: open %s: %w", opts.Dir, err)
@@ -126,9 +137,13 @@ func Open(opts Options) (*Store, error) {
 		dir:   dir,
 		log:   opts.Logger,
 		clock: NewClock(opts.Now),
-		cache: newChunkCache(opts.CacheBytes),
-		fds:   map[uint64]*os.File{},
+		cache: newChunkCache(opts.CacheBytes, opts.Now),
+		// A prefetch reads a window of chunks in one batch on all
+		// cores; a few windows ahead keep the disk and the hashing busy.
+		prefetch: make(chan struct{}, prefetchInFlight),
+		fetcher:  opts.Fetcher,
 	}
+	s.packs = newPackTable(s)
 	if err := s.takeLock(); err != nil {
 		return nil, err
 	}
@@ -239,11 +254,8 @@ func (s *Store) Close() error {
 
 func (s *Store) closeAll() error {
 	var errs []error
+	s.packs.close()
 	s.mu.Lock()
-	for id, f := range s.fds {
-		f.Close()
-		delete(s.fds, id)
-	}
 	if s.shared != nil {
 		s.shared.f.Close()
 		s.shared = nil
@@ -355,33 +367,6 @@ func (s *Store) observeHeads() error {
 			return nil
 		})
 	})
-}
-
-// packFile returns an open read-only descriptor for pack id, cached.
-func (s *Store) packFile(id uint64) (*os.File, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, ErrClosed
-	}
-	if f, ok := s.fds[id]; ok {
-		return f, nil
-	}
-	f, err := os.Open(s.PackPath(id))
-	if err != nil {
-		return nil, fmt.Errorf("chunkstore: open pack %016x: %w", id, err)
-	}
-	s.fds[id] = f
-	return f, nil
-}
-
-func (s *Store) dropPackFile(id uint64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if f, ok := s.fds[id]; ok {
-		f.Close()
-		delete(s.fds, id)
-	}
 }
 
 func beUint64(b []byte) uint64 {

@@ -153,17 +153,25 @@ func (s *Store) Verify(ctx context.Context, path string, progress func(done, tot
 		}
 		var reqs []*storeio.Request
 		var idx []int
+		leases := map[uint64]*Lease{}
 		for k := i; k < j; k++ {
 			it := items[k]
-			pf, err := s.packFile(it.loc.Pack)
-			if err != nil {
-				rep.Problems = append(rep.Problems, Problem{Kind: "chunk", ID: it.id.String(), Pack: s.PackPath(it.loc.Pack), Err: err.Error(), Paths: users[it.id]})
-				continue
+			ls, ok := leases[it.loc.Pack]
+			if !ok {
+				var err error
+				if ls, err = s.packs.acquire(it.loc.Pack); err != nil {
+					rep.Problems = append(rep.Problems, Problem{Kind: "chunk", ID: it.id.String(), Pack: s.PackPath(it.loc.Pack), Err: err.Error(), Paths: users[it.id]})
+					continue
+				}
+				leases[it.loc.Pack] = ls
 			}
-			reqs = append(reqs, &storeio.Request{Fd: int(pf.Fd()), Off: it.loc.Off, Buf: make([]byte, it.loc.Len)})
+			reqs = append(reqs, &storeio.Request{Fd: ls.Fd(), Off: it.loc.Off, Buf: make([]byte, it.loc.Len)})
 			idx = append(idx, k)
 		}
 		s.io.Read(ctx, reqs) // per-request errors are examined below
+		for _, ls := range leases {
+			ls.Release()
+		}
 		refs := make([]ChunkRef, len(reqs))
 		for k := range reqs {
 			refs[k] = ChunkRef{ID: items[idx[k]].id, Len: items[idx[k]].loc.Len}

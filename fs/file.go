@@ -56,10 +56,9 @@ type fileState struct {
 	committing *tempFile
 	commitErr  error // last commit failure, reported by fsync
 	file       *chunkstore.File
-	offs       []int64 // chunk offsets of file
-	writers    int     // open handles that may write
-	ptOpen     int     // open passthrough handles
-	cachedOpen int     // open handles served by the daemon
+	writers    int // open handles that may write
+	ptOpen     int // open passthrough handles
+	cachedOpen int // open handles served by the daemon
 }
 
 var (
@@ -301,7 +300,7 @@ func (n *fileNode) storeFileLocked() (*chunkstore.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	st.file, st.offs = f, chunkOffsets(f)
+	st.file = f
 	return f, nil
 }
 
@@ -413,27 +412,34 @@ func (n *fileNode) openLocked(write bool) *handle {
 
 // source returns what a read at this moment reads: the newest working copy
 // (with a reference the caller releases) or the committed version.
-func (n *fileNode) source() (*tempFile, *chunkstore.File, []int64, error) {
+func (n *fileNode) source() (*tempFile, *chunkstore.File, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if t := n.newestLocked(); t != nil {
 		t.ref()
-		return t, nil, nil, nil
+		return t, nil, nil
 	}
 	if n.id.IsZero() {
-		return nil, nil, nil, nil
+		return nil, nil, nil
 	}
 	f, err := n.storeFileLocked()
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
-	return nil, f, n.st.offs, nil
+	return nil, f, nil
 }
 
+// PrefetchBytes is how far past a sequential read the node reads ahead
+// (chunkstore.File.Prefetch, into the store's chunk cache).
+const PrefetchBytes = 8 << 20
+
+// readAt reads the node's current bytes. Committed bytes come through the
+// store's chunk-access seam (one verified cache, single flight); a corrupt
+// or missing chunk fails once, as EIO, naming the file (docs/design/access.md).
 func (n *fileNode) readAt(ctx context.Context, p []byte, off int64, seq bool) (int, error) {
 	n.fsys.stats.reads.Add(1)
 	n.fsys.stats.readBytes.Add(int64(len(p)))
-	tf, sf, offs, err := n.source()
+	tf, sf, err := n.source()
 	if err != nil {
 		return 0, err
 	}
@@ -446,11 +452,21 @@ func (n *fileNode) readAt(ctx context.Context, p []byte, off int64, seq bool) (i
 		}
 		return m, err
 	case sf != nil:
-		m, err := n.fsys.chunks.readAt(sf, offs, p, off, seq)
-		if errors.Is(err, chunkstore.ErrNotFound) {
-			// A chunk that is not local is an I/O error for a reader, not
-			// a missing file.
-			err = fmt.Errorf("%w: %w", syscall.EIO, err)
+		if seq {
+			// Started first so that it overlaps this read.
+			sf.Prefetch(off+int64(len(p)), PrefetchBytes)
+		}
+		m, err := sf.ReadAtContext(ctx, p, off)
+		if errors.Is(err, io.EOF) {
+			err = nil
+		}
+		if err != nil {
+			n.fsys.nsMu.RLock()
+			path, ok := n.path()
+			n.fsys.nsMu.RUnlock()
+			if ok {
+				err = chunkstore.WithPath(err, "/"+path)
+			}
 		}
 		return m, err
 	}
@@ -466,7 +482,7 @@ func (n *fileNode) release(h *handle) {
 	st.cachedOpen--
 	last := st.writers == 0 && st.tmp != nil
 	if st.cachedOpen == 0 && st.ptOpen == 0 {
-		st.file, st.offs = nil, nil
+		st.file = nil
 	}
 	if !last {
 		n.idleLocked()
@@ -519,7 +535,7 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 	h.next.Store(off + int64(len(dest)))
 	m, err := h.n.readAt(ctx, dest, off, seq)
 	if err != nil {
-		h.n.fsys.log.Error("read", "version", h.n.id.Short(), "off", off, "err", err)
+		logReadError(h.n.fsys.log, h.n.id, off, err)
 		return nil, toErrno(err)
 	}
 	return fuse.ReadResultData(dest[:m]), 0
@@ -618,7 +634,7 @@ func (h *ptHandle) Release(ctx context.Context) syscall.Errno {
 		n.mu.Lock()
 		n.st.ptOpen--
 		if n.st.cachedOpen == 0 && n.st.ptOpen == 0 {
-			n.st.file, n.st.offs = nil, nil
+			n.st.file = nil
 		}
 		n.idleLocked()
 		n.mu.Unlock()

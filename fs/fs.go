@@ -53,15 +53,14 @@ type Options struct {
 
 // FS is a mounted (or mountable) view of a store's namespace.
 type FS struct {
-	s      *chunkstore.Store
-	opts   Options
-	log    *slog.Logger
-	root   *dirNode
-	cache  *dirCache
-	chunks *chunkCache
-	com    *committer
-	uid    uint32
-	gid    uint32
+	s     *chunkstore.Store
+	opts  Options
+	log   *slog.Logger
+	root  *dirNode
+	cache *dirCache
+	com   *committer
+	uid   uint32
+	gid   uint32
 
 	// nsMu orders namespace changes: it guards every node's position
 	// (parent, name) and is held while a change is written to the store
@@ -137,7 +136,6 @@ func New(s *chunkstore.Store, opts Options) (*FS, error) {
 		opts:        opts,
 		log:         opts.Logger,
 		cache:       newDirCache(s, opts.CacheEntries),
-		chunks:      newChunkCache(s, DefaultChunkCacheBytes),
 		uid:         uint32(os.Getuid()),
 		gid:         uint32(os.Getgid()),
 		passthrough: !opts.NoPassthrough && os.Geteuid() == 0,

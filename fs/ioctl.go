@@ -44,19 +44,19 @@ func (n *fileNode) ioctlLayout(input, output []byte) syscall.Errno {
 	}
 	_, whole := sf.WholeFilePack()
 	rep := layout.Reply{FileSize: size, NextOffset: end, FileID: sf.ID}
-	for _, x := range sf.ExtentsIn(int64(req.Offset), int64(end-req.Offset)) {
+	exts, err := planExtents(sf, int64(req.Offset), int64(end))
+	if err != nil {
+		return toErrno(err)
+	}
+	for _, x := range exts {
 		if len(rep.Extents) == layout.MaxExtents {
-			rep.NextOffset = uint64(x.FileOff)
+			rep.NextOffset = x.FileOffset
 			break
 		}
-		e := layout.Extent{FileOffset: uint64(x.FileOff), Length: uint64(x.Len)}
-		if x.Pack != 0 {
-			e.PackID, e.PackOffset, e.Flags = x.Pack, uint64(x.PackOff), layout.ExtentLocal
-			if whole {
-				e.Flags |= layout.ExtentWholeFile
-			}
+		if x.Flags&layout.ExtentLocal != 0 && whole {
+			x.Flags |= layout.ExtentWholeFile
 		}
-		rep.Extents = append(rep.Extents, e)
+		rep.Extents = append(rep.Extents, x)
 	}
 	copy(output, input)
 	if err := layout.EncodeReply(output, rep); err != nil {
@@ -79,16 +79,56 @@ func (n *fileNode) ioctlPackPath(input, output []byte) syscall.Errno {
 	if errno != 0 {
 		return errno
 	}
-	for _, x := range sf.Extents() {
-		if x.Pack == id {
+	plan, err := sf.Plan(0, sf.Size())
+	if err != nil {
+		return toErrno(err)
+	}
+	defer plan.Release()
+	for _, pc := range plan.Pieces {
+		if pc.Local() && pc.Pack == id {
 			copy(output, input)
-			if layout.EncodePackPathReply(output, x.PackPath) != nil {
+			if layout.EncodePackPathReply(output, pc.Lease.Path()) != nil {
 				return syscall.EINVAL
 			}
 			return 0
 		}
 	}
 	return syscall.EINVAL
+}
+
+// planExtents plans [off, end) of sf through the chunk-access seam and
+// merges its pieces into extents: runs of chunks back to back in one pack,
+// or runs of chunks not stored here. A chunk whose pack is missing from
+// disk is reported as not local. The plan's leases are released on return:
+// the layout is a snapshot, and a bypass reader that uses it verifies the
+// chunks it reads (and falls back to the mount on a failure).
+func planExtents(sf *chunkstore.File, off, end int64) ([]layout.Extent, error) {
+	plan, err := sf.Plan(off, end-off)
+	if err != nil {
+		return nil, err
+	}
+	defer plan.Release()
+	var out []layout.Extent
+	for _, pc := range plan.Pieces {
+		s, t := max(pc.FileOff, off), min(pc.FileOff+pc.Len, end)
+		if s >= t {
+			continue
+		}
+		e := layout.Extent{FileOffset: uint64(s), Length: uint64(t - s)}
+		if pc.Local() {
+			e.PackID, e.PackOffset, e.Flags = pc.Pack, uint64(pc.PackOff+s-pc.FileOff), layout.ExtentLocal
+		}
+		if k := len(out) - 1; k >= 0 {
+			p := &out[k]
+			if p.Flags == e.Flags && p.PackID == e.PackID && p.FileOffset+p.Length == e.FileOffset &&
+				(e.Flags&layout.ExtentLocal == 0 || p.PackOffset+p.Length == e.PackOffset) {
+				p.Length += e.Length
+				continue
+			}
+		}
+		out = append(out, e)
+	}
+	return out, nil
 }
 
 // committedFile returns the stored version of the file for the layout

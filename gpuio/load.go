@@ -18,7 +18,14 @@ func (l *Loader) ReadRange(ctx context.Context, f *chunkstore.File, off, n int64
 	if dstOff < 0 || dstOff+n > dst.Size() {
 		return res, fmt.Errorf("gpuio: range of %d bytes at %d does not fit device memory of %d bytes", n, dstOff, dst.Size())
 	}
-	gs, err := planGroups(f.Layout(), off, n, l.opts.BufferSize)
+	// The plan's leases keep GC from deleting the packs while they are read
+	// (docs/design/access.md).
+	plan, err := f.Plan(off, n)
+	if err != nil {
+		return res, fmt.Errorf("gpuio: %w", err)
+	}
+	defer plan.Release()
+	gs, err := planGroups(plan.Pieces, off, n, l.opts.BufferSize)
 	if err != nil {
 		return res, err
 	}
@@ -121,7 +128,12 @@ func (l *Loader) LoadTensors(ctx context.Context, f *chunkstore.File, h *safeten
 		ws = append(ws, want{t, tt, sl})
 	}
 	sort.Slice(ws, func(i, j int) bool { return ws[i].t.Begin < ws[j].t.Begin })
-	layout := f.Layout()
+	plan, err := f.Plan(0, f.Size())
+	if err != nil {
+		return res, fmt.Errorf("gpuio: %w", err)
+	}
+	defer plan.Release()
+	layout := plan.Pieces
 	var jobs []job
 	for _, w := range ws {
 		tstart := h.DataStart() + w.t.Begin
@@ -145,6 +157,6 @@ func (l *Loader) LoadTensors(ctx context.Context, f *chunkstore.File, h *safeten
 			jobs = append(jobs, job{g: g, place: p})
 		}
 	}
-	err := l.run(ctx, jobs, &res)
+	err = l.run(ctx, jobs, &res)
 	return res, err
 }

@@ -63,8 +63,9 @@ const (
 // taking a slower one.
 var ErrStrict = errors.New("gpuio: the path asked for is not available (strict)")
 
-// ErrNotLocal reports that a chunk is not stored on this node.
-var ErrNotLocal = errors.New("gpuio: chunk not stored locally")
+// ErrNotLocal reports that a chunk is not stored on this node: the store's
+// sentinel (chunkstore.ErrNotLocal), so errors.Is works with either.
+var ErrNotLocal = chunkstore.ErrNotLocal
 
 // Options configure a Loader. Zero values mean the defaults.
 type Options struct {

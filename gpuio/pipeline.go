@@ -263,7 +263,7 @@ func (l *Loader) doJob(ctx context.Context, j job, buf PinnedMem, s Stream, stag
 			}
 			msgs := make([]VerifyMsg, len(g.chunks))
 			for i, ch := range g.chunks {
-				msgs[i] = VerifyMsg{Off: src.devOff + ch.Loc.Off - g.dataOff, Len: ch.Len, Want: ch.ID}
+				msgs[i] = VerifyMsg{Off: src.devOff + ch.PackOff - g.dataOff, Len: ch.Len, Want: ch.ID}
 			}
 			var err error
 			if vw, err = l.verifier.VerifyAsync(s, stage, msgs); err != nil {
@@ -306,7 +306,8 @@ func (l *Loader) doJob(ctx context.Context, j job, buf PinnedMem, s Stream, stag
 		werr = errors.Join(werr, verr)
 		if len(bad) > 0 && err == nil {
 			ch := g.chunks[bad[0]]
-			err = fmt.Errorf("chunk %s (pack %016x at %d): hash mismatch (%d of %d chunks bad, checked on the device): %w", ch.ID.Short(), g.pack, ch.Loc.Off, len(bad), len(g.chunks), chunkstore.ErrCorrupt)
+			err = &chunkstore.CorruptError{Chunk: ch.ID, Pack: g.pack, PackOff: ch.PackOff,
+				Reason: fmt.Sprintf("hash mismatch (%d of %d chunks bad, checked on the device)", len(bad), len(g.chunks))}
 		}
 	}
 	if err = errors.Join(err, werr); err != nil {
@@ -318,9 +319,9 @@ func (l *Loader) doJob(ctx context.Context, j job, buf PinnedMem, s Stream, stag
 // verifyHost hashes a group's chunks; data starts at the group's first chunk.
 func verifyHost(g group, data []byte) error {
 	for _, ch := range g.chunks {
-		o := ch.Loc.Off - g.dataOff
+		o := ch.PackOff - g.dataOff
 		if chunkstore.Sum(data[o:o+ch.Len]) != ch.ID {
-			return fmt.Errorf("chunk %s (pack %016x at %d): hash mismatch: %w", ch.ID.Short(), g.pack, ch.Loc.Off, chunkstore.ErrCorrupt)
+			return &chunkstore.CorruptError{Chunk: ch.ID, Pack: g.pack, PackOff: ch.PackOff, Reason: "hash mismatch"}
 		}
 	}
 	return nil
@@ -413,11 +414,11 @@ func (l *Loader) readInto(ctx context.Context, g group, into []byte) (int64, ioK
 	}
 	if !l.opts.NoVerify {
 		for _, ch := range g.chunks {
-			o := ch.Loc.Off - g.dataOff
+			o := ch.PackOff - g.dataOff
 			if chunkstore.Sum(into[o:o+ch.Len]) != ch.ID {
 				// Never leave unverified bytes where the device reads.
 				clear(into[:g.dataLen])
-				return 0, ioUnified, fmt.Errorf("gpuio: chunk %s (pack %016x at %d): hash mismatch: %w", ch.ID.Short(), g.pack, ch.Loc.Off, chunkstore.ErrCorrupt)
+				return 0, ioUnified, fmt.Errorf("gpuio: %w", &chunkstore.CorruptError{Chunk: ch.ID, Pack: g.pack, PackOff: ch.PackOff, Reason: "hash mismatch"})
 			}
 		}
 	}

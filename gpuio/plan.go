@@ -16,29 +16,30 @@ type group struct {
 	dataOff   int64 // pack offset of the first chunk
 	fileOff   int64 // file offset of the first chunk
 	dataLen   int64 // bytes of the chunks
-	chunks    []chunkstore.ChunkLayout
+	chunks    []chunkstore.Piece
 	copyStart int64 // file range to place on the device: [copyStart, copyEnd)
 	copyEnd   int64
 }
 
-// planGroups cuts the chunks overlapping [off, off+n) into groups.
-func planGroups(layout []chunkstore.ChunkLayout, off, n int64, bufSize int) ([]group, error) {
+// planGroups cuts the pieces (of a chunkstore.Plan, whose leases the caller
+// holds while the groups are read) overlapping [off, off+n) into groups.
+func planGroups(layout []chunkstore.Piece, off, n int64, bufSize int) ([]group, error) {
 	end := off + n
 	var gs []group
 	for _, c := range layout {
 		if c.FileOff+c.Len <= off || c.FileOff >= end {
 			continue
 		}
-		if c.Loc.Pack == 0 {
-			return nil, fmt.Errorf("chunk %s at file offset %d: %w", c.ID.Short(), c.FileOff, ErrNotLocal)
+		if c.Pack == 0 {
+			return nil, fmt.Errorf("gpuio: chunk %s at file offset %d: %w", c.ID.Short(), c.FileOff, ErrNotLocal)
 		}
 		if c.Len+2*storeio.BlockSize > int64(bufSize) {
 			return nil, fmt.Errorf("gpuio: chunk %s of %d bytes does not fit a %d-byte buffer (raise BufferSize)", c.ID.Short(), c.Len, bufSize)
 		}
 		if k := len(gs) - 1; k >= 0 {
 			g := &gs[k]
-			newEnd := storeio.AlignUp(c.Loc.Off + c.Len)
-			if g.pack == c.Loc.Pack && g.dataOff+g.dataLen == c.Loc.Off && newEnd-g.readOff <= int64(bufSize) {
+			newEnd := storeio.AlignUp(c.PackOff + c.Len)
+			if g.pack == c.Pack && g.dataOff+g.dataLen == c.PackOff && newEnd-g.readOff <= int64(bufSize) {
 				g.chunks = append(g.chunks, c)
 				g.dataLen += c.Len
 				g.readLen = newEnd - g.readOff
@@ -46,11 +47,11 @@ func planGroups(layout []chunkstore.ChunkLayout, off, n int64, bufSize int) ([]g
 				continue
 			}
 		}
-		ro := storeio.AlignDown(c.Loc.Off)
+		ro := storeio.AlignDown(c.PackOff)
 		gs = append(gs, group{
-			pack: c.Loc.Pack, readOff: ro, readLen: storeio.AlignUp(c.Loc.Off+c.Len) - ro,
-			dataOff: c.Loc.Off, fileOff: c.FileOff, dataLen: c.Len,
-			chunks:    []chunkstore.ChunkLayout{c},
+			pack: c.Pack, readOff: ro, readLen: storeio.AlignUp(c.PackOff+c.Len) - ro,
+			dataOff: c.PackOff, fileOff: c.FileOff, dataLen: c.Len,
+			chunks:    []chunkstore.Piece{c},
 			copyStart: max(off, c.FileOff), copyEnd: min(end, c.FileOff+c.Len),
 		})
 	}

@@ -73,7 +73,7 @@ a host-memory test device (no GPU involved), never chosen automatically.`).withJ
 	check := f.Bool("check", false, "after loading, copy every byte back and compare with the store")
 	repeat := f.Int("repeat", 1, "load everything this many times (reports each pass)")
 	inflight := f.Int("files", 4, "files loaded at once (they share the pinned buffers)")
-	reader := f.String("reader", "pread", "storage reader: pread (a pool as wide as the buffers) or io_uring (a ring of its own for this load)")
+	reader := f.String("reader", "pread", "storage reader: pread (a pool as wide as the buffers) or io_uring (a ring of the load's own)")
 	if err := f.parse(args, 1, -1); err != nil {
 		return err
 	}
@@ -98,18 +98,13 @@ a host-memory test device (no GPU involved), never chosen automatically.`).withJ
 	switch *reader {
 	case "pread":
 	case "io_uring":
-		// The store reads through the page cache with the pread pool by
-		// default (docs/design/store.md); a load that asks for io_uring gets
-		// a ring of its own, as deep as the store's, for its O_DIRECT reads.
-		r := s.Reader()
-		if r.Name() != "io_uring" {
-			ring, err := storeio.New("io_uring", 64)
-			if err != nil {
-				return fmt.Errorf("load: --reader io_uring: io_uring is not available here: %w", err)
-			}
-			defer ring.Close()
-			r = ring
+		// A ring of the loader's own: the store reads the page cache with
+		// pread (docs/design/store.md), and a load must not depend on it.
+		r, err := storeio.New("io_uring", *buffers)
+		if err != nil {
+			return fmt.Errorf("load: --reader io_uring: %w", err)
 		}
+		defer r.Close()
 		opts.Reader = r
 	default:
 		return fmt.Errorf("load: --reader %q: want pread or io_uring", *reader)

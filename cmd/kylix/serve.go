@@ -6,12 +6,16 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kylix/kylix/chunkstore"
 	kfs "github.com/kylix/kylix/fs"
@@ -46,7 +50,7 @@ var runningNode struct {
 }
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--no-passthrough] [--debug]", `
+	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--no-passthrough] [--debug] [--stop-timeout D]", `
 Runs a node: opens the store, mounts its namespace at the mount point, and
 serves the admin socket DATA/kylix.sock. While the node runs, the other
 commands (import, export, ls, stat, df, verify, gc, rm) given the same data
@@ -60,10 +64,16 @@ passthrough, the rest by the node (see docs/design/fs.md).
 
 Default mount point: `+strings.ReplaceAll(defaultMountDoc, "\n", " ")+`.
 Stop the node with Ctrl-C or SIGTERM: it commits open writes and unmounts.
-A mount left by a node killed with kill -9 is cleared at the next start.`)
+If that takes longer than --stop-timeout (a commit or a request that does not
+end), the node detaches the mount and exits anyway; a second signal exits at
+once. The store is crash-safe, so nothing committed is lost either way.
+A mount left by a node killed with kill -9 is cleared at the next start.
+The mount point may not be inside the data directory, nor the data directory
+inside the mount point.`)
 	mnt := f.String("mount", e.defaultMountDir(), "mount point (env KYLIX_MOUNT)")
 	noPT := f.Bool("no-passthrough", false, "serve every file through the node, never FUSE passthrough")
 	debug := f.Bool("debug", false, "log every FUSE request")
+	stopTimeout := f.Duration("stop-timeout", defaultStopTimeout, "on SIGTERM, exit after this long even if open writes or requests have not finished")
 	if err := f.parse(args, 0, 0); err != nil {
 		return err
 	}
@@ -78,6 +88,13 @@ A mount left by a node killed with kill -9 is cleared at the next start.`)
 			defer func() { pprof.StopCPUProfile(); pf.Close() }()
 		}
 	}
+	mountDir, err := filepath.Abs(*mnt)
+	if err != nil {
+		return err
+	}
+	if err := checkMountOutsideData(f.data, mountDir); err != nil {
+		return err
+	}
 	s, err := chunkstore.Open(chunkstore.Options{Dir: f.data, Logger: log})
 	if errors.Is(err, chunkstore.ErrLocked) {
 		return fmt.Errorf("serve: %w (is a node already running? see %s)", err, filepath.Join(f.data, socketName))
@@ -85,12 +102,12 @@ A mount left by a node killed with kill -9 is cleared at the next start.`)
 	if err != nil {
 		return err
 	}
+	// stopped ends the stop watchdog; closed after the store (defers run
+	// last-in first-out), so the watchdog covers closing the store too.
+	stopped := make(chan struct{})
+	defer close(stopped)
 	defer s.Close()
 	fsys, err := kfs.New(s, kfs.Options{Logger: log, NoPassthrough: *noPT, Debug: *debug})
-	if err != nil {
-		return err
-	}
-	mountDir, err := filepath.Abs(*mnt)
 	if err != nil {
 		return err
 	}
@@ -118,6 +135,7 @@ A mount left by a node killed with kill -9 is cleared at the next start.`)
 	case <-unmounted:
 		log.Warn("the mount went away (unmounted from outside); stopping", "mount", mountDir)
 	}
+	go stopWatchdog(log, mountDir, *stopTimeout, stopped)
 	admin.close()
 	if err := fsys.Unmount(); err != nil {
 		return err
@@ -183,4 +201,85 @@ func rss() int64 {
 	}
 	pages, _ := strconv.ParseInt(fields[1], 10, 64)
 	return pages * int64(os.Getpagesize())
+}
+
+// defaultStopTimeout bounds a node's shutdown: committing what is being
+// written and unmounting normally take well under a second.
+const defaultStopTimeout = 10 * time.Second
+
+// stopWatchdog ends the process if the shutdown has not finished (stopped
+// closed) within timeout, or at once on a second SIGINT/SIGTERM. The orderly
+// shutdown waits for commits, admin requests and the kernel; none of them
+// may keep a node that was told to stop alive (issue 7: a read that never
+// ended kept the process forever). Exiting is safe: the store is crash-safe
+// (what is committed stays, working copies are dropped at the next start),
+// and the mount is detached first so no dead mount stays behind.
+func stopWatchdog(log *slog.Logger, mountDir string, timeout time.Duration, stopped <-chan struct{}) {
+	again := make(chan os.Signal, 1)
+	signal.Notify(again, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(again)
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-stopped:
+		return
+	case <-t.C:
+		log.Error("stopping took too long; exiting without waiting for the rest (the store is crash-safe)", "timeout", timeout, "mount", mountDir)
+	case <-again:
+		log.Error("second signal; exiting now (the store is crash-safe)", "mount", mountDir)
+	}
+	if err := syscall.Unmount(mountDir, unix.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
+		log.Warn("detaching the mount", "mount", mountDir, "err", err)
+	}
+	os.Exit(1)
+}
+
+// checkMountOutsideData refuses a mount point inside the data directory, or
+// a data directory inside the mount point: the node would then read and
+// write its own store through its own mount, and deadlocked doing so.
+// Symbolic links are resolved as far as the paths exist.
+func checkMountOutsideData(data, mount string) error {
+	d, err := resolvePath(data)
+	if err != nil {
+		return fmt.Errorf("serve: data directory %s: %w", data, err)
+	}
+	m, err := resolvePath(mount)
+	if err != nil {
+		return fmt.Errorf("serve: mount point %s: %w", mount, err)
+	}
+	switch {
+	case within(m, d):
+		return fmt.Errorf("serve: the mount point %s is inside the data directory %s; the node would serve its own store through itself: choose a mount point outside it (--mount or KYLIX_MOUNT)", mount, data)
+	case within(d, m):
+		return fmt.Errorf("serve: the data directory %s is inside the mount point %s; the node would keep its store in its own mount: choose a data directory outside it (--data or KYLIX_DATA)", data, mount)
+	}
+	return nil
+}
+
+// resolvePath makes p absolute and resolves symbolic links in the longest
+// part of it that exists (a mount point or data directory may not exist
+// yet; a stale mount point cannot be resolved, its parent can).
+func resolvePath(p string) (string, error) {
+	p, err := filepath.Abs(p)
+	if err != nil {
+		return "", err
+	}
+	var rest []string
+	for cur := p; ; {
+		if r, err := filepath.EvalSymlinks(cur); err == nil {
+			return filepath.Join(append([]string{r}, rest...)...), nil
+		}
+		parent := filepath.Dir(cur)
+		if parent == cur {
+			return p, nil
+		}
+		rest = append([]string{filepath.Base(cur)}, rest...)
+		cur = parent
+	}
+}
+
+// within reports whether path p is dir or below it.
+func within(p, dir string) bool {
+	rel, err := filepath.Rel(dir, p)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
 }

@@ -1,0 +1,309 @@
+package chunkstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/kylix/kylix/chunkstore/storeio"
+)
+
+// The chunk-access seam (docs/design/access.md). Every reader of stored
+// bytes goes through here: File.Plan cuts a byte range into pieces, each a
+// whole chunk that is either local (in a pack, with a lease on the pack that
+// keeps GC from closing or deleting it) or missing (for the Fetcher). Readers
+// that want bytes call File.ReadAt (or Store.ReadChunk); they read through
+// the store's one chunk cache, which verifies every chunk before anyone sees
+// it. Readers that move bytes themselves (gpuio, the layout ioctl) use the
+// plan and hold its leases while they use the packs.
+
+// Fetcher brings chunks that are not stored locally. The store verifies what
+// it returns (length and hash) before anyone sees it; a fetcher need not.
+// peers implements it; LocalOnly is the one for a node without peers.
+type Fetcher interface {
+	// Fetch returns the n bytes of chunk id, or an error wrapping
+	// ErrNotLocal when no one has it. It must honour ctx.
+	Fetch(ctx context.Context, id ID, n uint32) ([]byte, error)
+}
+
+// LocalOnly is the Fetcher of a store alone: nothing can be fetched.
+type LocalOnly struct{}
+
+// Fetch always fails with ErrNotLocal.
+func (LocalOnly) Fetch(ctx context.Context, id ID, n uint32) ([]byte, error) {
+	return nil, fmt.Errorf("chunk %s: %w", id.Short(), ErrNotLocal)
+}
+
+// Piece is one chunk of a planned range.
+type Piece struct {
+	ID      ID
+	FileOff int64 // file offset of the chunk's first byte
+	Len     int64 // the chunk's length
+	// Pack is the pack holding the chunk, 0 when the chunk is missing
+	// (not stored here: Fetcher territory). PackOff is its offset there.
+	Pack    uint64
+	PackOff int64
+	// Lease is the plan's lease on Pack (shared by the pieces of one pack);
+	// nil for missing pieces.
+	Lease *Lease
+}
+
+// Local says whether the piece's bytes are in a local pack.
+func (p Piece) Local() bool { return p.Lease != nil }
+
+// Plan is a byte range of a file cut into pieces. Release it when done with
+// the packs: until then GC neither closes nor deletes them.
+type Plan struct {
+	File   *File
+	Off    int64 // the range planned, clipped to the file
+	Len    int64
+	Pieces []Piece // whole chunks overlapping [Off, Off+Len), in file order
+	leases []*Lease
+}
+
+// Plan cuts [off, off+n) of f into pieces and leases the packs of the local
+// ones. A chunk whose pack cannot be leased (missing from disk, just
+// collected) is a missing piece. Errors are for things other than missing
+// chunks (a closed store, an unreadable pack file).
+func (f *File) Plan(off, n int64) (*Plan, error) {
+	if off < 0 || n < 0 {
+		return nil, fmt.Errorf("chunkstore: plan [%d, +%d): negative range", off, n)
+	}
+	end := min(off+n, f.M.Size)
+	p := &Plan{File: f, Off: min(off, f.M.Size)}
+	p.Len = max(0, end-p.Off)
+	if p.Len == 0 {
+		return p, nil
+	}
+	first, last := f.chunkIndex(off), f.chunkIndex(end-1)
+	byPack := map[uint64]*Lease{}
+	for i := first; i <= last; i++ {
+		c, l := f.M.Chunks[i], f.locs[i]
+		pc := Piece{ID: c.ID, FileOff: f.offs[i], Len: int64(c.Len)}
+		if l.Pack != 0 {
+			ls, ok := byPack[l.Pack]
+			if !ok {
+				var err error
+				ls, err = f.s.packs.acquire(l.Pack)
+				if err != nil && !errors.Is(err, ErrNotLocal) {
+					p.Release()
+					return nil, err
+				}
+				byPack[l.Pack] = ls // nil: missing
+				if ls != nil {
+					p.leases = append(p.leases, ls)
+				}
+			}
+			if ls != nil {
+				pc.Pack, pc.PackOff, pc.Lease = l.Pack, l.Off, ls
+			}
+		}
+		p.Pieces = append(p.Pieces, pc)
+	}
+	return p, nil
+}
+
+// Missing returns the pieces that are not stored locally.
+func (p *Plan) Missing() []Piece {
+	var out []Piece
+	for _, pc := range p.Pieces {
+		if !pc.Local() {
+			out = append(out, pc)
+		}
+	}
+	return out
+}
+
+// Release gives back the plan's leases. Idempotent.
+func (p *Plan) Release() {
+	for _, l := range p.leases {
+		l.Release()
+	}
+	p.leases = nil
+}
+
+// readChunks returns the verified bytes of each chunk. Chunks cached or being
+// read by another reader are shared (single flight); the rest are read here
+// in one batch, verified on all cores, and handed to whoever waits. With
+// keep the chunks read stay in the cache (the caller uses only part of them
+// and will likely ask for the rest).
+//
+// Every chunk is attempted once: a failure (corrupt, missing, I/O error) is
+// returned to every reader waiting for that chunk and remembered briefly
+// (chunkCache), and is logged once, here, by the reader that made the
+// attempt.
+func (s *Store) readChunks(ctx context.Context, refs []ChunkRef, locs []Location, keep bool) ([][]byte, error) {
+	entries := make([]*cacheEntry, len(refs))
+	var mine []int
+	for i, r := range refs {
+		e, owner := s.cache.claim(r.ID)
+		entries[i] = e
+		if owner {
+			mine = append(mine, i)
+		}
+	}
+	if len(mine) > 0 {
+		// Not tied to this caller's cancellation: other readers may be
+		// waiting for the same chunks. Local reads are bounded by the disk.
+		s.load(context.WithoutCancel(ctx), refs, locs, entries, mine, keep)
+	}
+	out := make([][]byte, len(refs))
+	for i, e := range entries {
+		select {
+		case <-e.ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if e.err != nil {
+			return nil, e.err
+		}
+		out[i] = e.data
+	}
+	return out, nil
+}
+
+// load reads, verifies and completes the entries at idx (owned by the
+// caller). Every owned entry is completed, whatever fails.
+func (s *Store) load(ctx context.Context, refs []ChunkRef, locs []Location, entries []*cacheEntry, idx []int, keep bool) {
+	type pending struct {
+		i  int
+		rq *storeio.Request
+	}
+	var (
+		reqs   []*storeio.Request
+		pend   []pending
+		leases = map[uint64]*Lease{}
+	)
+	defer func() {
+		for _, l := range leases {
+			if l != nil {
+				l.Release()
+			}
+		}
+	}()
+	fail := func(i int, err error) {
+		s.logChunkFailure(refs[i].ID, locs[i], err)
+		s.cache.finish(entries[i], nil, err, keep)
+	}
+	for _, i := range idx {
+		l := locs[i]
+		var ls *Lease
+		if l.Pack != 0 {
+			var ok bool
+			if ls, ok = leases[l.Pack]; !ok {
+				var err error
+				ls, err = s.packs.acquire(l.Pack)
+				if err != nil && !errors.Is(err, ErrNotLocal) {
+					leases[l.Pack] = nil
+					fail(i, fmt.Errorf("chunkstore: read chunk %s: %w", refs[i].ID.Short(), err))
+					continue
+				}
+				leases[l.Pack] = ls // nil: the pack is gone, the chunk is not local
+			}
+		}
+		if ls == nil {
+			data, err := s.fetch(ctx, refs[i], l)
+			if err != nil {
+				fail(i, err)
+			} else {
+				s.cache.finish(entries[i], data, nil, keep)
+			}
+			continue
+		}
+		rq := &storeio.Request{Fd: ls.Fd(), Off: l.Off, Buf: make([]byte, l.Len)}
+		reqs = append(reqs, rq)
+		pend = append(pend, pending{i, rq})
+	}
+	if len(reqs) == 0 {
+		return
+	}
+	s.io.Read(ctx, reqs) // per-request errors are examined below
+	errs := make([]error, len(pend))
+	parallelFor(len(pend), func(k int) {
+		p := pend[k]
+		i, l := p.i, locs[p.i]
+		switch {
+		case p.rq.Err != nil:
+			errs[k] = &ReadError{Chunk: refs[i].ID, Pack: l.Pack, PackOff: l.Off, Err: p.rq.Err}
+		case p.rq.N != len(p.rq.Buf):
+			errs[k] = &CorruptError{Chunk: refs[i].ID, Pack: l.Pack, PackOff: l.Off,
+				Reason: fmt.Sprintf("pack holds %d of its %d bytes", p.rq.N, len(p.rq.Buf))}
+		case Sum(p.rq.Buf) != refs[i].ID:
+			errs[k] = &CorruptError{Chunk: refs[i].ID, Pack: l.Pack, PackOff: l.Off, Reason: "hash mismatch"}
+		}
+	})
+	for k, p := range pend {
+		if errs[k] != nil {
+			fail(p.i, errs[k])
+			continue
+		}
+		s.cache.finish(entries[p.i], p.rq.Buf, nil, keep)
+	}
+}
+
+// fetch asks the Fetcher for a chunk that is not local and verifies it.
+func (s *Store) fetch(ctx context.Context, r ChunkRef, l Location) ([]byte, error) {
+	data, err := s.fetcher.Fetch(ctx, r.ID, r.Len)
+	if err != nil {
+		if errors.Is(err, ErrNotLocal) && l.Pack != 0 {
+			return nil, fmt.Errorf("chunkstore: chunk %s: its pack %016x is missing: %w", r.ID.Short(), l.Pack, err)
+		}
+		return nil, fmt.Errorf("chunkstore: chunk %s: %w", r.ID.Short(), err)
+	}
+	if uint32(len(data)) != r.Len {
+		return nil, &CorruptError{Chunk: r.ID, Reason: fmt.Sprintf("fetched %d bytes, want %d", len(data), r.Len)}
+	}
+	if Sum(data) != r.ID {
+		return nil, &CorruptError{Chunk: r.ID, Reason: "fetched bytes fail their hash"}
+	}
+	return data, nil
+}
+
+// logChunkFailure logs a failed chunk read: once per attempt, and an attempt
+// is made at most once per DefaultFailTTL per chunk (chunkCache).
+func (s *Store) logChunkFailure(id ID, l Location, err error) {
+	if errors.Is(err, ErrClosed) || errors.Is(err, storeio.ErrClosed) {
+		return // the store is closing: nothing is wrong with the chunk
+	}
+	args := []any{"chunk", id.String(), "err", err}
+	if l.Pack != 0 {
+		args = append(args, "pack", s.PackPath(l.Pack), "pack_offset", l.Off)
+	}
+	s.log.Error("chunk cannot be read; readers get EIO (run kylix verify to list the files affected)", args...)
+}
+
+// prefetchInFlight bounds the background prefetches of the store.
+const prefetchInFlight = 4
+
+// Prefetch reads the chunks overlapping [off, off+n) into the cache in the
+// background, for sequential readers. At most prefetchInFlight run at once;
+// when that many are running the prefetch is skipped (it is a hint).
+func (f *File) Prefetch(off, n int64) {
+	if off >= f.M.Size || n <= 0 {
+		return
+	}
+	end := min(off+n, f.M.Size)
+	first, last := f.chunkIndex(off), f.chunkIndex(end-1)
+	// Skip the chunks cached or being read, cheaply, before taking a slot.
+	for first <= last && f.s.cache.present(f.M.Chunks[first].ID) {
+		first++
+	}
+	if first > last {
+		return
+	}
+	select {
+	case f.s.prefetch <- struct{}{}:
+	default:
+		return
+	}
+	go func() {
+		defer func() { <-f.s.prefetch }()
+		f.s.readChunks(context.Background(), f.M.Chunks[first:last+1], f.locs[first:last+1], true)
+	}()
+}
+
+// chunkIndex returns the index of the chunk holding byte off.
+func (f *File) chunkIndex(off int64) int {
+	return sort.Search(len(f.M.Chunks), func(i int) bool { return f.offs[i+1] > off })
+}

@@ -1,0 +1,168 @@
+package chunkstore
+
+import (
+	"fmt"
+	"os"
+	"sync"
+)
+
+// packTable is the store's one table of open pack files. Every reader that
+// touches a pack's bytes (the store's own reads, gpuio, the layout ioctl's
+// callers) holds a Lease on it for as long as it uses the pack's fd or
+// path; GC asks the table to retire a dead pack, and the table closes the
+// fd and deletes the file only when no lease is held. Before it, three
+// tables of open packs existed and GC closed an fd a read still used
+// (issue 7 finding 8).
+type packTable struct {
+	s  *Store
+	mu sync.Mutex
+	m  map[uint64]*packEntry
+}
+
+type packEntry struct {
+	id      uint64
+	f       *os.File
+	leases  int
+	retired bool // GC removed the pack from the index: delete at the last release
+	closing bool // the store closed: close the fd at the last release
+}
+
+func newPackTable(s *Store) *packTable {
+	return &packTable{s: s, m: map[uint64]*packEntry{}}
+}
+
+// Lease keeps one pack open and on disk until Release. A lease is cheap (a
+// counter under a mutex); take one per read, not per process.
+type Lease struct {
+	t    *packTable
+	e    *packEntry
+	once sync.Once
+}
+
+// Pack is the leased pack's id.
+func (l *Lease) Pack() uint64 { return l.e.id }
+
+// Fd is a read-only descriptor of the pack, valid until Release. It is shared:
+// do not close it or change its offset (use pread).
+func (l *Lease) Fd() int { return int(l.e.f.Fd()) }
+
+// Path is the pack's file; it exists at least until Release.
+func (l *Lease) Path() string { return l.t.s.PackPath(l.e.id) }
+
+// Release gives the lease back. A pack GC retired while it was leased is
+// closed and deleted at its last release. Release is idempotent.
+func (l *Lease) Release() {
+	l.once.Do(func() { l.t.release(l.e) })
+}
+
+// acquire opens (once) pack id and leases it. A pack GC has retired cannot be
+// leased again: its chunks are no longer in the index, so to a reader they
+// are not stored here.
+func (t *packTable) acquire(id uint64) (*Lease, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.m == nil {
+		return nil, ErrClosed
+	}
+	e, ok := t.m[id]
+	if !ok {
+		f, err := os.Open(t.s.PackPath(id))
+		if err != nil {
+			if os.IsNotExist(err) {
+				// The index names the pack but the file is gone: the
+				// chunk is not here, and verify will say which files lost it.
+				return nil, fmt.Errorf("chunkstore: pack %016x is missing (%w): %w", id, err, ErrNotLocal)
+			}
+			return nil, fmt.Errorf("chunkstore: open pack %016x: %w", id, err)
+		}
+		e = &packEntry{id: id, f: f}
+		t.m[id] = e
+	}
+	if e.retired {
+		return nil, fmt.Errorf("chunkstore: pack %016x was garbage collected: %w", id, ErrNotLocal)
+	}
+	e.leases++
+	return &Lease{t: t, e: e}, nil
+}
+
+func (t *packTable) release(e *packEntry) {
+	// The file is removed under the lock: an acquire in between would
+	// otherwise open the file about to go and hold it as a fresh entry.
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e.leases--
+	if e.leases > 0 || !(e.retired || e.closing) {
+		return
+	}
+	e.f.Close()
+	if t.m != nil && t.m[e.id] == e {
+		delete(t.m, e.id)
+	}
+	if e.retired {
+		t.remove(e.id)
+	}
+}
+
+// retire is GC's way to drop a pack it found dead: closed and deleted now if
+// no one holds a lease, else at the last release. The caller has already
+// removed the pack from the index, so a crash before the deletion leaves an
+// unreferenced file that the next Open removes.
+func (t *packTable) retire(id uint64) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.m[id]
+	if ok && e.leases > 0 {
+		e.retired = true
+		t.s.log.Info("pack is in use by a read; it is deleted when the read ends", "pack", id)
+		return nil
+	}
+	if ok {
+		e.f.Close()
+		delete(t.m, id)
+	}
+	return t.removeErr(id)
+}
+
+func (t *packTable) remove(id uint64) {
+	if err := t.removeErr(id); err != nil {
+		t.s.log.Error("removing a garbage-collected pack after its last read", "pack", id, "err", err)
+	}
+}
+
+func (t *packTable) removeErr(id uint64) error {
+	if err := os.Remove(t.s.PackPath(id)); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("chunkstore: remove pack %016x: %w", id, err)
+	}
+	return nil
+}
+
+// leases reports how many leases pack id has (tests).
+func (t *packTable) leases(id uint64) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e, ok := t.m[id]; ok {
+		return e.leases
+	}
+	return 0
+}
+
+// close closes every fd at Store.Close; later acquires get ErrClosed. A
+// leased fd is closed at its last release instead: closing it under a read
+// would let the number be reused by an unrelated open file.
+func (t *packTable) close() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for id, e := range t.m {
+		if e.leases > 0 {
+			e.closing = true
+		} else {
+			e.f.Close()
+		}
+		delete(t.m, id)
+	}
+	t.m = nil
+}
+
+// Lease leases pack id directly, for readers that planned with Plan and
+// need the pack again (or for tools). Release it when done.
+func (s *Store) Lease(id uint64) (*Lease, error) { return s.packs.acquire(id) }
