@@ -25,4 +25,7 @@ var (
 	ErrNotEmpty = errors.New("directory not empty")
 	// ErrClosed: the store has been closed.
 	ErrClosed = errors.New("store is closed")
+	// ErrNotWholeFile: no pack holds exactly the file's bytes, so it cannot
+	// be served by FUSE passthrough (the node serves it).
+	ErrNotWholeFile = errors.New("no pack holds exactly the file")
 )

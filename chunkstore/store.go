@@ -81,6 +81,8 @@ type Store struct {
 	fds      map[uint64]*os.File
 	shared   *sharedPack // current shared pack, nil when none is open
 	sharedMu sync.Mutex  // held by the importer appending to shared
+
+	pverify packVerifier // passthrough verification record (packverify.go)
 }
 
 type sharedPack struct {

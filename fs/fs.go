@@ -49,6 +49,10 @@ type Options struct {
 	NoPassthrough bool
 	// Debug logs every FUSE request.
 	Debug bool
+	// ScrubRate is the rate (bytes/s) of the store's pack scrub that the
+	// caller runs (chunkstore.Store.RunScrub), 0 when it runs none; the
+	// user.kylix.verify attribute reports it.
+	ScrubRate int64
 }
 
 // FS is a mounted (or mountable) view of a store's namespace.
@@ -77,14 +81,18 @@ type FS struct {
 	dirty   map[*fileNode]struct{} // nodes with a working copy
 
 	stats struct {
-		ptOpens, daemonOpens, reads, readBytes, commits, commitBatches atomic.Int64
+		ptOpens, ptRefused, daemonOpens, reads, readBytes, commits, commitBatches atomic.Int64
 	}
 }
 
 // Stats counts what the file system served since it was made.
 type Stats struct {
 	PassthroughOpens int64 `json:"passthrough_opens"`
-	DaemonOpens      int64 `json:"daemon_opens"`
+	// PassthroughRefused counts opens of a file with a whole-file pack
+	// that the daemon served instead: the pack failed its check (or is not
+	// exactly the file).
+	PassthroughRefused int64 `json:"passthrough_refused"`
+	DaemonOpens        int64 `json:"daemon_opens"`
 	// DaemonReads and DaemonReadBytes count reads the daemon served
 	// (passthrough reads never reach it).
 	DaemonReads     int64 `json:"daemon_reads"`
@@ -96,12 +104,13 @@ type Stats struct {
 // Stats returns the counters.
 func (f *FS) Stats() Stats {
 	return Stats{
-		PassthroughOpens: f.stats.ptOpens.Load(),
-		DaemonOpens:      f.stats.daemonOpens.Load(),
-		DaemonReads:      f.stats.reads.Load(),
-		DaemonReadBytes:  f.stats.readBytes.Load(),
-		Commits:          f.stats.commits.Load(),
-		CommitBatches:    f.stats.commitBatches.Load(),
+		PassthroughOpens:   f.stats.ptOpens.Load(),
+		PassthroughRefused: f.stats.ptRefused.Load(),
+		DaemonOpens:        f.stats.daemonOpens.Load(),
+		DaemonReads:        f.stats.reads.Load(),
+		DaemonReadBytes:    f.stats.readBytes.Load(),
+		Commits:            f.stats.commits.Load(),
+		CommitBatches:      f.stats.commitBatches.Load(),
 	}
 }
 
