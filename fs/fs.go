@@ -101,6 +101,10 @@ type Stats struct {
 	CommitBatches   int64 `json:"commit_batches"`
 }
 
+// ScrubRate is Options.ScrubRate: the pack scrub's rate in bytes/s, 0
+// when none runs.
+func (f *FS) ScrubRate() int64 { return f.opts.ScrubRate }
+
 // Stats returns the counters.
 func (f *FS) Stats() Stats {
 	return Stats{

@@ -46,7 +46,7 @@ var runningNode struct {
 }
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--no-passthrough] [--debug]", `
+	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--no-passthrough] [--scrub-rate BYTES] [--debug]", `
 Runs a node: opens the store, mounts its namespace at the mount point, and
 serves the admin socket DATA/kylix.sock. While the node runs, the other
 commands (import, export, ls, stat, df, verify, gc, rm) given the same data
@@ -56,7 +56,10 @@ store; the mount shows their changes.
 Files in the mount are read-mostly: each file is an immutable version; a
 file written in the mount becomes a new version when its last writer closes
 it (or on fsync). Large files with a pack of their own are served by FUSE
-passthrough, the rest by the node (see docs/design/fs.md).
+passthrough, the rest by the node (see docs/design/fs.md). A pack is hashed
+whole before its first passthrough open after the node starts or the pack
+changes, and a background scrub re-hashes those packs at --scrub-rate
+(default 64 MiB/s; docs/design/verification.md).
 
 Default mount point: `+strings.ReplaceAll(defaultMountDoc, "\n", " ")+`.
 Stop the node with Ctrl-C or SIGTERM: it commits open writes and unmounts.
@@ -64,6 +67,8 @@ A mount left by a node killed with kill -9 is cleared at the next start.`)
 	mnt := f.String("mount", e.defaultMountDir(), "mount point (env KYLIX_MOUNT)")
 	noPT := f.Bool("no-passthrough", false, "serve every file through the node, never FUSE passthrough")
 	debug := f.Bool("debug", false, "log every FUSE request")
+	scrubRate := f.Int64("scrub-rate", chunkstore.DefaultScrubRate,
+		"bytes per second the background scrub re-reads packs served by passthrough (0: no scrub; docs/design/verification.md)")
 	if err := f.parse(args, 0, 0); err != nil {
 		return err
 	}
@@ -86,7 +91,7 @@ A mount left by a node killed with kill -9 is cleared at the next start.`)
 		return err
 	}
 	defer s.Close()
-	fsys, err := kfs.New(s, kfs.Options{Logger: log, NoPassthrough: *noPT, Debug: *debug})
+	fsys, err := kfs.New(s, kfs.Options{Logger: log, NoPassthrough: *noPT, Debug: *debug, ScrubRate: max(0, *scrubRate)})
 	if err != nil {
 		return err
 	}
@@ -103,6 +108,11 @@ A mount left by a node killed with kill -9 is cleared at the next start.`)
 		return err
 	}
 	runningNode.fsys, runningNode.mount, runningNode.start = fsys, mountDir, time.Now()
+	// The scrub re-hashes the packs handed out for passthrough; it stops
+	// with the node.
+	scrubCtx, stopScrub := context.WithCancel(ctx)
+	defer stopScrub()
+	go s.RunScrub(scrubCtx, *scrubRate)
 	admin, err := listenAdmin(s, fsys, log)
 	if err != nil {
 		fsys.Unmount()
