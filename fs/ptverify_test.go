@@ -3,6 +3,7 @@ package fs_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/chunkstore/safetensors"
 	kfs "github.com/kylix/kylix/fs"
 	"github.com/kylix/kylix/fs/internal/fstest"
 )
@@ -261,4 +263,68 @@ func longXattr(t *testing.T, path, name string) string {
 		t.Fatalf("getxattr %s %s: %v", path, name, err)
 	}
 	return string(buf[:n])
+}
+
+// TestPassthroughSurvivesDuplicates: a safetensors file with two identical
+// 4 MiB tensors (10% of it) is served by passthrough, and a fine-tune that
+// shares most tensors with it is served by the daemon, right.
+func TestPassthroughSurvivesDuplicates(t *testing.T) {
+	data := t.TempDir()
+	norm := pattern(41, 4<<20)
+	tensors := [][]byte{norm}
+	for i := range 8 {
+		tensors = append(tensors, pattern(uint64(50+i), 4<<20))
+	}
+	tensors = append(tensors, norm)
+	want := safetensorsFile(t, tensors)
+	importData(t, data, "m/model.safetensors", want)
+	ft := append([][]byte(nil), tensors...)
+	ft[3] = pattern(99, 4<<20)
+	wantFT := safetensorsFile(t, ft)
+	// The fine-tune has no pack of its own: import it without the helper's
+	// whole-file check.
+	s, err := chunkstore.Open(chunkstore.Options{Dir: data})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := filepath.Join(t.TempDir(), "ft.safetensors")
+	os.WriteFile(src, wantFT, 0o644)
+	if _, err := s.Import(context.Background(), src, "m/ft.safetensors", chunkstore.ImportOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+
+	n := startPT(t, data)
+	p := filepath.Join(n.dir, "m/model.safetensors")
+	if v := getxattr(t, p, "user.kylix.path"); v != "passthrough" {
+		t.Errorf("user.kylix.path = %q, want passthrough", v)
+	}
+	got, err := os.ReadFile(p)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("read: %v", err)
+	}
+	if st := n.fsys.Stats(); st.PassthroughOpens != 1 || st.DaemonReads != 0 {
+		t.Fatalf("file with 10%% duplicates not served by passthrough: %+v", st)
+	}
+	pft := filepath.Join(n.dir, "m/ft.safetensors")
+	got, err = os.ReadFile(pft)
+	if err != nil || !bytes.Equal(got, wantFT) {
+		t.Fatalf("fine-tune read: %v", err)
+	}
+	if st := n.fsys.Stats(); st.PassthroughOpens != 1 || st.DaemonOpens != 1 {
+		t.Fatalf("fine-tune: %+v", st)
+	}
+}
+
+func safetensorsFile(t *testing.T, tensors [][]byte) []byte {
+	t.Helper()
+	var ts []safetensors.WriteTensor
+	for i, d := range tensors {
+		ts = append(ts, safetensors.WriteTensor{Name: fmt.Sprintf("t%02d", i), DType: safetensors.U8, Shape: []int64{int64(len(d))}, Data: d})
+	}
+	var buf bytes.Buffer
+	if err := safetensors.Write(&buf, ts, nil); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
 }
