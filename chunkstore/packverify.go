@@ -388,7 +388,7 @@ func (s *Store) checkPack(ctx context.Context, fh *os.File, pack uint64, f *File
 		}
 	}
 	indexed := func(i int) bool { return f.locs[i].Pack == pack && f.locs[i].Off == f.offs[i] }
-	check := func(order []int) error {
+	check := func(order []int, stopOnBad bool) error {
 		type batch struct {
 			idx  []int
 			reqs []*storeio.Request
@@ -465,16 +465,19 @@ func (s *Store) checkPack(ctx context.Context, fh *os.File, pack uint64, f *File
 					return err
 				}
 			}
+			if stopOnBad && !c.OK() {
+				return nil
+			}
 		}
 		return ctxErr(ctx)
 	}
-	if err := check(foreign); err != nil {
+	if err := check(foreign, true); err != nil {
 		return nil, err
 	}
 	// A pack that is not this file (its other chunks live elsewhere) is
 	// known now: hashing the rest would only confirm it.
 	if c.OK() {
-		if err := check(own); err != nil {
+		if err := check(own, false); err != nil {
 			return nil, err
 		}
 	}
