@@ -111,8 +111,9 @@ A mount left by a node killed with kill -9 is cleared at the next start.`)
 	// The scrub re-hashes the packs handed out for passthrough; it stops
 	// with the node.
 	scrubCtx, stopScrub := context.WithCancel(ctx)
-	defer stopScrub()
-	go s.RunScrub(scrubCtx, *scrubRate)
+	scrubDone := make(chan struct{})
+	go func() { s.RunScrub(scrubCtx, *scrubRate); close(scrubDone) }()
+	defer func() { stopScrub(); <-scrubDone }() // before the store closes
 	admin, err := listenAdmin(s, fsys, log)
 	if err != nil {
 		fsys.Unmount()
