@@ -22,16 +22,13 @@ import (
 // Where the file system has fs-verity the kernel checks every page against
 // a Merkle tree (verity.go). Where it does not (our machines' kernels), a
 // pack is hashed whole against the file's manifest before the node hands
-// it out for the first time after the node started or after the pack file
+// it out for the first time after a boot or after the pack file
 // changed (device, inode, size, mtime or ctime differ), and re-hashed by a
 // rate-limited background scrub. docs/design/verification.md states what
 // this does and does not guarantee.
 //
-// The record of verified packs lives in memory for one run of the store:
-// a node start verifies again. Persisting it (keyed by the boot id) would
-// save the first-open hash after a restart, but a restart is also what an
-// operator does after suspecting the disk, and a cold first read is
-// disk-bound anyway (docs/bench.md: "Passthrough verification").
+// The record of checked packs is kept across node restarts within one
+// boot (packverify_persist.go): after a reboot every pack is checked again.
 
 // PackIdentity is one state of a pack file on disk. Any write to the file
 // changes its mtime or ctime (ctime cannot be set back from user space),
@@ -136,6 +133,9 @@ type packVerifier struct {
 
 	verityOnce sync.Once
 	verityErr  error
+
+	loaded bool       // the persisted record was read (packverify_persist.go)
+	saveMu sync.Mutex // orders writes of the persisted record
 }
 
 type packFileKey struct {
@@ -218,6 +218,7 @@ func (s *Store) PackState(f *File) (pack uint64, check *PackCheck, ok bool) {
 	}
 	v := &s.pverify
 	v.mu.Lock()
+	s.loadChecksLocked()
 	c := v.recs[packFileKey{pack, f.ID}]
 	v.mu.Unlock()
 	if c == nil || c.Identity != id {
@@ -267,6 +268,7 @@ func (s *Store) OpenPassthrough(ctx context.Context, f *File) (*os.File, error) 
 				f.ID.Short(), path, id.Size, f.M.Size, ErrNotWholeFile)
 		}
 		v.mu.Lock()
+		s.loadChecksLocked()
 		c := v.recs[key]
 		if c != nil && c.Identity == id {
 			v.mu.Unlock()
@@ -317,11 +319,13 @@ func (s *Store) record(key packFileKey, c *PackCheck, err error) {
 	}
 	v := &s.pverify
 	v.mu.Lock()
-	if v.recs == nil {
-		v.recs = map[packFileKey]*PackCheck{}
-	}
+	s.loadChecksLocked()
+	old := v.recs[key]
 	v.recs[key] = c
 	v.mu.Unlock()
+	if c.OK() || (old != nil && old.OK()) {
+		s.saveChecks()
+	}
 	v.bytes.Add(c.Bytes)
 	if c.OK() {
 		v.verified.Add(1)

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/kylix/kylix/chunkstore/safetensors"
 )
@@ -287,4 +288,71 @@ func TestFinetuneStaysDeduplicated(t *testing.T) {
 	if rep, err := s.Verify(context.Background(), "", nil); err != nil || !rep.OK() {
 		t.Fatalf("verify: %+v %v", rep, err)
 	}
+}
+
+// TestChecksPersistWithinOneBoot: a store reopened in the same boot trusts
+// the checks of the last run for unchanged packs; after a reboot (another
+// boot id) or a change of the pack, it checks again.
+func TestChecksPersistWithinOneBoot(t *testing.T) {
+	boot := filepath.Join(t.TempDir(), "boot_id")
+	os.WriteFile(boot, []byte("boot-1\n"), 0o644)
+	old := bootIDPath
+	bootIDPath = boot
+	t.Cleanup(func() { bootIDPath = old })
+
+	dir := t.TempDir()
+	ctx := context.Background()
+	reopen := func() (*Store, *File) {
+		s, err := Open(Options{Dir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, _, err := s.OpenPath("big")
+		if err != nil {
+			s.Close()
+			t.Fatal(err)
+		}
+		return s, f
+	}
+	s := openTest(t, dir)
+	data := randBytes(rand.New(rand.NewPCG(13, 14)), 3<<20)
+	src := filepath.Join(t.TempDir(), "big")
+	os.WriteFile(src, data, 0o644)
+	if _, err := s.Import(ctx, src, "big", ImportOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f, _, _ := s.OpenPath("big")
+	pf, err := s.OpenPassthrough(ctx, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pf.Close()
+	_, path, _ := f.PassthroughCandidate()
+	s.Close()
+	if fi, err := os.Stat(filepath.Join(dir, verifiedFile)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("record of checked packs: %v %v", fi, err)
+	}
+
+	opens := func(wantChecks int64) {
+		t.Helper()
+		s, f := reopen()
+		defer s.Close()
+		pf, err := s.OpenPassthrough(ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pf.Close()
+		if st := s.PackVerifyStats(); st.Verified != wantChecks {
+			t.Fatalf("checks in this run: %d, want %d", st.Verified, wantChecks)
+		}
+	}
+	opens(0) // same boot, unchanged pack: trusted
+	os.WriteFile(boot, []byte("boot-2\n"), 0o644)
+	opens(1) // rebooted: checked again
+	later := time.Now().Add(time.Hour)
+	if err := os.Chtimes(path, later, later); err != nil {
+		t.Fatal(err)
+	}
+	opens(1) // touched: checked again
+	opens(0)
 }

@@ -35,6 +35,7 @@ func (s *Store) ScrubPacks(ctx context.Context, rate int64) (ScrubReport, error)
 	var rep ScrubReport
 	v := &s.pverify
 	v.mu.Lock()
+	s.loadChecksLocked()
 	keys := make([]packFileKey, 0, len(v.recs))
 	for k, c := range v.recs {
 		if c.OK() {
@@ -122,12 +123,17 @@ func (s *Store) forget(k packFileKey) {
 	v.mu.Lock()
 	delete(v.recs, k)
 	v.mu.Unlock()
+	s.saveChecks()
 }
 
 // recordQuiet records a scrub's result (the scrub logged it itself).
 func (s *Store) recordQuiet(k packFileKey, c *PackCheck) {
 	v := &s.pverify
 	v.mu.Lock()
+	old := v.recs[k]
 	v.recs[k] = c
 	v.mu.Unlock()
+	if !c.OK() || old == nil || old.Identity != c.Identity {
+		s.saveChecks()
+	}
 }

@@ -179,6 +179,17 @@ func TestPassthroughFlipAfterRestart(t *testing.T) {
 	if v := longXattr(t, p, "user.kylix.verify"); !strings.Contains(v, "verified at first open") || !strings.Contains(v, "scrub at 64 MiB/s") {
 		t.Errorf("after a verified open: user.kylix.verify = %q", v)
 	}
+	// A restart within the same boot trusts the last run's check of the
+	// unchanged pack (chunkstore/packverify_persist.go).
+	n.stop()
+	n = startPT(t, data)
+	p = filepath.Join(n.dir, "m/big")
+	if got, err := os.ReadFile(p); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("read after restart: %v", err)
+	}
+	if st, vs := n.fsys.Stats(), n.s.PackVerifyStats(); st.PassthroughOpens != 1 || vs.Verified != 0 {
+		t.Fatalf("restart, unchanged pack: %+v %+v", st, vs)
+	}
 	n.stop()
 	flip(t, pack, 3<<20)
 	n = startPT(t, data)

@@ -167,9 +167,9 @@ func (f *FS) verifyText(sf *chunkstore.File) string {
 // PassthroughGuarantee words what holds for passthrough reads without
 // fs-verity, given the scrub rate in bytes per second (0: off).
 func PassthroughGuarantee(scrubRate int64) string {
-	g := "verified at first open (hashed whole at the first open after each node start or change of the pack file)"
+	g := "verified at first open (hashed whole at its first open after each boot or change of the pack file)"
 	if scrubRate > 0 {
 		return g + fmt.Sprintf(" + scrub at %.4g MiB/s; a later flip on disk is caught by the scrub or the next change, not by every read", float64(scrubRate)/(1<<20))
 	}
-	return g + "; scrub off: a later flip on disk is caught only at the next node start or change of the pack"
+	return g + "; scrub off: a later flip on disk is caught only at the next boot or change of the pack"
 }

@@ -57,8 +57,8 @@ Files in the mount are read-mostly: each file is an immutable version; a
 file written in the mount becomes a new version when its last writer closes
 it (or on fsync). Large files with a pack of their own are served by FUSE
 passthrough, the rest by the node (see docs/design/fs.md). A pack is hashed
-whole before its first passthrough open after the node starts or the pack
-changes, and a background scrub re-hashes those packs at --scrub-rate
+whole before its first passthrough open after each boot or change of the
+pack, and a background scrub re-hashes those packs at --scrub-rate
 (default 64 MiB/s; docs/design/verification.md).
 
 Default mount point: `+strings.ReplaceAll(defaultMountDoc, "\n", " ")+`.

@@ -161,11 +161,11 @@ func passthroughCheck(s *chunkstore.Store, f *chunkstore.File) (string, string) 
 	_, c, _ := s.PackState(f)
 	switch {
 	case c == nil:
-		return path, "passthrough after a check: not checked since the node started or the pack changed; the next open hashes it whole first"
+		return path, "passthrough after a check: not checked since the boot or since the pack changed; the next open hashes it whole first"
 	case !c.OK():
 		return path, "the node (every chunk hashed): the pack failed its check: " + c.Err().Error()
 	case rate == "":
-		return path, fmt.Sprintf("passthrough, verified at first open (%s, this node run); scrub off: a later flip on disk is caught at the next node start or change of the pack, not by every read", c.At.Format(time.RFC3339))
+		return path, fmt.Sprintf("passthrough, verified at first open (%s); scrub off: a later flip on disk is caught at the next boot or change of the pack, not by every read", c.At.Format(time.RFC3339))
 	}
-	return path, fmt.Sprintf("passthrough, verified at first open (%s, this node run) + scrub at %s: a later flip on disk is caught by the scrub or the next change, not by every read", c.At.Format(time.RFC3339), rate)
+	return path, fmt.Sprintf("passthrough, verified at first open (%s) + scrub at %s: a later flip on disk is caught by the scrub or the next change, not by every read", c.At.Format(time.RFC3339), rate)
 }
