@@ -280,9 +280,11 @@ type chunkSink interface {
 // before any passthrough open, packverify.go). The price is those bytes
 // stored twice: at most this share of the file. A file with more
 // duplicates (a fine-tune sharing its base's tensors) is deduplicated and
-// served by the node from several extents. Measured in docs/bench.md
-// ("Passthrough survives duplicates"): passthrough reads 2-3x faster than
-// the node, so paying up to 10% of a file's size on disk for it is taken.
+// served by the node from several extents. Why 10% (docs/bench.md,
+// "Passthrough verification and duplicates"): passthrough reads at the
+// pack's speed, the node 2.3x slower on the H200 and 0.5-0.6x cold on the
+// CPU machine, with a second copy in the page cache; a tenth more disk for
+// that is taken, more is a derivative file that deduplication is for.
 const DupInPlaceMaxPercent = 10
 
 // exclusiveSink writes a large file into a pack of its own, contiguously
