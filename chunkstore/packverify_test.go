@@ -356,3 +356,32 @@ func TestChecksPersistWithinOneBoot(t *testing.T) {
 	opens(1) // touched: checked again
 	opens(0)
 }
+
+// TestRunScrubFindsFlip: the background scrub's first pass finds a pack
+// flipped after its check, and stops when its context ends.
+func TestRunScrubFindsFlip(t *testing.T) {
+	s := openTest(t, t.TempDir())
+	f, _ := importOne(t, s, randBytes(rand.New(rand.NewPCG(15, 16)), 3<<20), "big")
+	ctx, cancel := context.WithCancel(context.Background())
+	pf, err := s.OpenPassthrough(ctx, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pf.Close()
+	_, path, _ := f.PassthroughCandidate()
+	flipAt(t, path, 77)
+	stopped := make(chan struct{})
+	go func() { s.RunScrub(ctx, 1<<30); close(stopped) }()
+	deadline := time.Now().Add(20 * time.Second)
+	for s.PackVerifyStats().ScrubFailed == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the scrub did not find the flipped pack: %+v", s.PackVerifyStats())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	<-stopped
+	if _, err := s.OpenPassthrough(context.Background(), f); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("open after the scrub failed the pack: %v", err)
+	}
+}

@@ -339,3 +339,20 @@ func safetensorsFile(t *testing.T, tensors [][]byte) []byte {
 	}
 	return buf.Bytes()
 }
+
+// TestVerifyXattrScrubOff: with no scrub, user.kylix.verify does not claim
+// one.
+func TestVerifyXattrScrubOff(t *testing.T) {
+	m := fstest.Mount(t, kfs.Options{})
+	importTree(t, m, "m", map[string][]byte{"big": pattern(61, 2<<20), "small": pattern(62, 5000)})
+	p := filepath.Join(m.Dir, "m/big")
+	if _, err := os.ReadFile(p); err != nil {
+		t.Fatal(err)
+	}
+	if v := longXattr(t, p, "user.kylix.verify"); !strings.Contains(v, "verified at first open") || !strings.Contains(v, "scrub off") {
+		t.Errorf("user.kylix.verify = %q", v)
+	}
+	if v := longXattr(t, filepath.Join(m.Dir, "m/small"), "user.kylix.verify"); !strings.HasPrefix(v, "daemon: every chunk is hashed") {
+		t.Errorf("small file: user.kylix.verify = %q", v)
+	}
+}
