@@ -356,3 +356,33 @@ func TestVerifyXattrScrubOff(t *testing.T) {
 		t.Errorf("small file: user.kylix.verify = %q", v)
 	}
 }
+
+// TestPassthroughFlipWhileOpen: a pack flipped while a passthrough handle
+// is open: the open handle cannot be revoked, but a new open is checked
+// again and fails (the kernel cannot give the inode a node-served open
+// beside a passthrough one) instead of returning the flipped byte.
+func TestPassthroughFlipWhileOpen(t *testing.T) {
+	data := t.TempDir()
+	want := pattern(71, 3<<20)
+	pack := importData(t, data, "m/big", want)
+	n := startPT(t, data)
+	p := filepath.Join(n.dir, "m/big")
+	f1, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f1.Close()
+	flip(t, pack, 1<<20)
+	f2, err := os.Open(p)
+	if err == nil {
+		b := make([]byte, 1)
+		_, rerr := f2.ReadAt(b, 1<<20)
+		f2.Close()
+		if rerr == nil && b[0] != want[1<<20] {
+			t.Fatal("a new open read the flipped byte")
+		}
+	}
+	if st := n.fsys.Stats(); st.PassthroughOpens != 1 || st.PassthroughRefused != 1 {
+		t.Fatalf("the second open was not checked and refused: %+v", st)
+	}
+}
