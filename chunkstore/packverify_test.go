@@ -385,3 +385,31 @@ func TestRunScrubFindsFlip(t *testing.T) {
 		t.Fatalf("open after the scrub failed the pack: %v", err)
 	}
 }
+
+// TestVerityProbe: the probe says no where the kernel has no fs-verity for
+// ext4 (our machines) and leaves nothing behind either way.
+func TestVerityProbe(t *testing.T) {
+	dir := t.TempDir()
+	err := ProbeVerity(dir)
+	var fsType syscall.Statfs_t
+	syscall.Statfs(dir, &fsType)
+	const ext4Magic = 0xef53
+	if _, ferr := os.Stat("/sys/fs/ext4/features/verity"); fsType.Type == ext4Magic && ferr != nil && err == nil {
+		t.Fatal("probe claims fs-verity on ext4 without the kernel feature")
+	}
+	t.Logf("fs-verity in %s: %v", dir, err)
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("probe left %v", ents)
+	}
+	s := openTest(t, t.TempDir())
+	f, _ := importOne(t, s, randBytes(rand.New(rand.NewPCG(17, 18)), 2<<20), "big")
+	pf, err := s.OpenPassthrough(context.Background(), f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pf.Close()
+	_, path, _ := f.PassthroughCandidate()
+	if HasVerity(path) != (s.VerityStatus() == nil) {
+		t.Fatalf("pack sealed: %v, probe: %v", HasVerity(path), s.VerityStatus())
+	}
+}
