@@ -107,8 +107,8 @@ func (c *PackCheck) Err() error {
 	if b.Indexed {
 		what = ErrCorrupt
 	}
-	return fmt.Errorf("pack %s: chunk %s at file offset %d (%d bad of %d chunks): %s: %w",
-		c.Path, b.ID[:12], b.FileOff, len(c.Bad), c.Chunks, b.Err, what)
+	return fmt.Errorf("pack %s: chunk %.12s at file offset %d (%d bad of %d chunks): %s: %w",
+		c.Path, b.ID, b.FileOff, len(c.Bad), c.Chunks, b.Err, what)
 }
 
 // PackVerifyStats counts pack verifications in this run of the store.
@@ -134,8 +134,10 @@ type packVerifier struct {
 	verityOnce sync.Once
 	verityErr  error
 
-	loaded bool       // the persisted record was read (packverify_persist.go)
-	saveMu sync.Mutex // orders writes of the persisted record
+	loaded   bool       // the persisted record was read (packverify_persist.go)
+	logBoot  string     // boot id of the persisted record
+	logLines int        // check lines in it
+	saveMu   sync.Mutex // orders writes of the persisted record
 }
 
 type packFileKey struct {
@@ -324,7 +326,7 @@ func (s *Store) record(key packFileKey, c *PackCheck, err error) {
 	v.recs[key] = c
 	v.mu.Unlock()
 	if c.OK() || (old != nil && old.OK()) {
-		s.saveChecks()
+		s.persistCheck(c)
 	}
 	v.bytes.Add(c.Bytes)
 	if c.OK() {

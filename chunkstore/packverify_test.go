@@ -413,3 +413,64 @@ func TestVerityProbe(t *testing.T) {
 		t.Fatalf("pack sealed: %v, probe: %v", HasVerity(path), s.VerityStatus())
 	}
 }
+
+// TestCheckLogAppendsAndRewrites: the record grows by one line per check,
+// a failed check cancels a pass across a restart, a torn last line is
+// skipped and the next check rewrites the record whole.
+func TestCheckLogAppendsAndRewrites(t *testing.T) {
+	dir := t.TempDir()
+	s := openTest(t, dir)
+	ctx := context.Background()
+	var files []*File
+	for i := range 3 {
+		f, _ := importOne(t, s, randBytes(rand.New(rand.NewPCG(uint64(20+i), 1)), 2<<20), "f")
+		files = append(files, f)
+		pf, err := s.OpenPassthrough(ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pf.Close()
+	}
+	log := filepath.Join(dir, verifiedFile)
+	b, _ := os.ReadFile(log)
+	if n := bytes.Count(b, []byte("\n")); n != 4 {
+		t.Fatalf("record has %d lines, want a header and 3 checks:\n%s", n, b)
+	}
+	_, path, _ := files[1].PassthroughCandidate()
+	flipAt(t, path, 99)
+	if _, err := s.OpenPassthrough(ctx, files[1]); !errors.Is(err, ErrCorrupt) {
+		t.Fatal(err)
+	}
+	// A crash tore a line being appended.
+	f, _ := os.OpenFile(log, os.O_WRONLY|os.O_APPEND, 0)
+	f.WriteString(`{"pack":`)
+	f.Close()
+	s.Close()
+	s2, err := Open(Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	for i, f := range files {
+		f2, err := s2.OpenFile(f.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, c, _ := s2.PackState(f2)
+		if trusted := c != nil && c.OK(); trusted != (i != 1) {
+			t.Fatalf("file %d: trusted after restart = %v", i, trusted)
+		}
+	}
+	// The next check rewrites the torn record whole.
+	flipAt(t, path, 99) // flipped back: the pack is right again
+	f1, _ := s2.OpenFile(files[1].ID)
+	pf, err := s2.OpenPassthrough(ctx, f1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pf.Close()
+	b, _ = os.ReadFile(log)
+	if n := bytes.Count(b, []byte("\n")); n != 4 || !bytes.HasSuffix(b, []byte("\n")) {
+		t.Fatalf("record after the rewrite:\n%s", b)
+	}
+}

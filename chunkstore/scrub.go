@@ -121,9 +121,14 @@ func (s *Store) RunScrub(ctx context.Context, rate int64) {
 func (s *Store) forget(k packFileKey) {
 	v := &s.pverify
 	v.mu.Lock()
+	old := v.recs[k]
 	delete(v.recs, k)
 	v.mu.Unlock()
-	s.saveChecks()
+	if old != nil && old.OK() {
+		gone := *old
+		gone.Bad = []BadChunk{{Err: "the file or its pack is gone"}}
+		s.persistCheck(&gone)
+	}
 }
 
 // recordQuiet records a scrub's result (the scrub logged it itself).
@@ -134,6 +139,6 @@ func (s *Store) recordQuiet(k packFileKey, c *PackCheck) {
 	v.recs[k] = c
 	v.mu.Unlock()
 	if !c.OK() || old == nil || old.Identity != c.Identity {
-		s.saveChecks()
+		s.persistCheck(c)
 	}
 }
