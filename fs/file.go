@@ -356,9 +356,23 @@ func (n *fileNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uin
 	return n.openLocked(false), roFlags, 0
 }
 
+// waitPassthroughClosed gives passthrough handles that were just closed
+// time to be released: the kernel sends RELEASE after close(2) returns.
+func (n *fileNode) waitPassthroughClosed() {
+	for i := 0; i < 100; i++ {
+		n.mu.Lock()
+		busy := n.st != nil && n.st.ptOpen > 0
+		n.mu.Unlock()
+		if !busy {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // tryPassthrough opens the file for FUSE passthrough if a pack holds
 // exactly its bytes and that pack passed its check (chunkstore
-// OpenPassthrough: hashed whole at its first open in this run or after it
+// OpenPassthrough: hashed whole at its first open after a boot or after it
 // changed). The check runs without n.mu (it reads the whole pack), so the
 // node's state is checked again after it.
 func (n *fileNode) tryPassthrough(ctx context.Context) gofs.FileHandle {
@@ -401,20 +415,6 @@ func (n *fileNode) tryPassthrough(ctx context.Context) gofs.FileHandle {
 	st.ptOpen++
 	n.fsys.stats.ptOpens.Add(1)
 	return &ptHandle{n: n, fd: fd}
-}
-
-// waitPassthroughClosed gives passthrough handles that were just closed
-// time to be released: the kernel sends RELEASE after close(2) returns.
-func (n *fileNode) waitPassthroughClosed() {
-	for i := 0; i < 100; i++ {
-		n.mu.Lock()
-		busy := n.st != nil && n.st.ptOpen > 0
-		n.mu.Unlock()
-		if !busy {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func (n *fileNode) openLocked(write bool) *handle {

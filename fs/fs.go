@@ -81,18 +81,19 @@ type FS struct {
 	dirty   map[*fileNode]struct{} // nodes with a working copy
 
 	stats struct {
-		ptOpens, ptRefused, daemonOpens, reads, readBytes, commits, commitBatches atomic.Int64
+		ptOpens, daemonOpens, reads, readBytes, commits, commitBatches atomic.Int64
+		ptRefused                                                      atomic.Int64
 	}
 }
 
 // Stats counts what the file system served since it was made.
 type Stats struct {
 	PassthroughOpens int64 `json:"passthrough_opens"`
+	DaemonOpens      int64 `json:"daemon_opens"`
 	// PassthroughRefused counts opens of a file with a whole-file pack
 	// that the daemon served instead: the pack failed its check (or is not
 	// exactly the file).
 	PassthroughRefused int64 `json:"passthrough_refused"`
-	DaemonOpens        int64 `json:"daemon_opens"`
 	// DaemonReads and DaemonReadBytes count reads the daemon served
 	// (passthrough reads never reach it).
 	DaemonReads     int64 `json:"daemon_reads"`
@@ -108,13 +109,14 @@ func (f *FS) ScrubRate() int64 { return f.opts.ScrubRate }
 // Stats returns the counters.
 func (f *FS) Stats() Stats {
 	return Stats{
-		PassthroughOpens:   f.stats.ptOpens.Load(),
+		PassthroughOpens: f.stats.ptOpens.Load(),
+		DaemonOpens:      f.stats.daemonOpens.Load(),
+		DaemonReads:      f.stats.reads.Load(),
+		DaemonReadBytes:  f.stats.readBytes.Load(),
+		Commits:          f.stats.commits.Load(),
+		CommitBatches:    f.stats.commitBatches.Load(),
+
 		PassthroughRefused: f.stats.ptRefused.Load(),
-		DaemonOpens:        f.stats.daemonOpens.Load(),
-		DaemonReads:        f.stats.reads.Load(),
-		DaemonReadBytes:    f.stats.readBytes.Load(),
-		Commits:            f.stats.commits.Load(),
-		CommitBatches:      f.stats.commitBatches.Load(),
 	}
 }
 
