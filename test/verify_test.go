@@ -123,4 +123,7 @@ func TestStatAndDoctorSayWhatChecksPassthrough(t *testing.T) {
 	if out := mustKylix(t, work, "stat", "--data", data, "m/big"); !strings.Contains(out, "verified at first open (") || !strings.Contains(out, "scrub at 64.0 MiB/s") {
 		t.Fatalf("stat after the first open:\n%s", out)
 	}
+	if out := mustKylix(t, work, "node", "--data", data); !strings.Contains(out, "checks:   1 packs passed, 0 failed") {
+		t.Fatalf("kylix node does not count the pack check:\n%s", out)
+	}
 }

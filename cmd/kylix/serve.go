@@ -146,6 +146,9 @@ type nodeOut struct {
 	// HeapBytes is the Go heap in use (runtime.MemStats.HeapInuse).
 	HeapBytes int64     `json:"heap_bytes"`
 	FS        kfs.Stats `json:"fs"`
+	// PackChecks counts the pack checks before passthrough and the scrub
+	// (docs/design/verification.md).
+	PackChecks chunkstore.PackVerifyStats `json:"pack_checks"`
 }
 
 func runNode(ctx context.Context, e *env, args []string) error {
@@ -172,6 +175,7 @@ passthrough and by the node. Fails when no node runs.`).withJSON()
 	runtime.ReadMemStats(&ms)
 	out := nodeOut{PID: os.Getpid(), DataDir: s.Dir(), Mount: runningNode.mount, Started: runningNode.start,
 		RSSBytes: rss(), HeapBytes: int64(ms.HeapInuse), FS: runningNode.fsys.Stats()}
+	out.PackChecks = s.PackVerifyStats()
 	if f.jsonOut {
 		return f.printJSON(out)
 	}
@@ -179,6 +183,9 @@ passthrough and by the node. Fails when no node runs.`).withJSON()
 	fmt.Fprintf(e.stdout, "node:     pid %d, up %s\ndata dir: %s\nmount:    %s\nmemory:   %s resident, %s Go heap\nopens:    %d by passthrough, %d by the node (%d reads, %s)\ncommits:  %d files in %d batches\n",
 		out.PID, time.Since(out.Started).Round(time.Second), out.DataDir, out.Mount, human(out.RSSBytes), human(out.HeapBytes),
 		st.PassthroughOpens, st.DaemonOpens, st.DaemonReads, human(st.DaemonReadBytes), st.Commits, st.CommitBatches)
+	pc := out.PackChecks
+	fmt.Fprintf(e.stdout, "checks:   %d packs passed, %d failed before passthrough (%s hashed); %d opens refused; scrub: %d passes, %s, %d packs failed\n",
+		pc.Verified, pc.Failed, human(pc.Bytes), st.PassthroughRefused, pc.ScrubPasses, human(pc.ScrubBytes), pc.ScrubFailed)
 	return nil
 }
 
