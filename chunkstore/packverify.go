@@ -258,9 +258,9 @@ func (s *Store) OpenPassthrough(ctx context.Context, f *File) (*os.File, error) 
 	}
 	key := packFileKey{pack, f.ID}
 	v := &s.pverify
-	// Two rounds: a pack that changed while it was being checked is
-	// checked once more, then refused.
-	for range 2 {
+	// A pack that changed while it was being checked is checked once
+	// more, then refused.
+	for round := 0; ; round++ {
 		id, err := fileIdentity(fh)
 		if err != nil {
 			return nil, err
@@ -284,6 +284,11 @@ func (s *Store) OpenPassthrough(ctx context.Context, f *File) (*os.File, error) 
 			return fh, nil
 		}
 		fl := v.flights[key]
+		if fl == nil && round >= 2 {
+			v.mu.Unlock()
+			return nil, fmt.Errorf("chunkstore: passthrough %s: pack %s keeps changing while it is verified: %w",
+				f.ID.Short(), path, errPackChanged)
+		}
 		if fl == nil {
 			fl = &verifyFlight{done: make(chan struct{})}
 			if v.flights == nil {
@@ -310,8 +315,6 @@ func (s *Store) OpenPassthrough(ctx context.Context, f *File) (*os.File, error) 
 			return nil, fmt.Errorf("chunkstore: passthrough %s: verify pack: %w", f.ID.Short(), fl.err)
 		}
 	}
-	return nil, fmt.Errorf("chunkstore: passthrough %s: pack %s keeps changing while it is verified: %w",
-		f.ID.Short(), path, ErrNotWholeFile)
 }
 
 // record keeps a finished check and logs a failed one.
@@ -357,6 +360,10 @@ func (s *Store) VerifyPack(ctx context.Context, f *File) (*PackCheck, error) {
 	s.record(packFileKey{pack, f.ID}, c, err)
 	return c, err
 }
+
+// checkedHook, when set (tests), runs after a pack was hashed and before
+// its identity is read again.
+var checkedHook func(path string)
 
 // errPackChanged: the pack's identity changed while it was hashed.
 var errPackChanged = errors.New("pack changed while it was verified")
@@ -486,6 +493,9 @@ func (s *Store) checkPack(ctx context.Context, fh *os.File, pack uint64, f *File
 		if err := check(own, false); err != nil {
 			return nil, err
 		}
+	}
+	if checkedHook != nil {
+		checkedHook(fh.Name())
 	}
 	after, err := fileIdentity(fh)
 	if err != nil {

@@ -474,3 +474,41 @@ func TestCheckLogAppendsAndRewrites(t *testing.T) {
 		t.Fatalf("record after the rewrite:\n%s", b)
 	}
 }
+
+// TestPackChangedDuringCheck: a pack whose identity moves while it is
+// hashed is checked again; one that keeps moving is refused, and not as
+// "not the whole file" (it may be, once it holds still).
+func TestPackChangedDuringCheck(t *testing.T) {
+	s := openTest(t, t.TempDir())
+	f, _ := importOne(t, s, randBytes(rand.New(rand.NewPCG(19, 20)), 2<<20), "big")
+	touches := 0
+	checkedHook = func(path string) {
+		if touches > 0 {
+			touches--
+			later := time.Now().Add(time.Duration(touches+1) * time.Hour)
+			os.Chtimes(path, later, later)
+		}
+	}
+	t.Cleanup(func() { checkedHook = nil })
+	ctx := context.Background()
+	touches = 1
+	pf, err := s.OpenPassthrough(ctx, f)
+	if err != nil {
+		t.Fatalf("a pack that moved once: %v", err)
+	}
+	pf.Close()
+	if st := s.PackVerifyStats(); st.Verified != 1 {
+		t.Fatalf("checks: %+v", st)
+	}
+	_, path, _ := f.PassthroughCandidate()
+	later := time.Now().Add(10 * time.Hour)
+	os.Chtimes(path, later, later)
+	touches = 100
+	_, err = s.OpenPassthrough(ctx, f)
+	if err == nil || errors.Is(err, ErrNotWholeFile) || errors.Is(err, ErrCorrupt) {
+		t.Fatalf("a pack that keeps moving: %v", err)
+	}
+	if touches != 98 {
+		t.Fatalf("%d checks of a moving pack, want 2", 100-touches)
+	}
+}
