@@ -36,6 +36,9 @@ var (
 	ErrNotEmpty = errors.New("directory not empty")
 	// ErrClosed: the store has been closed.
 	ErrClosed = errors.New("store is closed")
+	// ErrNotWholeFile: no pack holds exactly the file's bytes, so it cannot
+	// be served by FUSE passthrough (the node serves it).
+	ErrNotWholeFile = errors.New("no pack holds exactly the file")
 )
 
 // CorruptError is a chunk whose stored bytes cannot be used: they do not hash

@@ -29,6 +29,10 @@ type PutResult struct {
 	NewChunks  int
 	NewBytes   int64 // bytes written to packs
 	DedupBytes int64 // bytes already in the store (or earlier in this file)
+	// DupCopyBytes: duplicate bytes stored again, in place, so that the
+	// file's pack holds exactly the file (FUSE passthrough); see
+	// exclusiveSink.
+	DupCopyBytes int64
 }
 
 // Importer writes files into the store. Data it writes becomes durable and
@@ -115,7 +119,7 @@ func (im *Importer) PutFile(ctx context.Context, f *os.File, name string, progre
 
 	var w chunkSink
 	if size >= im.s.opts.LargeFileMin {
-		w = &exclusiveSink{im: im}
+		w = &exclusiveSink{im: im, size: size}
 	} else {
 		w = &sharedSink{im: im}
 	}
@@ -126,7 +130,7 @@ func (im *Importer) PutFile(ctx context.Context, f *os.File, name string, progre
 		res.Chunks++
 		if seen[id] || im.has(id) {
 			res.DedupBytes += int64(len(data))
-			return nil
+			return w.dup(data)
 		}
 		seen[id] = true
 		res.NewChunks++
@@ -135,6 +139,9 @@ func (im *Importer) PutFile(ctx context.Context, f *os.File, name string, progre
 	})
 	if err == nil {
 		err = w.finish()
+	}
+	if e, ok := w.(*exclusiveSink); ok && !e.dedup {
+		res.DupCopyBytes = e.dupBytes
 	}
 	if err != nil {
 		w.abort()
@@ -256,33 +263,66 @@ func (s *Store) allocPack() uint64 {
 	return id
 }
 
-// chunkSink receives a file's new chunks in order.
+// chunkSink receives a file's chunks in order: new ones through write,
+// ones already stored (or earlier in the file) through dup.
 type chunkSink interface {
 	write(id ID, data []byte) error
+	dup(data []byte) error
 	finish() error
 	abort()
 }
 
-// exclusiveSink writes a large file's new chunks into a pack of its own,
-// contiguously from offset 0.
+// DupInPlaceMaxPercent: a large file whose duplicate bytes (chunks already
+// stored, or repeated inside the file) are at most this share of its size
+// is written whole into its own pack, duplicates included, so that the
+// pack is exactly the file and FUSE passthrough serves it (the index keeps
+// the chunk's first location; the second copy is proven by the pack check
+// before any passthrough open, packverify.go). The price is those bytes
+// stored twice: at most this share of the file. A file with more
+// duplicates (a fine-tune sharing its base's tensors) is deduplicated and
+// served by the node from several extents. Why 10% (docs/bench.md,
+// "Passthrough verification and duplicates"): passthrough reads at the
+// pack's speed, the node 2.3x slower on the H200 and 0.5-0.6x cold on the
+// CPU machine, with a second copy in the page cache; a tenth more disk for
+// that is taken, more is a derivative file that deduplication is for.
+const DupInPlaceMaxPercent = 10
+
+// exclusiveSink writes a large file into a pack of its own, contiguously
+// from offset 0: its new chunks, and its duplicates too while they stay
+// within DupInPlaceMaxPercent of the file's size. Once they pass it the
+// file cannot be whole, so later duplicates are skipped and the space of
+// the copies already written is given back (hole punched).
 type exclusiveSink struct {
 	im   *Importer
+	size int64 // the file's size
 	pack uint64
 	f    *os.File
 	w    *packWriter
 	locs map[ID]Location
+
+	dedup    bool       // duplicates are no longer written
+	dupBytes int64      // duplicate bytes seen (all written while !dedup)
+	copies   [][2]int64 // pack ranges of the duplicate copies written
+}
+
+func (e *exclusiveSink) open() error {
+	if e.f != nil {
+		return nil
+	}
+	e.pack = e.im.s.allocPack()
+	f, err := os.OpenFile(e.im.s.PackPath(e.pack), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	e.f = f
+	e.w = newPackWriter(f, 0)
+	e.locs = map[ID]Location{}
+	return nil
 }
 
 func (e *exclusiveSink) write(id ID, data []byte) error {
-	if e.f == nil {
-		e.pack = e.im.s.allocPack()
-		f, err := os.OpenFile(e.im.s.PackPath(e.pack), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
-		if err != nil {
-			return err
-		}
-		e.f = f
-		e.w = newPackWriter(f, 0)
-		e.locs = map[ID]Location{}
+	if err := e.open(); err != nil {
+		return err
 	}
 	off := e.w.off
 	if err := e.w.write(data); err != nil {
@@ -292,8 +332,54 @@ func (e *exclusiveSink) write(id ID, data []byte) error {
 	return nil
 }
 
+func (e *exclusiveSink) dup(data []byte) error {
+	if e.dedup {
+		return nil
+	}
+	e.dupBytes += int64(len(data))
+	if e.dupBytes*100 > e.size*DupInPlaceMaxPercent {
+		e.dedup = true
+		return e.dropCopies()
+	}
+	if err := e.open(); err != nil {
+		return err
+	}
+	off := e.w.off
+	if err := e.w.write(data); err != nil {
+		return err
+	}
+	e.copies = append(e.copies, [2]int64{off, int64(len(data))})
+	return nil
+}
+
+// dropCopies punches holes over the duplicate copies written so far (the
+// 4 KiB blocks wholly inside them): no index entry points there. Where
+// the file system cannot punch holes they stay as dead bytes.
+func (e *exclusiveSink) dropCopies() error {
+	if e.f == nil || len(e.copies) == 0 {
+		return nil
+	}
+	if err := e.w.flush(); err != nil {
+		return err
+	}
+	for _, c := range e.copies {
+		start, end := alignUp(c[0]), (c[0]+c[1])&^(packAlign-1)
+		if end > start {
+			unix.Fallocate(int(e.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, start, end-start)
+		}
+	}
+	e.copies = nil
+	return nil
+}
+
 func (e *exclusiveSink) finish() error {
 	if e.f == nil {
+		return nil
+	}
+	if len(e.locs) == 0 {
+		// Nothing new (the file was stored before): the pack holds only
+		// copies nobody needs.
+		e.abort()
 		return nil
 	}
 	if err := e.w.flush(); err != nil {
@@ -364,6 +450,8 @@ func (w *sharedSink) finish() error {
 	w.im.dirty = append(w.im.dirty, sp.f)
 	return nil
 }
+
+func (w *sharedSink) dup([]byte) error { return nil }
 
 func (w *sharedSink) abort() {}
 

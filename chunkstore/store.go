@@ -89,6 +89,8 @@ type Store struct {
 	nextPack uint64
 	shared   *sharedPack // current shared pack, nil when none is open
 	sharedMu sync.Mutex  // held by the importer appending to shared
+
+	pverify packVerifier // passthrough verification record (packverify.go)
 }
 
 type sharedPack struct {

@@ -5,9 +5,11 @@
 // Reads: a file's content is immutable for a given manifest ID, so the
 // kernel may cache it (long entry/attribute timeouts, FOPEN_KEEP_CACHE, 1 MiB
 // requests). A file whose backing pack holds exactly its bytes from offset 0
-// (chunkstore.File.WholeFilePack) is served by FUSE passthrough: the kernel
-// reads the pack itself. Every other file is read through the store, every
-// chunk verified against its hash.
+// is served by FUSE passthrough once that pack passed its check
+// (chunkstore.Store.OpenPassthrough: hashed whole at its first open after a
+// boot or a change; docs/design/verification.md): the kernel reads the pack
+// itself. Every other file is read through the store, every chunk verified
+// against its hash.
 //
 // Writes: a file opened for writing gets a private working copy under the
 // data directory's tmp/; when the last writer closes it (or on fsync) the

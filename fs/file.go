@@ -345,14 +345,11 @@ func (n *fileNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uin
 	// inode only changes through the kernel), and close(2) need not ask
 	// us anything (no FLUSH).
 	const roFlags = fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH
+	if h := n.tryPassthrough(ctx); h != nil {
+		return h, roFlags, 0
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	st := n.stateLocked()
-	if n.fsys.passthrough && !n.notPT && !n.hasLocalLocked() && st.cachedOpen == 0 && !n.id.IsZero() {
-		if h := n.passthroughLocked(); h != nil {
-			return h, roFlags, 0
-		}
-	}
 	// The committed version is opened in the store at the first read:
 	// reads the kernel answers from its cache never need it.
 	return n.openLocked(false), roFlags, 0
@@ -372,30 +369,49 @@ func (n *fileNode) waitPassthroughClosed() {
 	}
 }
 
-// passthroughLocked opens the pack that holds exactly this file, if there
-// is one, for FUSE passthrough.
-func (n *fileNode) passthroughLocked() gofs.FileHandle {
+// tryPassthrough opens the file for FUSE passthrough if a pack holds
+// exactly its bytes and that pack passed its check (chunkstore
+// OpenPassthrough: hashed whole at its first open after a boot or after it
+// changed). The check runs without n.mu (it reads the whole pack), so the
+// node's state is checked again after it.
+func (n *fileNode) tryPassthrough(ctx context.Context) gofs.FileHandle {
+	n.mu.Lock()
+	st := n.stateLocked()
+	if !n.fsys.passthrough || n.notPT || n.hasLocalLocked() || st.cachedOpen != 0 || n.id.IsZero() {
+		n.mu.Unlock()
+		return nil
+	}
 	sf, err := n.storeFileLocked()
+	n.mu.Unlock()
 	if err != nil {
 		return nil
 	}
-	path, ok := sf.WholeFilePack()
-	if !ok {
-		n.notPT = true
+	pf, err := n.fsys.s.OpenPassthrough(ctx, sf)
+	if err != nil {
+		if errors.Is(err, chunkstore.ErrNotWholeFile) {
+			n.mu.Lock()
+			if n.id == sf.ID {
+				n.notPT = true
+			}
+			n.mu.Unlock()
+		}
+		n.fsys.stats.ptRefused.Add(1)
 		return nil
 	}
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	defer pf.Close()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	st = n.stateLocked()
+	if n.id != sf.ID || n.hasLocalLocked() || st.cachedOpen != 0 {
+		return nil
+	}
+	// The handle keeps its own descriptor of the checked pack file (the
+	// *os.File would close it when collected).
+	fd, err := unix.FcntlInt(pf.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return nil
 	}
-	// The kernel does not clip passthrough reads at the FUSE file's size:
-	// only a backing file of exactly the file's length may back it.
-	var fst unix.Stat_t
-	if err := unix.Fstat(fd, &fst); err != nil || fst.Size != sf.Size() {
-		unix.Close(fd)
-		return nil
-	}
-	n.st.ptOpen++
+	st.ptOpen++
 	n.fsys.stats.ptOpens.Add(1)
 	return &ptHandle{n: n, fd: fd}
 }

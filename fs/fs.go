@@ -49,6 +49,10 @@ type Options struct {
 	NoPassthrough bool
 	// Debug logs every FUSE request.
 	Debug bool
+	// ScrubRate is the rate (bytes/s) of the store's pack scrub that the
+	// caller runs (chunkstore.Store.RunScrub), 0 when it runs none; the
+	// user.kylix.verify attribute reports it.
+	ScrubRate int64
 }
 
 // FS is a mounted (or mountable) view of a store's namespace.
@@ -77,6 +81,7 @@ type FS struct {
 
 	stats struct {
 		ptOpens, daemonOpens, reads, readBytes, commits, commitBatches atomic.Int64
+		ptRefused                                                      atomic.Int64
 	}
 }
 
@@ -84,6 +89,10 @@ type FS struct {
 type Stats struct {
 	PassthroughOpens int64 `json:"passthrough_opens"`
 	DaemonOpens      int64 `json:"daemon_opens"`
+	// PassthroughRefused counts opens of a file with a whole-file pack
+	// that the daemon served instead: the pack failed its check (or is not
+	// exactly the file).
+	PassthroughRefused int64 `json:"passthrough_refused"`
 	// DaemonReads and DaemonReadBytes count reads the daemon served
 	// (passthrough reads never reach it).
 	DaemonReads     int64 `json:"daemon_reads"`
@@ -91,6 +100,10 @@ type Stats struct {
 	Commits         int64 `json:"commits"`
 	CommitBatches   int64 `json:"commit_batches"`
 }
+
+// ScrubRate is Options.ScrubRate: the pack scrub's rate in bytes/s, 0
+// when none runs.
+func (f *FS) ScrubRate() int64 { return f.opts.ScrubRate }
 
 // Stats returns the counters.
 func (f *FS) Stats() Stats {
@@ -101,6 +114,8 @@ func (f *FS) Stats() Stats {
 		DaemonReadBytes:  f.stats.readBytes.Load(),
 		Commits:          f.stats.commits.Load(),
 		CommitBatches:    f.stats.commitBatches.Load(),
+
+		PassthroughRefused: f.stats.ptRefused.Load(),
 	}
 }
 

@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"syscall"
@@ -23,9 +24,12 @@ const (
 	// xattrState: "committed" or "writing" (a working copy not yet
 	// committed).
 	xattrState = "user.kylix.state"
+	// xattrVerify: what checks the bytes a reader of this file gets
+	// (docs/design/verification.md).
+	xattrVerify = "user.kylix.verify"
 )
 
-var fileXattrs = []string{xattrPath, xattrID, xattrChunks, xattrResidency, xattrState}
+var fileXattrs = []string{xattrPath, xattrID, xattrChunks, xattrResidency, xattrState, xattrVerify}
 
 // xattrValue answers a getxattr with v: its size when dest is empty,
 // ERANGE when dest is too small.
@@ -75,10 +79,12 @@ func (n *fileNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint
 	case xattrPath:
 		v = "daemon"
 		if sf != nil && n.fsys.passthrough {
-			if _, ok := sf.WholeFilePack(); ok {
+			if _, c, ok := n.fsys.s.PackState(sf); ok && (c == nil || c.OK()) {
 				v = "passthrough"
 			}
 		}
+	case xattrVerify:
+		v = n.fsys.verifyText(sf)
 	case xattrID:
 		if local || id.IsZero() {
 			return 0, syscall.ENODATA
@@ -136,4 +142,34 @@ func (n *fileNode) Removexattr(ctx context.Context, attr string) syscall.Errno {
 		return syscall.EPERM
 	}
 	return syscall.ENODATA
+}
+
+// verifyText says what guarantee holds for reads of sf on this node.
+func (f *FS) verifyText(sf *chunkstore.File) string {
+	const daemon = "daemon: every chunk is hashed when the node reads it"
+	if sf == nil || !f.passthrough {
+		return daemon
+	}
+	_, c, ok := f.s.PackState(sf)
+	switch {
+	case !ok:
+		return daemon
+	case c == nil:
+		return "passthrough after a check: the pack is hashed whole at the next open"
+	case !c.OK():
+		return "daemon: the pack failed its check (" + c.Err().Error() + "); every chunk is hashed when the node reads it"
+	case c.Verity:
+		return "passthrough, fs-verity: the kernel checks every read"
+	}
+	return "passthrough, " + PassthroughGuarantee(f.opts.ScrubRate)
+}
+
+// PassthroughGuarantee words what holds for passthrough reads without
+// fs-verity, given the scrub rate in bytes per second (0: off).
+func PassthroughGuarantee(scrubRate int64) string {
+	g := "verified at first open (hashed whole at its first open after each boot or change of the pack file)"
+	if scrubRate > 0 {
+		return g + fmt.Sprintf(" + scrub at %.4g MiB/s; a later flip on disk is caught by the scrub or the next change, not by every read", float64(scrubRate)/(1<<20))
+	}
+	return g + "; scrub off: a later flip on disk is caught only at the next boot or change of the pack"
 }

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kylix/kylix/chunkstore"
 	"github.com/kylix/kylix/chunkstore/storeio"
 	"github.com/kylix/kylix/cuda"
 	"github.com/kylix/kylix/gpuio"
@@ -163,6 +164,10 @@ func doctor(data string) doctorReport {
 			add("fuse passthrough", false, "kernel %s < 6.9: files are served by the daemon", rel)
 		}
 	}
+	// What checks the bytes passthrough reads return (the kernel reads the
+	// pack; no Kylix code sees them).
+	name, ok, detail := passthroughGuarantee(existingDir(filepath.Join(data, "packs")))
+	add(name, ok, "%s", detail)
 	// The path kylix load would take.
 	r.Path, r.PathNote = "none", "no GPU"
 	if gpuOK {
@@ -191,4 +196,18 @@ func existingDir(dir string) string {
 		}
 		dir = parent
 	}
+}
+
+// passthroughGuarantee says which guarantee holds for passthrough reads of
+// packs in dir: fs-verity where the file system has it, else a check at
+// first open plus the scrub. Never more than what holds.
+func passthroughGuarantee(dir string) (name string, ok bool, detail string) {
+	err := chunkstore.ProbeVerity(dir)
+	if err == nil {
+		return "passthrough check", true, "fs-verity: whole-file packs are sealed at their first passthrough open and the kernel checks every page read (read, passthrough, mmap)"
+	}
+	return "passthrough check", true, fmt.Sprintf("verified at first open + scrub at %s/s by default (kylix serve --scrub-rate): "+
+		"a pack is hashed whole before its first passthrough open after each boot or change of the pack file; "+
+		"a byte flipped on disk later is caught by the scrub or the next change, not by every read (%v)",
+		human(chunkstore.DefaultScrubRate), err)
 }

@@ -50,7 +50,7 @@ var runningNode struct {
 }
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--no-passthrough] [--debug] [--stop-timeout D]", `
+	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--no-passthrough] [--scrub-rate BYTES] [--debug] [--stop-timeout D]", `
 Runs a node: opens the store, mounts its namespace at the mount point, and
 serves the admin socket DATA/kylix.sock. While the node runs, the other
 commands (import, export, ls, stat, df, verify, gc, rm) given the same data
@@ -60,7 +60,10 @@ store; the mount shows their changes.
 Files in the mount are read-mostly: each file is an immutable version; a
 file written in the mount becomes a new version when its last writer closes
 it (or on fsync). Large files with a pack of their own are served by FUSE
-passthrough, the rest by the node (see docs/design/fs.md).
+passthrough, the rest by the node (see docs/design/fs.md). A pack is hashed
+whole before its first passthrough open after each boot or change of the
+pack, and a background scrub re-hashes those packs at --scrub-rate
+(default 64 MiB/s; docs/design/verification.md).
 
 Default mount point: `+strings.ReplaceAll(defaultMountDoc, "\n", " ")+`.
 Stop the node with Ctrl-C or SIGTERM: it commits open writes and unmounts.
@@ -74,6 +77,8 @@ inside the mount point.`)
 	noPT := f.Bool("no-passthrough", false, "serve every file through the node, never FUSE passthrough")
 	debug := f.Bool("debug", false, "log every FUSE request")
 	stopTimeout := f.Duration("stop-timeout", defaultStopTimeout, "on SIGTERM, exit after this long even if open writes or requests have not finished")
+	scrubRate := f.Int64("scrub-rate", chunkstore.DefaultScrubRate,
+		"bytes per second the background scrub re-reads packs served by passthrough (0: no scrub; docs/design/verification.md)")
 	if err := f.parse(args, 0, 0); err != nil {
 		return err
 	}
@@ -107,7 +112,7 @@ inside the mount point.`)
 	stopped := make(chan struct{})
 	defer close(stopped)
 	defer s.Close()
-	fsys, err := kfs.New(s, kfs.Options{Logger: log, NoPassthrough: *noPT, Debug: *debug})
+	fsys, err := kfs.New(s, kfs.Options{Logger: log, NoPassthrough: *noPT, Debug: *debug, ScrubRate: max(0, *scrubRate)})
 	if err != nil {
 		return err
 	}
@@ -120,6 +125,12 @@ inside the mount point.`)
 		return err
 	}
 	runningNode.fsys, runningNode.mount, runningNode.start = fsys, mountDir, time.Now()
+	// The scrub re-hashes the packs handed out for passthrough; it stops
+	// with the node.
+	scrubCtx, stopScrub := context.WithCancel(ctx)
+	scrubDone := make(chan struct{})
+	go func() { s.RunScrub(scrubCtx, *scrubRate); close(scrubDone) }()
+	defer func() { stopScrub(); <-scrubDone }() // before the store closes
 	admin, err := listenAdmin(s, fsys, log)
 	if err != nil {
 		fsys.Unmount()
@@ -153,6 +164,9 @@ type nodeOut struct {
 	// HeapBytes is the Go heap in use (runtime.MemStats.HeapInuse).
 	HeapBytes int64     `json:"heap_bytes"`
 	FS        kfs.Stats `json:"fs"`
+	// PackChecks counts the pack checks before passthrough and the scrub
+	// (docs/design/verification.md).
+	PackChecks chunkstore.PackVerifyStats `json:"pack_checks"`
 }
 
 func runNode(ctx context.Context, e *env, args []string) error {
@@ -179,6 +193,7 @@ passthrough and by the node. Fails when no node runs.`).withJSON()
 	runtime.ReadMemStats(&ms)
 	out := nodeOut{PID: os.Getpid(), DataDir: s.Dir(), Mount: runningNode.mount, Started: runningNode.start,
 		RSSBytes: rss(), HeapBytes: int64(ms.HeapInuse), FS: runningNode.fsys.Stats()}
+	out.PackChecks = s.PackVerifyStats()
 	if f.jsonOut {
 		return f.printJSON(out)
 	}
@@ -186,6 +201,9 @@ passthrough and by the node. Fails when no node runs.`).withJSON()
 	fmt.Fprintf(e.stdout, "node:     pid %d, up %s\ndata dir: %s\nmount:    %s\nmemory:   %s resident, %s Go heap\nopens:    %d by passthrough, %d by the node (%d reads, %s)\ncommits:  %d files in %d batches\n",
 		out.PID, time.Since(out.Started).Round(time.Second), out.DataDir, out.Mount, human(out.RSSBytes), human(out.HeapBytes),
 		st.PassthroughOpens, st.DaemonOpens, st.DaemonReads, human(st.DaemonReadBytes), st.Commits, st.CommitBatches)
+	pc := out.PackChecks
+	fmt.Fprintf(e.stdout, "checks:   %d packs passed, %d failed before passthrough (%s hashed); %d opens refused; scrub: %d passes, %s, %d packs failed\n",
+		pc.Verified, pc.Failed, human(pc.Bytes), st.PassthroughRefused, pc.ScrubPasses, human(pc.ScrubBytes), pc.ScrubFailed)
 	return nil
 }
 

@@ -30,7 +30,13 @@ type statOut struct {
 	// WholeFilePack: a pack holding exactly this file from offset 0 (what
 	// FUSE passthrough and the bypass library can read directly).
 	WholeFilePack string `json:"whole_file_pack,omitempty"`
-	Entries       int    `json:"entries,omitempty"`
+	// PassthroughPack: the pack that may hold exactly this file (also one
+	// with duplicates stored in place), handed out for passthrough only
+	// after it passed its check; PassthroughCheck says what checks the
+	// bytes a reader of this file gets.
+	PassthroughPack  string `json:"passthrough_pack,omitempty"`
+	PassthroughCheck string `json:"passthrough_check,omitempty"`
+	Entries          int    `json:"entries,omitempty"`
 }
 
 type chunkOut struct {
@@ -82,6 +88,7 @@ it can be served by FUSE passthrough and read directly by the GPU path).`).withJ
 		out.Extent = file.Extents()
 		out.Contiguous = len(out.Extent) <= 1 && (len(out.Extent) == 0 || out.Extent[0].Pack != 0)
 		out.WholeFilePack, _ = file.WholeFilePack()
+		out.PassthroughPack, out.PassthroughCheck = passthroughCheck(s, file)
 	case chunkstore.KindDir:
 		l, err := s.List(path)
 		if err != nil {
@@ -113,6 +120,10 @@ it can be served by FUSE passthrough and read directly by the GPU path).`).withJ
 	} else {
 		fmt.Fprintf(w, "whole-file pack: none (served by the daemon, not passthrough)\n")
 	}
+	if out.PassthroughPack != "" && out.PassthroughPack != out.WholeFilePack {
+		fmt.Fprintf(w, "passthrough pack: %s (duplicates stored in place)\n", out.PassthroughPack)
+	}
+	fmt.Fprintf(w, "reads checked by: %s\n", out.PassthroughCheck)
 	fmt.Fprintf(w, "extents:  %d\n", len(out.Extent))
 	for _, x := range out.Extent {
 		where := "not local"
@@ -125,4 +136,36 @@ it can be served by FUSE passthrough and read directly by the GPU path).`).withJ
 		fmt.Fprintf(w, "  chunk %s @ %d +%d\n", c.ID, c.Off, c.Len)
 	}
 	return nil
+}
+
+// passthroughCheck returns the file's passthrough pack, if any, and what
+// guarantee holds for reads of the file: in a running node (stat is then
+// answered by it) what its record of checked packs says.
+func passthroughCheck(s *chunkstore.Store, f *chunkstore.File) (string, string) {
+	const daemon = "the node: every chunk is hashed when it is read (no passthrough)"
+	_, path, ok := f.PassthroughCandidate()
+	if !ok {
+		return "", daemon
+	}
+	if chunkstore.HasVerity(path) {
+		return path, "fs-verity: the kernel checks every read (passthrough, mmap)"
+	}
+	rate := "the node's --scrub-rate"
+	if runningNode.fsys != nil {
+		if r := runningNode.fsys.ScrubRate(); r > 0 {
+			rate = human(r) + "/s"
+		} else {
+			rate = ""
+		}
+	}
+	_, c, _ := s.PackState(f)
+	switch {
+	case c == nil:
+		return path, "passthrough after a check: not checked since the boot or since the pack changed; the next open hashes it whole first"
+	case !c.OK():
+		return path, "the node (every chunk hashed): the pack failed its check: " + c.Err().Error()
+	case rate == "":
+		return path, fmt.Sprintf("passthrough, verified at first open (%s); scrub off: a later flip on disk is caught at the next boot or change of the pack, not by every read", c.At.Format(time.RFC3339))
+	}
+	return path, fmt.Sprintf("passthrough, verified at first open (%s) + scrub at %s: a later flip on disk is caught by the scrub or the next change, not by every read", c.At.Format(time.RFC3339), rate)
 }

@@ -13,6 +13,12 @@
 //	readbench mutate SRC DST STEP LEN SEED
 //	                               copy SRC to DST, replacing LEN bytes every STEP
 //	readbench small DIR N SEED     write N files of 4-64 KiB under DIR
+//	readbench stgen FILE SIZE DUPPCT CHANGEPCT SEED
+//	                               write a safetensors file of 4 MiB tensors
+//	                               (SIZE bytes of them): DUPPCT% of the tensors
+//	                               are copies of the first, CHANGEPCT% differ
+//	                               from the file with the same SEED and
+//	                               CHANGEPCT 0 (a fine-tune of it)
 //
 // With READBENCH_DIRECT=1, seq opens with O_DIRECT (every read reaches the
 // FUSE daemon instead of the page cache).
@@ -34,6 +40,7 @@ import (
 	"unsafe"
 
 	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/chunkstore/safetensors"
 	"github.com/kylix/kylix/fs/layout"
 )
 
@@ -60,6 +67,8 @@ func main() {
 		err = mutate(os.Args[2:])
 	case "small":
 		err = small(os.Args[2:])
+	case "stgen":
+		err = stgen(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown mode %q", os.Args[1])
 	}
@@ -330,4 +339,46 @@ func small(args []string) error {
 		}
 	}
 	return nil
+}
+
+func stgen(args []string) error {
+	if len(args) != 5 {
+		return fmt.Errorf("stgen FILE SIZE DUPPCT CHANGEPCT SEED")
+	}
+	size, _ := strconv.ParseInt(args[1], 10, 64)
+	dupPct, _ := strconv.Atoi(args[2])
+	changePct, _ := strconv.Atoi(args[3])
+	seed, _ := strconv.ParseUint(args[4], 10, 64)
+	const tsize = 4 << 20
+	n := int(size / tsize)
+	tensor := func(i int, variant byte) []byte {
+		var key [32]byte
+		key[0], key[1], key[2], key[3], key[4] = byte(seed), byte(seed>>8), byte(i), byte(i>>8), variant
+		b := make([]byte, tsize)
+		rand.NewChaCha8(key).Read(b)
+		return b
+	}
+	var ts []safetensors.WriteTensor
+	ndup, nchange := n*dupPct/100, n*changePct/100
+	for i := range n {
+		var d []byte
+		switch {
+		case i > 0 && i <= ndup: // spread would not matter: dedup is by content
+			d = ts[0].Data
+		case nchange > 0 && i%(n/nchange) == n/nchange/2:
+			d = tensor(i, 1)
+		default:
+			d = tensor(i, 0)
+		}
+		ts = append(ts, safetensors.WriteTensor{Name: fmt.Sprintf("layer.%05d.weight", i), DType: safetensors.U8, Shape: []int64{tsize}, Data: d})
+	}
+	f, err := os.Create(args[0])
+	if err != nil {
+		return err
+	}
+	if err := safetensors.Write(f, ts, nil); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
