@@ -221,7 +221,7 @@ func TestDuplicatesStoredInPlace(t *testing.T) {
 	pf.Close()
 	// A flip in the second copy (not the indexed one): no passthrough,
 	// and the daemon path still reads the file right from the first.
-	last := f.Layout()[len(f.Layout())-1]
+	last := chunkLocs(f)[len(f.M.Chunks)-1]
 	if last.Loc.Off == last.FileOff {
 		t.Fatalf("the duplicate's index entry points at its second copy")
 	}
@@ -272,7 +272,7 @@ func TestFinetuneStaysDeduplicated(t *testing.T) {
 	// tensor): its new bytes; the copy of an unchanged tensor written
 	// before the duplicates passed 10% is punched out.
 	var ownPack uint64
-	for _, l := range f.Layout() {
+	for _, l := range chunkLocs(f) {
 		if l.FileOff > 0 && l.Loc.Pack != 0 {
 			ownPack = l.Loc.Pack
 			break
@@ -511,4 +511,18 @@ func TestPackChangedDuringCheck(t *testing.T) {
 	if touches != 98 {
 		t.Fatalf("%d checks of a moving pack, want 2", 100-touches)
 	}
+}
+
+type chunkLoc struct {
+	FileOff int64
+	Loc     Location
+}
+
+// chunkLocs lists each chunk's file offset and indexed location.
+func chunkLocs(f *File) []chunkLoc {
+	out := make([]chunkLoc, len(f.M.Chunks))
+	for i := range out {
+		out[i] = chunkLoc{f.offs[i], f.locs[i]}
+	}
+	return out
 }
