@@ -64,20 +64,20 @@ type Options struct {
 
 // Store is an open chunk store. It is safe for concurrent use.
 type Store struct {
-	opts   Options
-	dir    string
-	log    *slog.Logger
-	lock   *os.File
-	fs     vfs.FS
-	db     *bolt.DB
+	opts Options
+	dir  string
+	log  *slog.Logger
+	lock *os.File
+	fs   vfs.FS
+	db   *bolt.DB
 	// mlog is the metadata log the index caches; commitMu orders appends
 	// to it with the index transactions that apply them (metalog.go).
 	mlog     *metaLog
 	commitMu sync.Mutex
-	io     storeio.Reader
-	ioNote string
-	clock  *Clock
-	cache  *chunkCache
+	io       storeio.Reader
+	ioNote   string
+	clock    *Clock
+	cache    *chunkCache
 
 	// gcMu: imports hold it shared while they have uncommitted or
 	// unreferenced data; GC holds it exclusively.
