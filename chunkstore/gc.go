@@ -145,12 +145,24 @@ func (s *Store) GC(ctx context.Context) (GCResult, error) {
 			}
 		}
 	}
+	var removed []record
 	for _, id := range deadPacks {
 		s.dropPackFile(id)
-		if err := os.Remove(s.PackPath(id)); err != nil && !os.IsNotExist(err) {
+		if err := s.fs.Remove(s.PackPath(id)); err != nil && !os.IsNotExist(err) {
 			return res, fmt.Errorf("chunkstore: gc: %w", err)
 		}
 		res.PacksRemoved++
+		removed = append(removed, record{kind: recAbandon, pack: id})
+	}
+	if len(removed) > 0 {
+		// The files are gone: clear their intents (a crash before this
+		// leaves them for the next open, which finds nothing to remove).
+		if err := s.fs.SyncDir(s.packsDir()); err != nil {
+			return res, fmt.Errorf("chunkstore: gc: %w", err)
+		}
+		if err := s.commit(removed); err != nil {
+			return res, fmt.Errorf("chunkstore: gc: %w", err)
+		}
 	}
 	for id, live := range liveBytes {
 		res.DeadBytes += max(0, packSize[id]-live)

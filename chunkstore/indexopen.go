@@ -1,13 +1,17 @@
 package chunkstore
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -35,12 +39,124 @@ func damaged(dir, reason string) error {
 }
 
 func openBolt(path string) (db *bolt.DB, err error) {
+	var file *os.File
 	err = guard(func() error {
 		var err error
-		db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+		db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second,
+			OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
+				f, err := os.OpenFile(name, flag, perm)
+				file = f
+				return f, err
+			}})
 		return err
 	})
+	if err != nil && db == nil && file != nil {
+		// bbolt panicked inside Open: release what it held. Its mmap
+		// keeps the file (and so bbolt's flock on it) alive after close,
+		// so unmap it too, or the next open in this process times out.
+		unmapFile(file)
+		file.Close()
+	}
 	return db, err
+}
+
+// unmapFile unmaps every mapping of f's file in this process.
+func unmapFile(f *os.File) {
+	st, err := f.Stat()
+	if err != nil {
+		return
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok {
+		return
+	}
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(string(maps), "\n") {
+		// start-end perms offset dev inode path
+		fields := strings.Fields(line)
+		if len(fields) < 6 || fields[4] != strconv.FormatUint(sys.Ino, 10) {
+			continue
+		}
+		lo, hi, ok := strings.Cut(fields[0], "-")
+		start, err1 := strconv.ParseUint(lo, 16, 64)
+		end, err2 := strconv.ParseUint(hi, 16, 64)
+		if !ok || err1 != nil || err2 != nil {
+			continue
+		}
+		_, _, _ = syscall.Syscall(syscall.SYS_MUNMAP, uintptr(start), uintptr(end-start), 0)
+	}
+}
+
+// precheckBolt reads index.db's two meta pages and checks that the file
+// holds every page the newest valid one says the database has: a truncated
+// index is reported as such instead of faulting inside bbolt.
+func precheckBolt(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	type meta struct {
+		pageSize, pgid, freelist, txid uint64
+	}
+	read := func(off int64) (meta, bool) {
+		var b [16 + 64]byte
+		if _, err := f.ReadAt(b[:], off); err != nil {
+			return meta{}, false
+		}
+		m := b[16:]
+		le := binary.LittleEndian
+		if le.Uint32(m[0:]) != 0xED0CDAED || le.Uint32(m[4:]) != 2 {
+			return meta{}, false
+		}
+		h := fnv.New64a()
+		h.Write(m[:56])
+		if h.Sum64() != le.Uint64(m[56:]) {
+			return meta{}, false
+		}
+		return meta{pageSize: uint64(le.Uint32(m[8:])), freelist: le.Uint64(m[32:]), pgid: le.Uint64(m[40:]), txid: le.Uint64(m[48:])}, true
+	}
+	m0, ok0 := read(0)
+	var m1 meta
+	ok1 := false
+	if ok0 {
+		m1, ok1 = read(int64(m0.pageSize))
+	} else {
+		for _, ps := range []int64{4096, 16384, 65536} {
+			if m1, ok1 = read(ps); ok1 && m1.pageSize == uint64(ps) {
+				break
+			}
+			ok1 = false
+		}
+	}
+	var m meta
+	switch {
+	case ok0 && ok1:
+		m = m0
+		if m1.txid > m0.txid {
+			m = m1
+		}
+	case ok0:
+		m = m0
+	case ok1:
+		m = m1
+	default:
+		return fmt.Errorf("neither meta page is valid (overwritten or zeroed)")
+	}
+	if need := m.pgid * m.pageSize; uint64(st.Size()) < need {
+		return fmt.Errorf("truncated: %d bytes, its pages need %d", st.Size(), need)
+	}
+	if m.freelist != ^uint64(0) && m.freelist >= m.pgid {
+		return fmt.Errorf("freelist page %d is past the end (%d pages)", m.freelist, m.pgid)
+	}
+	return nil
 }
 
 // walkIndex reads every record of the index once, decoding each, so that a
@@ -164,6 +280,11 @@ func (s *Store) openIndex() error {
 		}
 		if err := os.Remove(dbPath); err != nil {
 			return fmt.Errorf("chunkstore: open index: %w", err)
+		}
+	}
+	if st != nil && st.Size() > 0 {
+		if err := precheckBolt(dbPath); err != nil {
+			return damaged(s.dir, fmt.Sprintf("%s: %v", dbPath, err))
 		}
 	}
 	db, err := openBolt(dbPath)
@@ -318,6 +439,11 @@ func (s *Store) commit(recs []record) error {
 	start, err := s.mlog.append(payload)
 	if err != nil {
 		return err
+	}
+	if s.testHookBeforeIndex != nil {
+		if err := s.testHookBeforeIndex(); err != nil {
+			return err // a simulated crash: no undo
+		}
 	}
 	all := append(s.mlog.unapplied, recs...)
 	err = s.db.Update(func(tx *bolt.Tx) error {

@@ -49,11 +49,13 @@ const (
 	recChunk  recKind = 3 // chunk location (first committed location wins)
 	recObject recKind = 4 // a manifest's bytes (its ID is their hash)
 	recHead   recKind = 5 // head name, root, HLC (the newest HLC wins)
-	// Removals made by GC.
+	// Removals made by GC. recDelPack turns the pack back into an
+	// intent (a file holding nothing committed) until its file is gone.
 	recDelChunk  recKind = 6
 	recDelObject recKind = 7
 	recDelPack   recKind = 8
-	// recAbandon: an uncommitted pack (intent only) was removed.
+	// recAbandon: a pack holding nothing committed (an intent) was
+	// removed from disk.
 	recAbandon recKind = 9
 )
 
@@ -240,10 +242,13 @@ func applyRecord(tx *bolt.Tx, r record) error {
 	case recDelObject:
 		return tx.Bucket(bucketObjects).Delete(r.id[:])
 	case recDelPack:
-		if err := tx.Bucket(bucketIntents).Delete(packKey(r.pack)); err != nil {
+		// The pack's file is about to be removed: it becomes a pack that
+		// holds nothing committed, like one begun and never committed, so
+		// a crash before the removal is finished by the next open.
+		if err := tx.Bucket(bucketPacks).Delete(packKey(r.pack)); err != nil {
 			return err
 		}
-		return tx.Bucket(bucketPacks).Delete(packKey(r.pack))
+		return tx.Bucket(bucketIntents).Put(packKey(r.pack), []byte{0})
 	case recAbandon:
 		return tx.Bucket(bucketIntents).Delete(packKey(r.pack))
 	}

@@ -193,6 +193,7 @@ func (im *Importer) Flush() error {
 	}
 	for _, f := range im.dirty {
 		if err := f.Sync(); err != nil {
+			im.s.retireShared(f)
 			return fmt.Errorf("chunkstore: sync pack %s: %w", f.Name(), err)
 		}
 	}
@@ -386,6 +387,17 @@ func (s *Store) sharedPackFor(n int64) (*sharedPack, error) {
 	sp = s.shared
 	s.mu.Unlock()
 	return sp, nil
+}
+
+// retireShared stops appends to f if it is the current shared pack: after a
+// failed fdatasync the kernel may have dropped its dirty pages while a later
+// fdatasync reports success, so nothing more is committed in that file.
+func (s *Store) retireShared(f vfs.File) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.shared != nil && s.shared.f == f {
+		s.shared = nil
+	}
 }
 
 // createPack allocates a pack id, records the intent to create it in the

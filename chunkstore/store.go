@@ -74,10 +74,14 @@ type Store struct {
 	// to it with the index transactions that apply them (metalog.go).
 	mlog     *metaLog
 	commitMu sync.Mutex
-	io       storeio.Reader
-	ioNote   string
-	clock    *Clock
-	cache    *chunkCache
+	// testHookBeforeIndex, when set (tests only), runs between a commit's
+	// log append and its index transaction; an error returned stops the
+	// commit there, as a crash would.
+	testHookBeforeIndex func() error
+	io                  storeio.Reader
+	ioNote              string
+	clock               *Clock
+	cache               *chunkCache
 
 	// gcMu: imports hold it shared while they have uncommitted or
 	// unreferenced data; GC holds it exclusively.

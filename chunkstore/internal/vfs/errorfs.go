@@ -22,10 +22,13 @@ const (
 	OpReadDir
 	OpStat
 	OpRead // ReadAt
+	OpChmod
+	OpMkdir
+	OpClose
 	numOps
 )
 
-var opNames = [...]string{"create", "open", "write", "sync", "truncate", "rename", "remove", "readdir", "stat", "read"}
+var opNames = [...]string{"create", "open", "write", "sync", "truncate", "rename", "remove", "readdir", "stat", "read", "chmod", "mkdir", "close"}
 
 func (o Op) String() string {
 	if o >= 0 && int(o) < len(opNames) {
@@ -46,17 +49,31 @@ type Fault struct {
 	// Path, if set, limits counting to operations on names ending with it
 	// (".pack", ".meta", ...).
 	Path string
+	// Crash: from the failing operation on, every operation of every kind
+	// fails, as if the process had been killed there (kill -9: what was
+	// written before stays in the page cache and reaches the disk; nothing
+	// after happens).
+	Crash bool
 }
 
 // Injector wraps an FS and fails one chosen operation. It counts every
 // operation by kind (Count) so a test can first run a workload cleanly,
 // read the counts, then fail each operation in turn.
 type Injector struct {
-	FS    FS
-	mu    sync.Mutex
-	fault *Fault
-	count [numOps]int
-	fired bool
+	FS      FS
+	mu      sync.Mutex
+	fault   *Fault
+	count   [numOps]int
+	fired   bool
+	crashed bool
+}
+
+// Arm sets the fault (nil: none) and restarts the counts, so operations
+// made before (opening the store, say) do not count.
+func (in *Injector) Arm(f *Fault) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.fault, in.count, in.fired, in.crashed = f, [numOps]int{}, false, false
 }
 
 // NewInjector wraps fsys (Default if nil) with fault f (nil: count only).
@@ -86,6 +103,9 @@ func (in *Injector) hit(op Op, name string) *Fault {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	f := in.fault
+	if in.crashed {
+		return f
+	}
 	if f != nil && f.Path != "" && !hasSuffix(name, f.Path) {
 		return nil
 	}
@@ -94,6 +114,7 @@ func (in *Injector) hit(op Op, name string) *Fault {
 		return nil
 	}
 	in.fired = true
+	in.crashed = f.Crash
 	return f
 }
 
@@ -157,9 +178,17 @@ func (in *Injector) Truncate(name string, size int64) error {
 	return in.FS.Truncate(name, size)
 }
 
-func (in *Injector) Chmod(name string, mode fs.FileMode) error { return in.FS.Chmod(name, mode) }
+func (in *Injector) Chmod(name string, mode fs.FileMode) error {
+	if f := in.hit(OpChmod, name); f != nil {
+		return f.err(OpChmod, name)
+	}
+	return in.FS.Chmod(name, mode)
+}
 
 func (in *Injector) MkdirAll(name string, perm fs.FileMode) error {
+	if f := in.hit(OpMkdir, name); f != nil {
+		return f.err(OpMkdir, name)
+	}
 	return in.FS.MkdirAll(name, perm)
 }
 
@@ -208,6 +237,14 @@ func (f *injFile) Sync() error {
 		return fl.err(OpSync, f.Name())
 	}
 	return f.File.Sync()
+}
+
+func (f *injFile) Close() error {
+	if fl := f.in.hit(OpClose, f.Name()); fl != nil {
+		_ = f.File.Close() // the descriptor is gone either way
+		return fl.err(OpClose, f.Name())
+	}
+	return f.File.Close()
 }
 
 func (f *injFile) Truncate(size int64) error {
