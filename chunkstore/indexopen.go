@@ -15,6 +15,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 // guard turns a panic (bbolt panics on some damaged pages, e.g. "invalid
@@ -289,7 +290,7 @@ func (s *Store) openIndex() error {
 	}
 	db, err := openBolt(dbPath)
 	if err != nil {
-		if errors.Is(err, bolt.ErrTimeout) {
+		if errors.Is(err, berrors.ErrTimeout) {
 			return fmt.Errorf("chunkstore: open index %s: %w", dbPath, err)
 		}
 		return damaged(s.dir, fmt.Sprintf("%s cannot be opened: %v", dbPath, err))

@@ -86,8 +86,14 @@ func (im *Importer) Abort() {
 		return
 	}
 	for _, f := range im.ownFiles {
-		// Nothing of this file is committed; a failed close loses nothing.
+		// Exclusive packs not yet flushed hold nothing committed: remove
+		// them now rather than at the next open (their intent records
+		// make that open find nothing left to do). A failed close or
+		// remove loses nothing; the next open removes what is left.
 		_ = f.Close()
+		if err := im.s.fs.Remove(f.Name()); err != nil && !errors.Is(err, os.ErrNotExist) {
+			im.s.log.Warn("removing pack of an aborted import; the next open removes it", "pack", f.Name(), "err", err)
+		}
 	}
 	im.closed = true
 	im.s.gcMu.RUnlock()
