@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -14,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/kylix/kylix/chunkstore/internal/vfs"
 )
@@ -615,18 +616,47 @@ func TestTornLogTailIsCutOff(t *testing.T) {
 	checkConsistent(t, fx, fx.dir, false)
 }
 
-// TestOldStoreGetsALog: a store whose index predates the metadata log gets
-// one written from its index at open, after which it can be rebuilt.
+// TestOldStoreGetsALog: a store written before the metadata log existed (an
+// index without log state or intents bucket, no log file) gets a log written
+// from its index at open, after which the index can be rebuilt from it; and a
+// store whose log file was lost gets it written again.
 func TestOldStoreGetsALog(t *testing.T) {
 	fx := newFixture(t)
 	pdir := filepath.Join(fx.dir, "packs")
-	gens, _ := scanLogs(vfs.Default, pdir)
-	for _, g := range gens {
-		os.Remove(filepath.Join(pdir, logName(g)))
+	removeLogs := func() {
+		gens, _ := scanLogs(vfs.Default, pdir)
+		if len(gens) == 0 {
+			t.Fatal("no log to remove")
+		}
+		for _, g := range gens {
+			os.Remove(filepath.Join(pdir, logName(g)))
+		}
 	}
-	// Forget the log state, as an older kylix's index has none.
-	s := openTest(t, fx.dir) // rewrites the log: state says gen N, log missing
+	// The log lost, the index intact.
+	removeLogs()
+	s := openTest(t, fx.dir)
 	s.Close()
+	// An index as an older kylix wrote it.
+	removeLogs()
+	db, err := bolt.Open(filepath.Join(fx.dir, "index.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketMeta).Delete(keyLogState); err != nil {
+			return err
+		}
+		return tx.DeleteBucket(bucketIntents)
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s = openTest(t, fx.dir)
+	s.Close()
+	if gens, _ := scanLogs(vfs.Default, pdir); len(gens) != 1 {
+		t.Fatalf("log generations after open: %v", gens)
+	}
 	os.Remove(filepath.Join(fx.dir, "index.db"))
 	if _, err := RebuildIndex(context.Background(), Options{Dir: fx.dir}); err != nil {
 		t.Fatal(err)
@@ -634,4 +664,52 @@ func TestOldStoreGetsALog(t *testing.T) {
 	checkConsistent(t, fx, fx.dir, false)
 }
 
-var _ = io.EOF
+// TestReplacedIndexIsRefused: an index that does not record the log it
+// caches (a fresh or foreign index.db) while the log has records is refused,
+// never taken as the truth (that would rewrite the log from it).
+func TestReplacedIndexIsRefused(t *testing.T) {
+	fx := newFixture(t)
+	before := packFiles(t, fx.dir)
+	os.Remove(filepath.Join(fx.dir, "index.db"))
+	db, err := bolt.Open(filepath.Join(fx.dir, "index.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := initIndex(db); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	if _, err := Open(Options{Dir: fx.dir, IO: "pread"}); !errors.Is(err, ErrIndexDamaged) {
+		t.Fatalf("open with a foreign index: %v", err)
+	}
+	if fmt.Sprint(packFiles(t, fx.dir)) != fmt.Sprint(before) {
+		t.Fatal("packs directory changed")
+	}
+	// Even with the log gone too, an index that knows no pack while packs
+	// exist is not taken for an old store's index.
+	saved := t.TempDir()
+	gens, _ := scanLogs(vfs.Default, filepath.Join(fx.dir, "packs"))
+	for _, g := range gens {
+		from := filepath.Join(fx.dir, "packs", logName(g))
+		if err := os.Rename(from, filepath.Join(saved, logName(g))); err != nil {
+			t.Fatal(err)
+		}
+		defer os.Rename(filepath.Join(saved, logName(g)), from)
+	}
+	if _, err := Open(Options{Dir: fx.dir, IO: "pread"}); !errors.Is(err, ErrIndexDamaged) {
+		t.Fatalf("open with an empty index and no log: %v", err)
+	}
+	for _, g := range gens {
+		os.Rename(filepath.Join(saved, logName(g)), filepath.Join(fx.dir, "packs", logName(g)))
+	}
+	rebuildAndCheck2(t, fx)
+}
+
+func rebuildAndCheck2(t *testing.T, fx *fixture) {
+	t.Helper()
+	if _, err := RebuildIndex(context.Background(), Options{Dir: fx.dir}); err != nil {
+		t.Fatal(err)
+	}
+	checkConsistent(t, fx, fx.dir, false)
+}
+

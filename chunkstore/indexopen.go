@@ -316,7 +316,20 @@ func (s *Store) openIndex() error {
 		return damaged(s.dir, fmt.Sprintf("%s does not record which metadata log it caches (was it replaced?)", dbPath))
 	case !have:
 		// A new store, or one written before the metadata log existed:
-		// the index is all there is, so write it down as the log.
+		// the index is all there is, so write it down as the log. An
+		// index that knows no pack while packs exist is not that (it is
+		// a new file where the real one was lost): writing it down would
+		// make an empty store of them.
+		known := 0
+		if err := db.View(func(tx *bolt.Tx) error {
+			known = tx.Bucket(bucketPacks).Stats().KeyN
+			return nil
+		}); err != nil {
+			return damaged(s.dir, fmt.Sprintf("%s: %v", dbPath, err))
+		}
+		if packs > 0 && known == 0 {
+			return damaged(s.dir, fmt.Sprintf("%s lists no packs while %d are present", dbPath, packs))
+		}
 		if packs > 0 {
 			s.log.Warn("writing the metadata log from the index (store written by an older kylix)", "dir", s.dir)
 		}
