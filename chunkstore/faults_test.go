@@ -694,7 +694,6 @@ func TestReplacedIndexIsRefused(t *testing.T) {
 		if err := os.Rename(from, filepath.Join(saved, logName(g))); err != nil {
 			t.Fatal(err)
 		}
-		defer os.Rename(filepath.Join(saved, logName(g)), from)
 	}
 	if _, err := Open(Options{Dir: fx.dir, IO: "pread"}); !errors.Is(err, ErrIndexDamaged) {
 		t.Fatalf("open with an empty index and no log: %v", err)
@@ -712,4 +711,3 @@ func rebuildAndCheck2(t *testing.T, fx *fixture) {
 	}
 	checkConsistent(t, fx, fx.dir, false)
 }
-
