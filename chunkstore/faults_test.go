@@ -491,43 +491,45 @@ func TestDamagedIndexRefusesAndRebuilds(t *testing.T) {
 			rebuildAndCheck(t, fx, dir)
 		})
 	}
-	// Garbage over each page in turn: open either works with every byte
-	// intact or refuses; it never panics, crashes or deletes.
+	// Garbage over each page in turn, then zeros: open either works with
+	// every byte intact or refuses; it never panics, crashes or deletes.
 	refused := 0
 	st, err := os.Stat(filepath.Join(fx.dir, "index.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for pg := int64(2); pg < st.Size()/4096; pg++ {
-		t.Run(fmt.Sprintf("page-%d-garbage", pg), func(t *testing.T) {
-			dir := fx.clone(t)
-			before := packFiles(t, dir)
-			if err := overwrite(filepath.Join(dir, "index.db"), pg*4096, 4096, byte(pg)); err != nil {
-				t.Fatal(err)
-			}
-			s, err := Open(Options{Dir: dir, IO: "pread"})
-			if err == nil {
-				// An unused page: nothing was damaged.
-				sameFiles(t, "base", exported(t, s, "base"), fx.base)
-				sameFiles(t, "new", exported(t, s, "new"), fx.newTree)
-				s.Close()
-				return
-			}
-			if !errors.Is(err, ErrIndexDamaged) {
-				t.Fatalf("open: %v, want ErrIndexDamaged", err)
-			}
-			t.Log(err)
-			// A second open in this process must give the same answer
-			// (bbolt's mmap and flock from the failed one are released).
-			if _, err := Open(Options{Dir: dir, IO: "pread"}); !errors.Is(err, ErrIndexDamaged) {
-				t.Fatalf("second open: %v", err)
-			}
-			refused++
-			if after := packFiles(t, dir); fmt.Sprint(after) != fmt.Sprint(before) {
-				t.Fatal("packs directory changed")
-			}
-			rebuildAndCheck(t, fx, dir)
-		})
+		for _, pattern := range []byte{byte(pg) | 1, 0} {
+			t.Run(fmt.Sprintf("page-%d-pattern-%x", pg, pattern), func(t *testing.T) {
+				dir := fx.clone(t)
+				before := packFiles(t, dir)
+				if err := overwrite(filepath.Join(dir, "index.db"), pg*4096, 4096, pattern); err != nil {
+					t.Fatal(err)
+				}
+				s, err := Open(Options{Dir: dir, IO: "pread"})
+				if err == nil {
+					// An unused page: nothing was damaged.
+					sameFiles(t, "base", exported(t, s, "base"), fx.base)
+					sameFiles(t, "new", exported(t, s, "new"), fx.newTree)
+					s.Close()
+					return
+				}
+				if !errors.Is(err, ErrIndexDamaged) {
+					t.Fatalf("open: %v, want ErrIndexDamaged", err)
+				}
+				t.Log(err)
+				// A second open in this process must give the same answer
+				// (bbolt's mmap and flock from the failed one are released).
+				if _, err := Open(Options{Dir: dir, IO: "pread"}); !errors.Is(err, ErrIndexDamaged) {
+					t.Fatalf("second open: %v", err)
+				}
+				refused++
+				if after := packFiles(t, dir); fmt.Sprint(after) != fmt.Sprint(before) {
+					t.Fatal("packs directory changed")
+				}
+				rebuildAndCheck(t, fx, dir)
+			})
+		}
 	}
 	if refused == 0 {
 		t.Fatal("no garbled page was detected: the index walk reads nothing")

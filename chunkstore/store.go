@@ -417,7 +417,13 @@ const (
 func (s *Store) fixPerms() error {
 	var fixed []string
 	fix := func(path string, want fs.FileMode) error {
-		st, err := os.Lstat(path)
+		stat := os.Lstat
+		if want == dirPerm {
+			// The data directory may be a symlink the admin made
+			// (/var/lib/kylix -> /data/kylix): check what it names.
+			stat = os.Stat
+		}
+		st, err := stat(path)
 		if errors.Is(err, os.ErrNotExist) {
 			return nil
 		}
