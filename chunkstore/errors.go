@@ -34,6 +34,11 @@ var (
 	ErrExists = errors.New("already exists")
 	// ErrNotEmpty: removing a directory that still has entries.
 	ErrNotEmpty = errors.New("directory not empty")
+	// ErrIndexDamaged: the index (index.db) is missing, empty, truncated or
+	// unreadable while the data directory holds packs. Nothing was deleted;
+	// the index is rebuilt from the packs' metadata log by
+	// `kylix fsck --rebuild-index` (RebuildIndex).
+	ErrIndexDamaged = errors.New("index missing or damaged")
 	// ErrClosed: the store has been closed.
 	ErrClosed = errors.New("store is closed")
 	// ErrNotWholeFile: no pack holds exactly the file's bytes, so it cannot

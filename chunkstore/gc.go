@@ -75,10 +75,15 @@ func (s *Store) GC(ctx context.Context) (GCResult, error) {
 	liveBytes := map[uint64]int64{}
 	packSize := map[uint64]int64{}
 	var deadPacks []uint64
-	err = s.db.Update(func(tx *bolt.Tx) error {
-		cb := tx.Bucket(bucketChunks)
-		var dead [][]byte
-		err := cb.ForEach(func(k, v []byte) error {
+	s.mu.Lock()
+	cur := s.shared
+	s.mu.Unlock()
+	// Find what is dead in one read transaction, then remove it in one
+	// commit (a metadata-log frame, then the index). gcMu and nsMu are held,
+	// so nothing commits in between.
+	var recs []record
+	err = s.db.View(func(tx *bolt.Tx) error {
+		err := tx.Bucket(bucketChunks).ForEach(func(k, v []byte) error {
 			var id ID
 			copy(id[:], k)
 			l, err := decodeLocation(v)
@@ -90,41 +95,27 @@ func (s *Store) GC(ctx context.Context) (GCResult, error) {
 				liveBytes[l.Pack] += int64(l.Len)
 				return nil
 			}
-			dead = append(dead, append([]byte(nil), k...))
+			recs = append(recs, record{kind: recDelChunk, id: id})
 			res.BytesRemoved += int64(l.Len)
+			res.ChunksRemoved++
 			return nil
 		})
 		if err != nil {
 			return err
 		}
-		for _, k := range dead {
-			if err := cb.Delete(k); err != nil {
-				return err
-			}
-			var id ID
-			copy(id[:], k)
-			s.cache.remove(id)
-		}
-		res.ChunksRemoved = len(dead)
-		ob := tx.Bucket(bucketObjects)
-		var deadObj [][]byte
-		ob.ForEach(func(k, _ []byte) error {
+		err = tx.Bucket(bucketObjects).ForEach(func(k, _ []byte) error {
 			var id ID
 			copy(id[:], k)
 			if !liveObj[id] {
-				deadObj = append(deadObj, append([]byte(nil), k...))
+				recs = append(recs, record{kind: recDelObject, id: id})
+				res.ObjectsRemoved++
 			}
 			return nil
 		})
-		for _, k := range deadObj {
-			if err := ob.Delete(k); err != nil {
-				return err
-			}
+		if err != nil {
+			return err
 		}
-		res.ObjectsRemoved = len(deadObj)
-		pb := tx.Bucket(bucketPacks)
-		var deadPackKeys [][]byte
-		err = pb.ForEach(func(k, v []byte) error {
+		return tx.Bucket(bucketPacks).ForEach(func(k, v []byte) error {
 			if len(k) != 8 {
 				return fmt.Errorf("pack key of %d bytes: %w", len(k), ErrCorrupt)
 			}
@@ -136,43 +127,61 @@ func (s *Store) GC(ctx context.Context) (GCResult, error) {
 				return fmt.Errorf("pack %016x: %w", id, err)
 			}
 			packSize[id] = pi.Size
-			if !livePack[id] {
-				deadPackKeys = append(deadPackKeys, append([]byte(nil), k...))
+			// The open shared pack keeps its record (and file): new
+			// appends go after its end.
+			if !livePack[id] && (cur == nil || cur.id != id) {
+				recs = append(recs, record{kind: recDelPack, pack: id})
 				deadPacks = append(deadPacks, id)
 			}
 			return nil
 		})
-		if err != nil {
-			return err
-		}
-		for _, k := range deadPackKeys {
-			if err := pb.Delete(k); err != nil {
-				return err
-			}
-		}
-		return nil
 	})
 	if err != nil {
 		return res, fmt.Errorf("chunkstore: gc: %w", err)
 	}
-	s.mu.Lock()
-	cur := s.shared
-	s.mu.Unlock()
-	for _, id := range deadPacks {
-		if cur != nil && cur.id == id {
-			// The open shared pack keeps its file; new appends go after it.
-			continue
+	if len(recs) > 0 {
+		if err := s.commit(recs); err != nil {
+			return res, fmt.Errorf("chunkstore: gc: %w", err)
 		}
+		for _, r := range recs {
+			if r.kind == recDelChunk {
+				s.cache.remove(r.id)
+			}
+		}
+	}
+	var removed []record
+	for _, id := range deadPacks {
 		// A pack a read still leases is deleted when that read releases
 		// it (packs.go); it is counted as removed: it is out of the index
-		// and nothing can lease it again.
-		if err := s.packs.retire(id); err != nil {
+		// and nothing can lease it again. Its removal intent stays until
+		// the next Open, which finds the file gone or removes it.
+		gone, err := s.packs.retire(id)
+		if err != nil {
 			return res, fmt.Errorf("chunkstore: gc: %w", err)
 		}
 		res.PacksRemoved++
+		if gone {
+			removed = append(removed, record{kind: recAbandon, pack: id})
+		}
+	}
+	if len(removed) > 0 {
+		// The files are gone: clear their intents (a crash before this
+		// leaves them for the next open, which finds nothing to remove).
+		if err := s.fs.SyncDir(s.packsDir()); err != nil {
+			return res, fmt.Errorf("chunkstore: gc: %w", err)
+		}
+		if err := s.commit(removed); err != nil {
+			return res, fmt.Errorf("chunkstore: gc: %w", err)
+		}
 	}
 	for id, live := range liveBytes {
 		res.DeadBytes += max(0, packSize[id]-live)
+	}
+	if len(recs) > 0 {
+		// The log still holds what was just removed: rewrite it.
+		if err := s.compactLog(); err != nil {
+			return res, fmt.Errorf("chunkstore: gc: %w", err)
+		}
 	}
 	return res, nil
 }

@@ -2,6 +2,8 @@ package chunkstore
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -9,6 +11,10 @@ import (
 	"path/filepath"
 	"sort"
 	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // ImportOptions configure Store.Import.
@@ -231,6 +237,13 @@ func (s *Store) exportEntry(ctx context.Context, e Entry, dest string, opts Expo
 		if err := os.Mkdir(dest, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("chunkstore: export: %w", err)
 		}
+		// Never write through a symlink planted where a directory goes
+		// (a root export into a shared directory would follow it anywhere).
+		if st, err := os.Lstat(dest); err != nil {
+			return fmt.Errorf("chunkstore: export: %w", err)
+		} else if !st.IsDir() {
+			return fmt.Errorf("chunkstore: export %s: exists and is not a directory (symlinks are not followed): %w", dest, fs.ErrExist)
+		}
 		d, err := s.dirAt(e.ID)
 		if err != nil {
 			return err
@@ -255,7 +268,10 @@ func (s *Store) exportEntry(ctx context.Context, e Entry, dest string, opts Expo
 		}
 	case KindSymlink:
 		if opts.Overwrite {
-			os.Remove(dest)
+			// Removes a symlink itself, never its target.
+			if err := os.Remove(dest); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("chunkstore: export: %w", err)
+			}
 		}
 		if err := os.Symlink(e.Target, dest); err != nil {
 			return fmt.Errorf("chunkstore: export: %w", err)
@@ -275,14 +291,16 @@ func (s *Store) exportEntry(ctx context.Context, e Entry, dest string, opts Expo
 		if err != nil {
 			return fmt.Errorf("chunkstore: export %s: %w", dest, err)
 		}
-		tmp := dest + ".kylix-partial"
-		out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+		out, tmp, err := createTemp(dest)
 		if err != nil {
 			return fmt.Errorf("chunkstore: export: %w", err)
 		}
 		n, err := f.WriteTo(ctx, out, progress)
 		if err == nil {
 			err = restoreMeta(out, e, dest, opts)
+		}
+		if err == nil && e.MTime != 0 {
+			err = futimens(out, timeFromNanos(e.MTime))
 		}
 		if cerr := out.Close(); err == nil {
 			err = cerr
@@ -291,15 +309,11 @@ func (s *Store) exportEntry(ctx context.Context, e Entry, dest string, opts Expo
 			err = os.Rename(tmp, dest)
 		}
 		if err != nil {
-			os.Remove(tmp)
+			_ = os.Remove(tmp) // ours: created with O_EXCL under a random name
 			if errors.Is(err, syscall.ENOSPC) {
 				return fmt.Errorf("chunkstore: export %s: disk full: %w", dest, err)
 			}
 			return fmt.Errorf("chunkstore: export %s: %w", dest, err)
-		}
-		if e.MTime != 0 {
-			t := timeFromNanos(e.MTime)
-			os.Chtimes(dest, t, t)
 		}
 		*files++
 		*bytes += n
@@ -330,6 +344,39 @@ func restoreMeta(f *os.File, e Entry, dest string, opts ExportOptions) error {
 	}
 	if err := f.Chmod(mode); err != nil {
 		return fmt.Errorf("chunkstore: export %s: mode: %w", dest, err)
+	}
+	return nil
+}
+
+// createTemp creates a new file next to dest under a random name, with
+// O_EXCL|O_NOFOLLOW: a symlink planted at any name (predictable or not) is
+// never followed, and an existing file is never reused. The file is renamed
+// over dest when complete; rename replaces a symlink at dest, it does not
+// write through it.
+func createTemp(dest string) (*os.File, string, error) {
+	dir, base := filepath.Split(dest)
+	for range 100 {
+		var r [8]byte
+		if _, err := rand.Read(r[:]); err != nil {
+			return nil, "", err
+		}
+		tmp := filepath.Join(dir, "."+base+".kylix-"+hex.EncodeToString(r[:]))
+		f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+		if errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		return f, tmp, err
+	}
+	return nil, "", fmt.Errorf("create a temporary file next to %s: %w", dest, fs.ErrExist)
+}
+
+// futimens sets f's access and modification times through its descriptor,
+// so no path (which could be swapped for a symlink) is involved.
+func futimens(f *os.File, t time.Time) error {
+	ts := [2]unix.Timespec{unix.NsecToTimespec(t.UnixNano()), unix.NsecToTimespec(t.UnixNano())}
+	_, _, errno := unix.Syscall6(unix.SYS_UTIMENSAT, f.Fd(), 0, uintptr(unsafe.Pointer(&ts[0])), 0, 0, 0)
+	if errno != 0 {
+		return &os.PathError{Op: "futimens", Path: f.Name(), Err: errno}
 	}
 	return nil
 }

@@ -14,13 +14,18 @@ import (
 //	packs:   pack u64 -> committed size u64 | flags u8
 //	objects: ID -> manifest bytes (FileManifest or DirManifest encoding)
 //	heads:   name -> root ID | HLC u64
-//	meta:    "version" -> u32
+//	intents: pack u64 -> flags u8 (pack begun, not yet committed)
+//	meta:    "version" -> u32; "log" -> log generation u64 | applied offset u64
+//
+// The index is a cache of the metadata log (metalog.go): every change is
+// first appended to the log and synced, then applied here.
 var (
 	bucketChunks  = []byte("chunks")
 	bucketPacks   = []byte("packs")
 	bucketObjects = []byte("objects")
 	bucketHeads   = []byte("heads")
 	bucketMeta    = []byte("meta")
+	bucketIntents = []byte("intents")
 )
 
 const indexVersion = 1
@@ -108,7 +113,7 @@ func decodeHead(name string, b []byte) (Head, error) {
 
 func initIndex(db *bolt.DB) error {
 	return db.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{bucketChunks, bucketPacks, bucketObjects, bucketHeads, bucketMeta} {
+		for _, name := range [][]byte{bucketChunks, bucketPacks, bucketObjects, bucketHeads, bucketMeta, bucketIntents} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return fmt.Errorf("create bucket %s: %w", name, err)
 			}

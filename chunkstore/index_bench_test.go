@@ -49,8 +49,8 @@ func BenchmarkIndexLookup(b *testing.B) {
 	defer im.Abort()
 	i := 0
 	for b.Loop() {
-		if !im.has(ids[i%len(ids)]) {
-			b.Fatal("missing")
+		if ok, err := im.has(ids[i%len(ids)]); !ok || err != nil {
+			b.Fatal("missing", err)
 		}
 		i += 7919
 	}

@@ -6,8 +6,6 @@ import (
 	"io/fs"
 	"os"
 	"strings"
-
-	bolt "go.etcd.io/bbolt"
 )
 
 // NamespaceHead is the head holding the root of the namespace tree that
@@ -185,26 +183,17 @@ func (tx *NSTx) flush(d *txDir) ID {
 	return Sum(obj)
 }
 
-// commitObjects stores objects and optionally moves a head, in one index
-// transaction.
+// commitObjects stores objects and optionally moves a head, in one commit
+// (one metadata-log frame, then one index transaction).
 func (s *Store) commitObjects(objs [][]byte, head *Head) error {
-	err := s.db.Update(func(btx *bolt.Tx) error {
-		b := btx.Bucket(bucketObjects)
-		for _, o := range objs {
-			id := Sum(o)
-			if b.Get(id[:]) != nil {
-				continue
-			}
-			if err := b.Put(id[:], o); err != nil {
-				return err
-			}
-		}
-		if head != nil {
-			return btx.Bucket(bucketHeads).Put([]byte(head.Name), head.encode())
-		}
-		return nil
-	})
-	if err != nil {
+	recs := make([]record, 0, len(objs)+1)
+	for _, o := range objs {
+		recs = append(recs, record{kind: recObject, obj: o, id: Sum(o)})
+	}
+	if head != nil {
+		recs = append(recs, record{kind: recHead, head: *head})
+	}
+	if err := s.commit(recs); err != nil {
 		return fmt.Errorf("chunkstore: commit namespace: %w", err)
 	}
 	return nil

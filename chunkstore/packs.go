@@ -106,21 +106,25 @@ func (t *packTable) release(e *packEntry) {
 // retire is GC's way to drop a pack it found dead: closed and deleted now if
 // no one holds a lease, else at the last release. The caller has already
 // removed the pack from the index, so a crash before the deletion leaves an
-// unreferenced file that the next Open removes.
-func (t *packTable) retire(id uint64) error {
+// file whose removal intent the next Open carries out (docs/design/index.md).
+// removed says whether the file is gone now.
+func (t *packTable) retire(id uint64) (removed bool, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e, ok := t.m[id]
 	if ok && e.leases > 0 {
 		e.retired = true
 		t.s.log.Info("pack is in use by a read; it is deleted when the read ends", "pack", id)
-		return nil
+		return false, nil
 	}
 	if ok {
 		e.f.Close()
 		delete(t.m, id)
 	}
-	return t.removeErr(id)
+	if err := t.removeErr(id); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 func (t *packTable) remove(id uint64) {
@@ -130,7 +134,7 @@ func (t *packTable) remove(id uint64) {
 }
 
 func (t *packTable) removeErr(id uint64) error {
-	if err := os.Remove(t.s.PackPath(id)); err != nil && !os.IsNotExist(err) {
+	if err := t.s.fs.Remove(t.s.PackPath(id)); err != nil && !os.IsNotExist(err) {
 		return fmt.Errorf("chunkstore: remove pack %016x: %w", id, err)
 	}
 	return nil

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"runtime"
 	"sync"
 
@@ -14,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kylix/kylix/chunkstore/chunking"
+	"github.com/kylix/kylix/chunkstore/internal/vfs"
 )
 
 // PutResult describes one file written by Importer.PutFile.
@@ -50,8 +50,8 @@ type Importer struct {
 	pendingPacks map[uint64]packInfo
 	pendingObjs  [][]byte
 	pendingBytes int64
-	dirty        []*os.File // packs with unsynced writes
-	ownFiles     []*os.File // exclusive pack writers to close after sync
+	dirty        []vfs.File // packs with unsynced writes
+	ownFiles     []vfs.File // exclusive pack writers to close after sync
 	newFiles     bool       // a pack file was created: sync the directory
 	closed       bool
 }
@@ -90,7 +90,14 @@ func (im *Importer) Abort() {
 		return
 	}
 	for _, f := range im.ownFiles {
-		f.Close()
+		// Exclusive packs not yet flushed hold nothing committed: remove
+		// them now rather than at the next open (their intent records
+		// make that open find nothing left to do). A failed close or
+		// remove loses nothing; the next open removes what is left.
+		_ = f.Close()
+		if err := im.s.fs.Remove(f.Name()); err != nil && !errors.Is(err, os.ErrNotExist) {
+			im.s.log.Warn("removing pack of an aborted import; the next open removes it", "pack", f.Name(), "err", err)
+		}
 	}
 	im.closed = true
 	im.s.gcMu.RUnlock()
@@ -128,7 +135,14 @@ func (im *Importer) PutFile(ctx context.Context, f *os.File, name string, progre
 	err = forEachChunk(ctx, f, size, plan, progress, func(id ID, data []byte) error {
 		m.Chunks = append(m.Chunks, ChunkRef{ID: id, Len: uint32(len(data))})
 		res.Chunks++
-		if seen[id] || im.has(id) {
+		have := seen[id]
+		if !have {
+			var err error
+			if have, err = im.has(id); err != nil {
+				return err
+			}
+		}
+		if have {
 			res.DedupBytes += int64(len(data))
 			return w.dup(data)
 		}
@@ -166,88 +180,70 @@ func (im *Importer) PutObject(obj []byte) ID {
 }
 
 // has reports whether chunk id is stored or pending in this import.
-func (im *Importer) has(id ID) bool {
+func (im *Importer) has(id ID) (bool, error) {
 	if _, ok := im.pending[id]; ok {
-		return true
+		return true, nil
 	}
 	found := false
-	im.s.db.View(func(tx *bolt.Tx) error {
+	err := im.s.db.View(func(tx *bolt.Tx) error {
 		found = tx.Bucket(bucketChunks).Get(id[:]) != nil
 		return nil
 	})
-	return found
+	if err != nil {
+		return false, fmt.Errorf("chunkstore: index lookup %s: %w", id.Short(), err)
+	}
+	return found, nil
 }
 
-// Flush makes everything written so far durable and commits it to the index:
-// first the pack bytes (fdatasync), then one index transaction.
+// Flush makes everything written so far durable and commits it: first the
+// pack bytes (fdatasync), then one metadata-log frame (appended and
+// fdatasynced), then one index transaction caching the same records. A crash
+// anywhere leaves either no trace of the commit or the whole of it in the
+// log, which the next open applies to the index (docs/design/index.md).
 func (im *Importer) Flush() error {
 	if len(im.pending) == 0 && len(im.pendingObjs) == 0 {
 		return nil
 	}
 	for _, f := range im.dirty {
-		if err := unix.Fdatasync(int(f.Fd())); err != nil {
+		if err := f.Sync(); err != nil {
+			im.s.retireShared(f)
 			return fmt.Errorf("chunkstore: sync pack %s: %w", f.Name(), err)
 		}
 	}
 	if im.newFiles {
-		if err := syncDir(filepath.Join(im.s.dir, "packs")); err != nil {
-			return err
+		if err := im.s.fs.SyncDir(im.s.packsDir()); err != nil {
+			return fmt.Errorf("chunkstore: sync %s: %w", im.s.packsDir(), err)
 		}
 	}
+	var cerr error
 	for _, f := range im.ownFiles {
-		f.Close()
+		// Close after a successful fdatasync cannot lose data, but an
+		// error here still means something is wrong with the disk.
+		if err := f.Close(); err != nil && cerr == nil {
+			cerr = fmt.Errorf("chunkstore: close pack %s: %w", f.Name(), err)
+		}
 	}
 	im.dirty, im.ownFiles, im.newFiles = nil, nil, false
-	err := im.s.db.Update(func(tx *bolt.Tx) error {
-		chunks := tx.Bucket(bucketChunks)
-		for id, loc := range im.pending {
-			if chunks.Get(id[:]) != nil {
-				continue // another importer committed the same chunk first
-			}
-			if err := chunks.Put(id[:], loc.encode()); err != nil {
-				return err
-			}
-		}
-		packs := tx.Bucket(bucketPacks)
-		for pid, pi := range im.pendingPacks {
-			k := packKey(pid)
-			if old := packs.Get(k); old != nil {
-				if o, err := decodePackInfo(old); err == nil && o.Size > pi.Size {
-					pi.Size = o.Size
-				}
-			}
-			if err := packs.Put(k, pi.encode()); err != nil {
-				return err
-			}
-		}
-		objs := tx.Bucket(bucketObjects)
-		for _, o := range im.pendingObjs {
-			id := Sum(o)
-			if err := objs.Put(id[:], o); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
+	if cerr != nil {
+		return cerr
+	}
+	recs := make([]record, 0, len(im.pending)+len(im.pendingPacks)+len(im.pendingObjs))
+	for pid, pi := range im.pendingPacks {
+		recs = append(recs, record{kind: recPack, pack: pid, info: pi})
+	}
+	for id, loc := range im.pending {
+		recs = append(recs, record{kind: recChunk, id: id, loc: loc})
+	}
+	for _, o := range im.pendingObjs {
+		recs = append(recs, record{kind: recObject, obj: o, id: Sum(o)})
+	}
+	if err := im.s.commit(recs); err != nil {
 		return fmt.Errorf("chunkstore: commit: %w", err)
 	}
 	clear(im.pending)
 	clear(im.pendingPacks)
 	im.pendingObjs = im.pendingObjs[:0]
 	im.pendingBytes = 0
-	return nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("chunkstore: sync %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("chunkstore: sync %s: %w", dir, err)
-	}
 	return nil
 }
 
@@ -296,7 +292,7 @@ type exclusiveSink struct {
 	im   *Importer
 	size int64 // the file's size
 	pack uint64
-	f    *os.File
+	f    vfs.File
 	w    *packWriter
 	locs map[ID]Location
 
@@ -309,11 +305,11 @@ func (e *exclusiveSink) open() error {
 	if e.f != nil {
 		return nil
 	}
-	e.pack = e.im.s.allocPack()
-	f, err := os.OpenFile(e.im.s.PackPath(e.pack), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	f, id, err := e.im.s.createPack(packExclusive)
 	if err != nil {
 		return err
 	}
+	e.pack = id
 	e.f = f
 	e.w = newPackWriter(f, 0)
 	e.locs = map[ID]Location{}
@@ -398,8 +394,12 @@ func (e *exclusiveSink) finish() error {
 
 func (e *exclusiveSink) abort() {
 	if e.f != nil {
-		e.f.Close()
-		os.Remove(e.f.Name())
+		// Best effort: the pack has an intent record and no commit, so
+		// the next open removes it if this does not.
+		_ = e.f.Close()
+		if err := e.im.s.fs.Remove(e.f.Name()); err != nil && !errors.Is(err, os.ErrNotExist) {
+			e.im.s.log.Warn("removing pack of a failed write; the next open removes it", "pack", e.f.Name(), "err", err)
+		}
 	}
 }
 
@@ -464,14 +464,13 @@ func (s *Store) sharedPackFor(n int64) (*sharedPack, error) {
 	if sp != nil && alignUp(sp.size)+n <= s.opts.SharedPackMax {
 		return sp, nil
 	}
-	id := s.allocPack()
-	f, err := os.OpenFile(s.PackPath(id), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	f, id, err := s.createPack(0)
 	if err != nil {
 		return nil, err
 	}
-	if err := syncDir(filepath.Join(s.dir, "packs")); err != nil {
-		f.Close()
-		return nil, err
+	if err := s.fs.SyncDir(s.packsDir()); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("chunkstore: sync %s: %w", s.packsDir(), err)
 	}
 	s.mu.Lock()
 	// The previous shared pack's file is not closed here: importers that
@@ -484,6 +483,33 @@ func (s *Store) sharedPackFor(n int64) (*sharedPack, error) {
 	return sp, nil
 }
 
+// retireShared stops appends to f if it is the current shared pack: after a
+// failed fdatasync the kernel may have dropped its dirty pages while a later
+// fdatasync reports success, so nothing more is committed in that file.
+func (s *Store) retireShared(f vfs.File) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.shared != nil && s.shared.f == f {
+		s.shared = nil
+	}
+}
+
+// createPack allocates a pack id, records the intent to create it in the
+// metadata log (synced), and only then creates the file. So a pack file the
+// index does not know is removed at open only when the log proves it was
+// begun and never committed.
+func (s *Store) createPack(flags uint8) (vfs.File, uint64, error) {
+	id := s.allocPack()
+	if err := s.logIntent(id, flags); err != nil {
+		return nil, 0, err
+	}
+	f, err := s.fs.OpenFile(s.PackPath(id), os.O_RDWR|os.O_CREATE|os.O_EXCL, filePerm)
+	if err != nil {
+		return nil, 0, fmt.Errorf("chunkstore: create pack: %w", err)
+	}
+	return f, id, nil
+}
+
 const packAlign = 4096
 
 func alignUp(n int64) int64 { return (n + packAlign - 1) &^ (packAlign - 1) }
@@ -493,7 +519,7 @@ func alignUp(n int64) int64 { return (n + packAlign - 1) &^ (packAlign - 1) }
 // fdatasync before the commit finds most bytes on disk already and the disk
 // works while the next chunks are read and hashed.
 type packWriter struct {
-	f       *os.File
+	f       vfs.File
 	off     int64 // offset of the next byte written (buffered or not)
 	buf     []byte
 	flushed int64 // bytes before this offset have been handed to writeback
@@ -508,13 +534,15 @@ func (w *packWriter) startWriteback(upTo int64) {
 	if upTo-w.flushed < writebackEvery {
 		return
 	}
-	unix.SyncFileRange(int(w.f.Fd()), w.flushed, upTo-w.flushed, unix.SYNC_FILE_RANGE_WRITE)
+	if fd := w.f.Fd(); fd != ^uintptr(0) {
+		_ = unix.SyncFileRange(int(fd), w.flushed, upTo-w.flushed, unix.SYNC_FILE_RANGE_WRITE)
+	}
 	w.flushed = upTo
 }
 
 const packWriteBuf = 8 << 20
 
-func newPackWriter(f *os.File, off int64) *packWriter {
+func newPackWriter(f vfs.File, off int64) *packWriter {
 	return &packWriter{f: f, off: off, flushed: off}
 }
 
@@ -528,7 +556,7 @@ func (w *packWriter) write(p []byte) error {
 		if err := w.flush(); err != nil {
 			return err
 		}
-		if _, err := w.f.WriteAt(p, w.off); err != nil {
+		if err := writeFull(w.f, p, w.off); err != nil {
 			return err
 		}
 		w.off += int64(len(p))
@@ -547,11 +575,22 @@ func (w *packWriter) flush() error {
 	if len(w.buf) == 0 {
 		return nil
 	}
-	if _, err := w.f.WriteAt(w.buf, w.off-int64(len(w.buf))); err != nil {
+	if err := writeFull(w.f, w.buf, w.off-int64(len(w.buf))); err != nil {
 		return err
 	}
 	w.startWriteback(w.off)
 	w.buf = w.buf[:0]
+	return nil
+}
+
+func writeFull(f vfs.File, p []byte, off int64) error {
+	n, err := f.WriteAt(p, off)
+	if err == nil && n != len(p) {
+		err = io.ErrShortWrite
+	}
+	if err != nil {
+		return fmt.Errorf("chunkstore: write pack %s at %d: %w", f.Name(), off, err)
+	}
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
+	"github.com/kylix/kylix/chunkstore/internal/vfs"
 	"github.com/kylix/kylix/chunkstore/storeio"
 )
 
@@ -57,19 +59,32 @@ type Options struct {
 	Fetcher Fetcher
 	// Now is the wall clock (tests use a fake). Default time.Now.
 	Now func() time.Time
+	// FS is the file system under pack writes and the metadata log
+	// (internal/vfs). Tests set an error injector here; nil means the
+	// operating system.
+	FS vfs.FS
 }
 
 // Store is an open chunk store. It is safe for concurrent use.
 type Store struct {
-	opts   Options
-	dir    string
-	log    *slog.Logger
-	lock   *os.File
-	db     *bolt.DB
-	io     storeio.Reader
-	ioNote string
-	clock  *Clock
-	cache  *chunkCache
+	opts Options
+	dir  string
+	log  *slog.Logger
+	lock *os.File
+	fs   vfs.FS
+	db   *bolt.DB
+	// mlog is the metadata log the index caches; commitMu orders appends
+	// to it with the index transactions that apply them (metalog.go).
+	mlog     *metaLog
+	commitMu sync.Mutex
+	// testHookBeforeIndex, when set (tests only), runs between a commit's
+	// log append and its index transaction; an error returned stops the
+	// commit there, as a crash would.
+	testHookBeforeIndex func() error
+	io                  storeio.Reader
+	ioNote              string
+	clock               *Clock
+	cache               *chunkCache
 	// packs is the one table of open pack files, with the leases that
 	// keep GC off them (packs.go).
 	packs   *packTable
@@ -95,13 +110,16 @@ type Store struct {
 
 type sharedPack struct {
 	id   uint64
-	f    *os.File
+	f    vfs.File
 	size int64 // committed or written size; appends go at AlignUp(size)
 }
 
 // Open opens (creating if needed) the store in opts.Dir, takes its lock and
-// repairs what a crash left: bytes past a pack's committed size are cut off and
-// packs no commit references are removed.
+// repairs what a crash left: the index is brought level with the metadata
+// log, bytes past a pack's committed size are cut off, and packs that the log
+// proves were begun and never committed are removed. A missing or unreadable
+// index with packs present is never repaired by deleting anything: Open
+// returns ErrIndexDamaged, naming the command that rebuilds it.
 func Open(opts Options) (*Store, error) {
 	if opts.Dir == "" {
 		return nil, fmt.Errorf("chunkstore: open: no data directory given")
@@ -127,15 +145,19 @@ func Open(opts Options) (*Store, error) {
 	if opts.Fetcher == nil {
 		opts.Fetcher = LocalOnly{}
 	}
+	if opts.FS == nil {
+		opts.FS = vfs.Default
+	}
 	dir, err := filepath.Abs(opts.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("chunkstore: open %s: %w", opts.Dir, err)
 	}
-	if err := os.MkdirAll(filepath.Join(dir, "packs"), 0o755); err != nil {
+	if err := opts.FS.MkdirAll(filepath.Join(dir, "packs"), 0o700); err != nil {
 		return nil, fmt.Errorf("chunkstore: open: %w", err)
 	}
 	s := &Store{
 		opts:  opts,
+		fs:    opts.FS,
 		dir:   dir,
 		log:   opts.Logger,
 		clock: NewClock(opts.Now),
@@ -155,12 +177,11 @@ func Open(opts Options) (*Store, error) {
 			s.closeAll()
 		}
 	}()
-	s.db, err = bolt.Open(filepath.Join(dir, "index.db"), 0o644, &bolt.Options{Timeout: time.Second})
-	if err != nil {
-		return nil, fmt.Errorf("chunkstore: open index in %s: %w", dir, err)
+	if err := s.fixPerms(); err != nil {
+		return nil, err
 	}
-	if err := initIndex(s.db); err != nil {
-		return nil, fmt.Errorf("chunkstore: open index in %s: %w", dir, err)
+	if err := s.openIndex(); err != nil {
+		return nil, err
 	}
 	if err := s.recoverPacks(); err != nil {
 		return nil, err
@@ -204,7 +225,7 @@ func (s *Store) Clock() *Clock { return s.clock }
 
 func (s *Store) takeLock() error {
 	path := filepath.Join(s.dir, "LOCK")
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return fmt.Errorf("chunkstore: lock %s: %w", path, err)
 	}
@@ -220,8 +241,12 @@ func (s *Store) takeLock() error {
 		}
 		return fmt.Errorf("chunkstore: lock %s: %w", path, err)
 	}
-	if err := f.Truncate(0); err == nil {
-		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	// The pid only makes the "in use by" message better: failing to
+	// write it is worth a warning, not a refusal to open.
+	if err := f.Truncate(0); err != nil {
+		s.log.Warn("cannot record pid in lock file", "path", path, "err", err)
+	} else if _, err := f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0); err != nil {
+		s.log.Warn("cannot record pid in lock file", "path", path, "err", err)
 	}
 	s.lock = f
 	return nil
@@ -263,6 +288,9 @@ func (s *Store) closeAll() error {
 		s.shared = nil
 	}
 	s.mu.Unlock()
+	if s.mlog != nil {
+		errs = append(errs, s.mlog.close())
+	}
 	if s.io != nil {
 		errs = append(errs, s.io.Close())
 	}
@@ -292,9 +320,12 @@ func parsePackName(name string) (uint64, bool) {
 	return id, err == nil
 }
 
-// recoverPacks reconciles pack files with the index after a crash.
+// recoverPacks reconciles pack files with the index (already level with the
+// metadata log) after a crash. It removes only packs the log proves were
+// begun and never committed (an intent record and no commit); a pack the
+// index does not know without such proof is left alone and reported.
 func (s *Store) recoverPacks() error {
-	ents, err := os.ReadDir(filepath.Join(s.dir, "packs"))
+	ents, err := s.fs.ReadDir(s.packsDir())
 	if err != nil {
 		return fmt.Errorf("chunkstore: recover: %w", err)
 	}
@@ -306,8 +337,9 @@ func (s *Store) recoverPacks() error {
 		}
 	}
 	known := map[uint64]packInfo{}
+	intents := map[uint64]bool{}
 	err = s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketPacks).ForEach(func(k, v []byte) error {
+		err := tx.Bucket(bucketPacks).ForEach(func(k, v []byte) error {
 			if len(k) != 8 {
 				return fmt.Errorf("pack key of %d bytes: %w", len(k), ErrCorrupt)
 			}
@@ -320,27 +352,58 @@ func (s *Store) recoverPacks() error {
 			s.nextPack = max(s.nextPack, id+1)
 			return nil
 		})
+		if err != nil {
+			return err
+		}
+		return tx.Bucket(bucketIntents).ForEach(func(k, v []byte) error {
+			if len(k) != 8 {
+				return fmt.Errorf("intent key of %d bytes: %w", len(k), ErrCorrupt)
+			}
+			id := beUint64(k)
+			intents[id] = true
+			s.nextPack = max(s.nextPack, id+1)
+			return nil
+		})
 	})
 	if err != nil {
 		return fmt.Errorf("chunkstore: recover: %w", err)
+	}
+	var abandon []record
+	for id := range intents {
+		if _, ok := known[id]; ok {
+			continue
+		}
+		if onDisk[id] {
+			s.log.Warn("removing pack begun by a write that never committed", "pack", s.PackPath(id))
+			if err := s.fs.Remove(s.PackPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("chunkstore: recover: %w", err)
+			}
+			delete(onDisk, id)
+		}
+		abandon = append(abandon, record{kind: recAbandon, pack: id})
+	}
+	if len(abandon) > 0 {
+		if err := s.fs.SyncDir(s.packsDir()); err != nil {
+			return fmt.Errorf("chunkstore: recover: %w", err)
+		}
+		if err := s.commit(abandon); err != nil {
+			return fmt.Errorf("chunkstore: recover: %w", err)
+		}
 	}
 	for id := range onDisk {
 		path := s.PackPath(id)
 		pi, ok := known[id]
 		if !ok {
-			s.log.Warn("removing pack no commit references (left by an interrupted write)", "pack", path)
-			if err := os.Remove(path); err != nil {
-				return fmt.Errorf("chunkstore: recover: %w", err)
-			}
+			s.log.Warn("pack unknown to the index and its metadata log; left in place (kylix fsck lists it)", "pack", path)
 			continue
 		}
-		st, err := os.Stat(path)
+		st, err := s.fs.Stat(path)
 		if err != nil {
 			return fmt.Errorf("chunkstore: recover: %w", err)
 		}
 		if st.Size() > pi.Size {
 			s.log.Warn("cutting uncommitted bytes off pack", "pack", path, "size", st.Size(), "committed", pi.Size)
-			if err := os.Truncate(path, pi.Size); err != nil {
+			if err := s.fs.Truncate(path, pi.Size); err != nil {
 				return fmt.Errorf("chunkstore: recover: %w", err)
 			}
 		} else if st.Size() < pi.Size {
@@ -351,6 +414,69 @@ func (s *Store) recoverPacks() error {
 		if !onDisk[id] {
 			s.log.Error("pack missing; verify will list what is lost", "pack", s.PackPath(id))
 		}
+	}
+	return nil
+}
+
+// Permission rule: the data directory and packs directory are 0700, every
+// file in them 0600. Packs hold bytes of files the mount may refuse to show
+// a user, and the index holds names from private directories; only the
+// node's user reads them. Checked at every open: wrong modes are fixed and
+// reported.
+const (
+	dirPerm  fs.FileMode = 0o700
+	filePerm fs.FileMode = 0o600
+)
+
+func (s *Store) fixPerms() error {
+	var fixed []string
+	fix := func(path string, want fs.FileMode) error {
+		stat := os.Lstat
+		if want == dirPerm {
+			// The data directory may be a symlink the admin made
+			// (/var/lib/kylix -> /data/kylix): check what it names.
+			stat = os.Stat
+		}
+		st, err := stat(path)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("chunkstore: open: %w", err)
+		}
+		if st.Mode()&os.ModeSymlink != 0 || st.Mode().Perm() == want {
+			return nil
+		}
+		if err := s.fs.Chmod(path, want); err != nil {
+			return fmt.Errorf("chunkstore: open: fix permissions of %s: %w", path, err)
+		}
+		fixed = append(fixed, fmt.Sprintf("%s (was %o)", path, st.Mode().Perm()))
+		return nil
+	}
+	for _, p := range []string{s.dir, s.packsDir()} {
+		if err := fix(p, dirPerm); err != nil {
+			return err
+		}
+	}
+	for _, name := range []string{"index.db", "LOCK"} {
+		if err := fix(filepath.Join(s.dir, name), filePerm); err != nil {
+			return err
+		}
+	}
+	ents, err := s.fs.ReadDir(s.packsDir())
+	if err != nil {
+		return fmt.Errorf("chunkstore: open: %w", err)
+	}
+	for _, e := range ents {
+		if e.Type().IsRegular() {
+			if err := fix(filepath.Join(s.packsDir(), e.Name()), filePerm); err != nil {
+				return err
+			}
+		}
+	}
+	if len(fixed) > 0 {
+		ex := fixed[:min(len(fixed), 3)]
+		s.log.Warn("data directory was readable by other users; permissions fixed (dirs 0700, files 0600)", "fixed", len(fixed), "examples", strings.Join(ex, ", "))
 	}
 	return nil
 }
