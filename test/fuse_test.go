@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -166,21 +167,31 @@ func TestKill9DuringReads(t *testing.T) {
 	mustKylix(t, "/", "import", "--data", data, model, "m")
 	var stop atomic.Bool
 	var wg sync.WaitGroup
+	// Also when waitFor fails: no reader outlives the test.
+	defer func() { stop.Store(true); wg.Wait() }()
+	var reads atomic.Int64 // whole files read through the mount
 	for range 3 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for !stop.Load() {
 				for rel := range want {
-					os.ReadFile(filepath.Join(mnt, "m", rel)) // errors expected once the node dies
+					// errors expected once the node dies
+					if _, err := os.ReadFile(filepath.Join(mnt, "m", rel)); err == nil {
+						reads.Add(1)
+					}
 				}
 			}
 		}()
 	}
-	time.Sleep(300 * time.Millisecond)
+	// Kill while the readers are at it: after they have read the model at
+	// least once between them, not after a guessed time.
+	waitFor(t, 30*time.Second, fmt.Sprintf("readers to read %d files through the mount", len(want)),
+		func() bool { return reads.Load() >= int64(len(want)) })
 	n.kill9()
 	stop.Store(true)
 	wg.Wait()
+	t.Logf("%d files read through the mount before kill -9", reads.Load())
 	n = startNode(t, data, mnt)
 	mustKylix(t, "/", "verify", "--data", data)
 	if got := treeSums(t, filepath.Join(mnt, "m")); !equalSums(got, want) {
@@ -208,6 +219,8 @@ func TestKill9DuringWrites(t *testing.T) {
 	sizes := []int{3000, 70000, 1 << 20, 3<<20 + 17}
 	var stop atomic.Bool
 	var wg sync.WaitGroup
+	// Also when waitFor fails: no writer outlives the test.
+	defer func() { stop.Store(true); wg.Wait() }()
 	var written atomic.Int64
 	for g := range 2 {
 		wg.Add(1)
@@ -231,19 +244,35 @@ func TestKill9DuringWrites(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(1500 * time.Millisecond)
+	// Kill while the writers are at it, not after a guessed time: once they
+	// have closed a few files, and the store has committed some (the CLI
+	// waits for pending commits; the writers go on meanwhile). What the
+	// store listed before the kill must survive it.
+	const closedBeforeKill = 4
+	waitFor(t, 30*time.Second, fmt.Sprintf("writers to close %d files in the mount", closedBeforeKill),
+		func() bool { return written.Load() >= closedBeforeKill })
+	committed := regexp.MustCompile(`f\d{4}`).FindAllString(mustKylix(t, "/", "ls", "--data", data, "w"), -1)
+	if len(committed) == 0 {
+		t.Fatalf("kylix ls lists no file in w/ after %d were closed", written.Load())
+	}
 	n.kill9()
 	stop.Store(true)
 	wg.Wait()
-	t.Logf("%d files closed before kill -9", written.Load())
+	t.Logf("%d files closed before kill -9, %d of them committed before it", written.Load(), len(committed))
 	n = startNode(t, data, mnt)
 	mustKylix(t, "/", "verify", "--data", data)
 	ents, err := os.ReadDir(filepath.Join(mnt, "w"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ents) == 0 {
-		t.Fatalf("no file survived (%d closed before the kill)", written.Load())
+	have := map[string]bool{}
+	for _, e := range ents {
+		have[e.Name()] = true
+	}
+	for _, name := range committed {
+		if !have[name] {
+			t.Errorf("%s was committed before kill -9 and is gone after the restart", name)
+		}
 	}
 	for _, e := range ents {
 		var i int
@@ -365,7 +394,13 @@ func TestWriterKilled(t *testing.T) {
 	if err := w.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	defer w.Process.Kill() // also when waitFor fails
+	// Kill dd once its file in the mount holds at least one of its blocks:
+	// then the file it leaves must not be empty.
+	waitFor(t, 30*time.Second, "dd to write 64 KiB into the mount", func() bool {
+		fi, err := os.Stat(p)
+		return err == nil && fi.Size() >= 64<<10
+	})
 	w.Process.Kill()
 	w.Wait()
 	mustKylix(t, "/", "verify", "--data", data) // waits for the commit first

@@ -181,3 +181,17 @@ func dirs(t *testing.T) (data, mnt string) {
 	base := t.TempDir()
 	return filepath.Join(base, "data"), filepath.Join(base, "mnt")
 }
+
+// waitFor polls cond until it holds, failing the test with what it waited
+// for when it does not within d. Tests use it instead of sleeping a fixed
+// time for something to have happened.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %v for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
