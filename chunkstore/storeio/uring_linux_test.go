@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func newTestUring(t *testing.T, depth int) *uringReader {
@@ -40,21 +42,21 @@ func TestUringShortReadPipe(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- u.Read(context.Background(), []*Request{q}) }()
 	pw.Write(want[:100])
-	select {
-	case err := <-done:
-		t.Fatalf("Read returned after a short read: %v (N=%d)", err, q.N)
-	case <-time.After(50 * time.Millisecond):
-	}
+	// The ring is the pipe's only reader: once the pipe is empty, a read
+	// has returned those 100 bytes alone (a short read), and the rest is
+	// written after it. A Read that took the short read for the whole
+	// request returns N = 100.
+	waitPipeDrained(t, pr)
 	pw.Write(want[100:])
 	if err := <-done; err != nil || q.N != len(want) || !bytes.Equal(q.Buf, want) {
-		t.Fatalf("Read = %v, N = %d", err, q.N)
+		t.Fatalf("Read = %v, N = %d (a short read was taken for the whole request?)", err, q.N)
 	}
 
 	// End of file after a short read: N < len(Buf), no error.
 	q = &Request{Fd: int(pr.Fd()), Buf: make([]byte, 100)}
 	go func() { done <- u.Read(context.Background(), []*Request{q}) }()
 	pw.Write(want[:30])
-	time.Sleep(10 * time.Millisecond)
+	waitPipeDrained(t, pr) // a short read of 30 first, then EOF
 	pw.Close()
 	if err := <-done; err != nil || q.N != 30 || !bytes.Equal(q.Buf[:30], want[:30]) {
 		t.Fatalf("Read at EOF = %v, N = %d", err, q.N)
@@ -81,8 +83,20 @@ func TestUringCancelWaitsForInflight(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- u.Read(ctx, append([]*Request{blocked}, later...)) }()
-	time.Sleep(20 * time.Millisecond)
+	// Cancel once the blocked read holds the ring's only slot: Read submits
+	// a read unconditionally once it has taken its slot, so from then on the
+	// read is (or is about to be) in flight whatever the context says.
+	deadline := time.Now().Add(10 * time.Second)
+	for len(u.free) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the pipe read did not take the ring's slot within 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	cancel()
+	// Not synchronisation: nothing may happen here. A Read that returned on
+	// cancel without waiting for the kernel is caught here (it returns at
+	// once), and below (the in-flight read's result is missing).
 	select {
 	case err := <-done:
 		t.Fatalf("Read returned while a read was in flight: %v", err)
@@ -154,5 +168,25 @@ func TestUnavailableErrors(t *testing.T) {
 	}
 	if err := unavailable("io_uring_setup", syscall.EINVAL); errors.Is(err, ErrUnavailable) {
 		t.Errorf("EINVAL: %v", err)
+	}
+}
+
+// waitPipeDrained waits until the pipe holds no unread bytes (FIONREAD), that
+// is until a read has taken what was written into it.
+func waitPipeDrained(t *testing.T, r *os.File) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, err := unix.IoctlGetInt(int(r.Fd()), unix.TIOCINQ) // FIONREAD
+		if err != nil {
+			t.Fatalf("FIONREAD on the pipe: %v", err)
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no read took the %d bytes in the pipe within 10s", n)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
