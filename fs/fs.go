@@ -49,6 +49,14 @@ type Options struct {
 	NoPassthrough bool
 	// Debug logs every FUSE request.
 	Debug bool
+	// Reserve is free space on the data directory's file system that
+	// writers through the mount whose uid is not 0 cannot use. nil means
+	// DefaultReservePercent of the file system (docs/design/space.md).
+	Reserve *Reserve
+	// LowSpace: while less than this is free above the reserve, the last
+	// close of a written file waits for its commit and reports its outcome.
+	// 0 means DefaultLowSpace; negative: close never waits.
+	LowSpace int64
 }
 
 // FS is a mounted (or mountable) view of a store's namespace.
@@ -60,6 +68,7 @@ type FS struct {
 	cache  *dirCache
 	chunks *chunkCache
 	com    *committer
+	space  *space
 	uid    uint32
 	gid    uint32
 
@@ -75,6 +84,9 @@ type FS struct {
 
 	dirtyMu sync.Mutex
 	dirty   map[*fileNode]struct{} // nodes with a working copy
+
+	// beforeCommit, when set (tests), runs before each commit batch.
+	beforeCommit func()
 
 	stats struct {
 		ptOpens, daemonOpens, reads, readBytes, commits, commitBatches atomic.Int64
@@ -142,6 +154,18 @@ func New(s *chunkstore.Store, opts Options) (*FS, error) {
 		gid:         uint32(os.Getgid()),
 		passthrough: !opts.NoPassthrough && os.Geteuid() == 0,
 		dirty:       map[*fileNode]struct{}{},
+	}
+	reserve := Reserve{Percent: DefaultReservePercent}
+	if opts.Reserve != nil {
+		reserve = *opts.Reserve
+	}
+	if opts.LowSpace == 0 {
+		opts.LowSpace = DefaultLowSpace
+	}
+	f.space = &space{dir: s.Dir(), reserve: reserve, low: opts.LowSpace, root: os.Geteuid() == 0}
+	f.opts.LowSpace = opts.LowSpace
+	if _, err := f.space.stat(); err != nil {
+		return nil, err
 	}
 	f.root = &dirNode{}
 	f.root.fsys, f.root.isRoot = f, true

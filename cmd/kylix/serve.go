@@ -46,7 +46,7 @@ var runningNode struct {
 }
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--no-passthrough] [--debug]", `
+	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--reserve SIZE|PERCENT] [--no-passthrough] [--debug]", `
 Runs a node: opens the store, mounts its namespace at the mount point, and
 serves the admin socket DATA/kylix.sock. While the node runs, the other
 commands (import, export, ls, stat, df, verify, gc, rm) given the same data
@@ -58,14 +58,26 @@ file written in the mount becomes a new version when its last writer closes
 it (or on fsync). Large files with a pack of their own are served by FUSE
 passthrough, the rest by the node (see docs/design/fs.md).
 
+Writers through the mount whose uid is not 0 cannot use the last
+--reserve of the data directory's file system (default 5%, as ext4 keeps
+for root); a write, close or fsync whose version cannot be committed fails
+with ENOSPC (or EIO) and the file keeps its last committed version (see
+docs/design/space.md).
+
 Default mount point: `+strings.ReplaceAll(defaultMountDoc, "\n", " ")+`.
 Stop the node with Ctrl-C or SIGTERM: it commits open writes and unmounts.
 A mount left by a node killed with kill -9 is cleared at the next start.`)
 	mnt := f.String("mount", e.defaultMountDir(), "mount point (env KYLIX_MOUNT)")
 	noPT := f.Bool("no-passthrough", false, "serve every file through the node, never FUSE passthrough")
 	debug := f.Bool("debug", false, "log every FUSE request")
+	reserveFlag := f.String("reserve", fmt.Sprintf("%d%%", kfs.DefaultReservePercent),
+		"free space kept from writers through the mount whose uid is not 0: a size (2GiB) or a share of the data file system (5%)")
 	if err := f.parse(args, 0, 0); err != nil {
 		return err
+	}
+	reserve, err := kfs.ParseReserve(*reserveFlag)
+	if err != nil {
+		return fmt.Errorf("serve: --%w", err)
 	}
 	if e.store != nil {
 		return fmt.Errorf("serve: a node already runs for this data directory")
@@ -86,7 +98,7 @@ A mount left by a node killed with kill -9 is cleared at the next start.`)
 		return err
 	}
 	defer s.Close()
-	fsys, err := kfs.New(s, kfs.Options{Logger: log, NoPassthrough: *noPT, Debug: *debug})
+	fsys, err := kfs.New(s, kfs.Options{Logger: log, NoPassthrough: *noPT, Debug: *debug, Reserve: &reserve})
 	if err != nil {
 		return err
 	}
