@@ -291,7 +291,7 @@ func TestDiskFullAtCommit(t *testing.T) {
 	disk := smallDisk(t, 24<<20)
 	data := filepath.Join(disk, "data")
 	n := startNode(t, data, kfs.Options{}, nil)
-	old := pattern(1, 100<<10)
+	old := pattern(1, 2<<20)
 	if where, err := writeClose(n.path("model.bin"), old, true); err != nil {
 		t.Fatalf("%s: %v", where, err)
 	}
@@ -305,9 +305,15 @@ func TestDiskFullAtCommit(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// As long as the old version, so that only an invalidation (not
+		// a size change) can drop the kernel's pages of the new bytes,
+		// which a reader loads now.
 		newBytes := pattern(2, 2<<20)
 		if _, err := f.Write(newBytes); err != nil {
 			t.Fatalf("%s: write with room to spare: %v", tc.name, err)
+		}
+		if got, err := os.ReadFile(n.path(tc.name)); err != nil || !bytes.Equal(got, newBytes) {
+			t.Fatalf("%s: read while writing: %d bytes, %v", tc.name, len(got), err)
 		}
 		filler := filepath.Join(disk, "filler")
 		fillFile(t, filler)
@@ -352,13 +358,18 @@ func TestCommitFailsAfterClose(t *testing.T) {
 	disk := smallDisk(t, 24<<20)
 	data := filepath.Join(disk, "data")
 	filler := filepath.Join(disk, "filler")
-	var fill bool
+	// The test arms the hook; the next batch then waits until the test
+	// has read the new bytes (so the kernel caches them) and fills the
+	// disk before it writes.
+	var armed bool
 	var fillMu sync.Mutex
+	proceed := make(chan struct{})
 	n := startNode(t, data, kfs.Options{LowSpace: -1}, func() {
 		fillMu.Lock()
 		defer fillMu.Unlock()
-		if fill {
-			fill = false
+		if armed {
+			armed = false
+			<-proceed
 			fillFile(t, filler)
 		}
 	})
@@ -371,10 +382,17 @@ func TestCommitFailsAfterClose(t *testing.T) {
 	}
 	free0 := freeBytes(t, disk)
 	fillMu.Lock()
-	fill = true
+	armed = true
 	fillMu.Unlock()
-	if where, err := writeClose(n.path("a.bin"), pattern(2, 3<<20), false); err != nil {
+	newBytes := pattern(2, len(old)) // same size: only invalidation drops the cached pages
+	if where, err := writeClose(n.path("a.bin"), newBytes, false); err != nil {
+		close(proceed)
 		t.Fatalf("%s: %v (close must not wait when space is not low)", where, err)
+	}
+	got, err := os.ReadFile(n.path("a.bin"))
+	close(proceed)
+	if err != nil || !bytes.Equal(got, newBytes) {
+		t.Fatalf("a.bin before its commit: %d bytes, %v; want the new bytes", len(got), err)
 	}
 	if err := n.fs.Sync(); err != nil {
 		t.Fatal(err)
@@ -383,7 +401,7 @@ func TestCommitFailsAfterClose(t *testing.T) {
 		t.Errorf("a.bin after its commit failed: %d bytes, %v; want the previous %d bytes", len(got), err, len(old))
 	}
 	fst, _ := os.Stat(filler)
-	if free := freeBytes(t, disk); free < free0-fst.Size()-256<<10 {
+	if free := freeBytes(t, disk); free < free0-fst.Size()-32<<10 {
 		t.Errorf("%d bytes free after the failed commit, want about %d (working copy still held?)", free, free0-fst.Size())
 	}
 	f, err := os.Open(n.path("a.bin"))
