@@ -37,6 +37,35 @@ func smallDisk(t *testing.T, size int64) string {
 	return dir
 }
 
+// smallExt4 makes a loop-mounted ext4 file system of size bytes (no root
+// reserve of its own) and returns its root; the cleanup unmounts it.
+func smallExt4(t *testing.T, size int64) string {
+	t.Helper()
+	fstest.RequireFUSE(t)
+	img := filepath.Join(t.TempDir(), "disk.img")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, size); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-m", "0", img).CombinedOutput(); err != nil {
+		t.Skipf("mkfs.ext4: %v %s", err, out)
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-o", "loop", img, dir).CombinedOutput(); err != nil {
+		t.Skipf("cannot loop-mount an ext4 image: %v %s", err, out)
+	}
+	t.Cleanup(func() {
+		// Detach: the loop device goes (autoclear) when the last file
+		// on it is closed, even if a failed test left one open.
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount ext4: %v", err)
+		}
+	})
+	return dir
+}
+
 // spaceNode is a node over a data directory, stoppable and restartable
 // within a test.
 type spaceNode struct {
@@ -172,12 +201,14 @@ func fillFile(t *testing.T, p string) {
 // for the commit (the default when space is low) and without (space
 // accounting alone).
 func TestDiskFullManySmallFiles(t *testing.T) {
-	t.Run("close waits", func(t *testing.T) { diskFullManySmallFiles(t, 0) })
-	t.Run("close never waits", func(t *testing.T) { diskFullManySmallFiles(t, -1) })
+	tmpfs := func(t *testing.T) string { return smallDisk(t, 24<<20) }
+	ext4 := func(t *testing.T) string { return smallExt4(t, 32<<20) }
+	t.Run("tmpfs, close waits", func(t *testing.T) { diskFullManySmallFiles(t, tmpfs(t), 0) })
+	t.Run("tmpfs, close never waits", func(t *testing.T) { diskFullManySmallFiles(t, tmpfs(t), -1) })
+	t.Run("ext4, close waits", func(t *testing.T) { diskFullManySmallFiles(t, ext4(t), 0) })
 }
 
-func diskFullManySmallFiles(t *testing.T, lowSpace int64) {
-	disk := smallDisk(t, 24<<20)
+func diskFullManySmallFiles(t *testing.T, disk string, lowSpace int64) {
 	data := filepath.Join(disk, "data")
 	n := startNode(t, data, kfs.Options{LowSpace: lowSpace}, nil)
 
@@ -441,7 +472,11 @@ func setprivRun(t *testing.T, script string, args ...string) (string, error) {
 // sparse truncate takes no space, and statfs through the mount excludes
 // the reserve from f_bavail.
 func TestReserve(t *testing.T) {
-	disk := smallDisk(t, 24<<20)
+	t.Run("tmpfs", func(t *testing.T) { testReserve(t, smallDisk(t, 24<<20)) })
+	t.Run("ext4", func(t *testing.T) { testReserve(t, smallExt4(t, 32<<20)) })
+}
+
+func testReserve(t *testing.T, disk string) {
 	data := filepath.Join(disk, "data")
 	const reserve = 6 << 20
 	n := startNode(t, data, kfs.Options{Reserve: &kfs.Reserve{Bytes: reserve}}, nil)
