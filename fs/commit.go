@@ -232,6 +232,10 @@ func (c *committer) commit(batch []*fileNode) {
 			n.id, n.size, n.inStore, n.notPT = it.ent.ID, it.ent.Size, true, false
 			if st != nil {
 				st.commitErr = nil
+				st.cmtime = 0
+				if st.tmp != nil {
+					st.cmtime = it.ent.MTime // a newer copy builds on this version
+				}
 				if it.tf != nil && st.committing == it.tf {
 					st.committing = nil
 					it.tf.release() // the node's reference

@@ -69,6 +69,9 @@ type fileState struct {
 	// open. inval: the kernel may cache bytes that are no longer the
 	// file's; both are settled by finishFailure.
 	lost, inval bool
+	// cmtime is the committed version's mtime while a working copy or a
+	// commit is in flight (0: none), restored when they are discarded.
+	cmtime int64
 }
 
 var (
@@ -301,9 +304,17 @@ func (n *fileNode) ensureTmpLocked(st *fileState, priv bool) error {
 		tf.release()
 		return fmt.Errorf("fs: copy version %s for writing: %w", n.id.Short(), err)
 	}
+	n.newTmpLocked(st, tf)
+	return nil
+}
+
+// newTmpLocked installs a new working copy.
+func (n *fileNode) newTmpLocked(st *fileState, tf *tempFile) {
+	if st.committing == nil && st.cmtime == 0 {
+		st.cmtime = n.mtime
+	}
 	st.tmp = tf
 	n.fsys.markDirty(n, true)
-	return nil
 }
 
 // truncateLocked truncates for an open with O_TRUNC.
@@ -319,8 +330,7 @@ func (n *fileNode) resizeLocked(st *fileState, size int64, priv bool) error {
 		if err != nil {
 			return err
 		}
-		st.tmp = tf
-		n.fsys.markDirty(n, true)
+		n.newTmpLocked(st, tf)
 	} else if err := n.ensureTmpLocked(st, priv); err != nil {
 		return err
 	}
@@ -390,6 +400,9 @@ func (n *fileNode) discardLocked(st *fileState, err error) {
 	st.inval = true
 	if st.committing == nil {
 		n.fsys.markDirty(n, false)
+		if st.cmtime != 0 {
+			n.mtime, st.cmtime = st.cmtime, 0
+		}
 	}
 }
 

@@ -332,6 +332,7 @@ func TestDiskFullAtCommit(t *testing.T) {
 		prev []byte
 	}{{"model.bin", old}, {"new.bin", nil}} {
 		free0 := freeBytes(t, disk)
+		st0, _ := os.Stat(n.path(tc.name))
 		f, err := os.OpenFile(n.path(tc.name), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 		if err != nil {
 			t.Fatal(err)
@@ -364,6 +365,8 @@ func TestDiskFullAtCommit(t *testing.T) {
 			}
 		} else if err != nil || !bytes.Equal(got, tc.prev) {
 			t.Errorf("%s: reads %d bytes (%v), want its previous %d bytes", tc.name, len(got), err, len(tc.prev))
+		} else if st, err := os.Stat(n.path(tc.name)); err != nil || !st.ModTime().Equal(st0.ModTime()) || st.Size() != int64(len(tc.prev)) {
+			t.Errorf("%s: stat after the failure: %v %v, want the previous version's mtime %v and size", tc.name, st, err, st0.ModTime())
 		}
 		os.Remove(filler)
 	}
