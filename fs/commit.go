@@ -70,6 +70,13 @@ func (c *committer) wait(t uint64) error {
 	return nil
 }
 
+// busy reports whether commits are queued or being written.
+func (c *committer) busy() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.done < c.issued
+}
+
 // close commits what is queued and stops.
 func (c *committer) close() error {
 	c.mu.Lock()
@@ -122,6 +129,9 @@ type commitItem struct {
 
 func (c *committer) commit(batch []*fileNode) {
 	f := c.f
+	if f.beforeCommit != nil {
+		f.beforeCommit()
+	}
 	f.stats.commitBatches.Add(1)
 	items := make([]*commitItem, len(batch))
 	f.nsMu.RLock()
@@ -182,6 +192,7 @@ func (c *committer) commit(batch []*fileNode) {
 			return nil
 		})
 	}
+	var failed []*fileNode
 	for _, it := range items {
 		n := it.n
 		err := it.err
@@ -195,15 +206,36 @@ func (c *committer) commit(batch []*fileNode) {
 		st := n.st
 		switch {
 		case err != nil:
-			if st != nil {
-				st.commitErr = fmt.Errorf("fs: commit %s: %w", it.name, err)
+			err = fmt.Errorf("fs: commit %s: %w", it.name, err)
+			f.log.Error("commit failed; the file keeps its last committed version", "name", it.name, "err", err)
+			if st == nil {
+				break
 			}
-			f.log.Error("commit failed", "name", it.name, "err", err)
+			if it.tf == nil || st.committing != it.tf {
+				// A newer copy (made from this one) is waiting: nothing
+				// is lost yet; the next fsync or close hears of it.
+				st.commitErr = err
+				break
+			}
+			// Free the copy's space now rather than keep it for a retry
+			// that would fail the same way; the writer is told.
+			st.committing = nil
+			it.tf.release() // the node's reference
+			if st.tmp != nil {
+				st.commitErr = err // the newer copy holds these bytes too
+				break
+			}
+			n.discardLocked(st, err)
+			failed = append(failed, n)
 		case it.put:
 			f.stats.commits.Add(1)
 			n.id, n.size, n.inStore, n.notPT = it.ent.ID, it.ent.Size, true, false
 			if st != nil {
 				st.commitErr = nil
+				st.cmtime = 0
+				if st.tmp != nil {
+					st.cmtime = it.ent.MTime // a newer copy builds on this version
+				}
 				if it.tf != nil && st.committing == it.tf {
 					st.committing = nil
 					it.tf.release() // the node's reference
@@ -225,5 +257,8 @@ func (c *committer) commit(batch []*fileNode) {
 		if it.tf != nil {
 			it.tf.release()
 		}
+	}
+	for _, n := range failed {
+		n.finishFailure(0, true)
 	}
 }

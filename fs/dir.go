@@ -584,13 +584,7 @@ func (d *dirNode) Rename(ctx context.Context, name string, newParent gofs.InodeE
 }
 
 func (d *dirNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(d.fsys.s.Dir(), &st); err != nil {
-		return toErrno(err)
-	}
-	out.FromStatfsT(&st)
-	out.NameLen = chunkstore.MaxNameLen
-	return 0
+	return d.fsys.statfs(out) // fs/space.go
 }
 
 func (d *dirNode) Fsync(ctx context.Context, fh gofs.FileHandle, flags uint32) syscall.Errno {

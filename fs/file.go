@@ -54,11 +54,25 @@ type fileState struct {
 	wmu        sync.RWMutex
 	tmp        *tempFile
 	committing *tempFile
-	commitErr  error // last commit failure, reported by fsync
+	// commitErr is the last failure to commit or write the file that no
+	// fsync or close has reported yet; the next one reports it.
+	commitErr  error
 	file       *chunkstore.File
 	writers    int // open handles that may write
 	ptOpen     int // open passthrough handles
 	cachedOpen int // open handles served by the daemon
+	// whandles are the open handles that may write: a failure marks them
+	// (handle.failed) so none of them can build a version on top of the
+	// bytes that were lost.
+	whandles map[*handle]struct{}
+	// lost: the newest bytes were discarded after a failure and the file
+	// has no committed version, so its name goes once no writer has it
+	// open. inval: the kernel may cache bytes that are no longer the
+	// file's; both are settled by finishFailure.
+	lost, inval bool
+	// cmtime is the committed version's mtime while a working copy or a
+	// commit is in flight (0: none), restored when they are discarded.
+	cmtime int64
 }
 
 var (
@@ -71,6 +85,7 @@ var (
 	_ = (gofs.NodeRemovexattrer)((*fileNode)(nil))
 	_ = (gofs.NodeIoctler)((*fileNode)(nil))
 	_ = (gofs.NodeFsyncer)((*fileNode)(nil))
+	_ = (gofs.NodeStatfser)((*fileNode)(nil))
 )
 
 func newFileNode(f *FS, parent *dirNode, name string, e chunkstore.Entry, inStore bool) *fileNode {
@@ -92,7 +107,7 @@ func (n *fileNode) stateLocked() *fileState {
 func (n *fileNode) idleLocked() {
 	st := n.st
 	if st != nil && st.tmp == nil && st.committing == nil && st.commitErr == nil &&
-		st.writers == 0 && st.ptOpen == 0 && st.cachedOpen == 0 {
+		!st.lost && !st.inval && st.writers == 0 && st.ptOpen == 0 && st.cachedOpen == 0 {
 		n.st = nil
 	}
 }
@@ -215,11 +230,19 @@ func (n *fileNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.Set
 	size, hasSize := in.GetSize()
 	if hasSize {
 		st := n.lockW(true)
-		err := n.truncateLocked(st, int64(size))
+		var err error
+		if h, ok := fh.(*handle); ok && h.failed != nil {
+			err = h.failed // ftruncate on a handle whose version was lost
+		} else {
+			err = n.resizeLocked(st, int64(size), privileged(ctx))
+		}
 		noWriters := st.writers == 0
 		n.mu.Unlock()
 		st.wmu.RUnlock()
 		if err != nil {
+			if _, ok := fh.(*handle); ok {
+				return failErrno(err)
+			}
 			return toErrno(err)
 		}
 		if noWriters {
@@ -242,8 +265,9 @@ func (n *fileNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.Set
 }
 
 // ensureTmpLocked makes the working copy, copying the current content into
-// it (copy-up). Callers hold mu and st.wmu (shared).
-func (n *fileNode) ensureTmpLocked(st *fileState) error {
+// it (copy-up), which needs the space of the copy and of its commit.
+// Callers hold mu and st.wmu (shared).
+func (n *fileNode) ensureTmpLocked(st *fileState, priv bool) error {
 	if st.tmp != nil {
 		return nil
 	}
@@ -254,38 +278,65 @@ func (n *fileNode) ensureTmpLocked(st *fileState) error {
 	if err != nil {
 		return err
 	}
+	var size int64
 	switch {
 	case st.committing != nil:
-		_, err = io.Copy(tf.f, io.NewSectionReader(st.committing.f, 0, st.committing.size()))
+		size = st.committing.size()
+	case !n.id.IsZero():
+		size = n.size
+	}
+	if err := n.fsys.space.admit(tf, size, priv); err != nil {
+		tf.release()
+		return fmt.Errorf("fs: copy %s for writing: %w", n.name, err)
+	}
+	switch {
+	case st.committing != nil:
+		_, err = io.Copy(tf.f, io.NewSectionReader(st.committing.f, 0, size))
 	case !n.id.IsZero():
 		var sf *chunkstore.File
 		if sf, err = n.storeFileLocked(); err == nil {
 			_, err = sf.WriteTo(context.Background(), tf.f, nil)
 		}
 	}
+	n.fsys.space.done(tf, size)
 	if err != nil {
 		tf.release()
 		return fmt.Errorf("fs: copy version %s for writing: %w", n.id.Short(), err)
 	}
-	st.tmp = tf
-	n.fsys.markDirty(n, true)
+	n.newTmpLocked(st, tf)
 	return nil
 }
 
+// newTmpLocked installs a new working copy.
+func (n *fileNode) newTmpLocked(st *fileState, tf *tempFile) {
+	if st.committing == nil && st.cmtime == 0 {
+		st.cmtime = n.mtime
+	}
+	st.tmp = tf
+	n.fsys.markDirty(n, true)
+}
+
+// truncateLocked truncates for an open with O_TRUNC.
 func (n *fileNode) truncateLocked(st *fileState, size int64) error {
+	return n.resizeLocked(st, size, false)
+}
+
+// resizeLocked sets the working copy's size. Growing it is sparse and
+// takes no space, so only a copy-up is admitted against the free space.
+func (n *fileNode) resizeLocked(st *fileState, size int64, priv bool) error {
 	if st.tmp == nil && size == 0 && st.ptOpen == 0 {
 		tf, err := n.fsys.newTemp()
 		if err != nil {
 			return err
 		}
-		st.tmp = tf
-		n.fsys.markDirty(n, true)
-	} else if err := n.ensureTmpLocked(st); err != nil {
+		n.newTmpLocked(st, tf)
+	} else if err := n.ensureTmpLocked(st, priv); err != nil {
 		return err
 	}
 	if err := st.tmp.f.Truncate(size); err != nil {
 		return fmt.Errorf("fs: truncate: %w", err)
 	}
+	n.fsys.space.done(st.tmp, 0)
 	n.mtime = time.Now().UnixNano()
 	return nil
 }
@@ -304,14 +355,15 @@ func (n *fileNode) storeFileLocked() (*chunkstore.File, error) {
 	return f, nil
 }
 
-// handoff gives the working copy to the committer.
-func (n *fileNode) handoff() {
+// handoff gives the working copy to the committer and returns the
+// committer's ticket for it (0: there was nothing to commit).
+func (n *fileNode) handoff() uint64 {
 	st := n.lockW(false)
 	if st.tmp == nil {
 		n.idleLocked()
 		n.mu.Unlock()
 		st.wmu.Unlock()
-		return
+		return 0
 	}
 	if st.committing != nil {
 		st.committing.release() // superseded before it was committed
@@ -319,7 +371,103 @@ func (n *fileNode) handoff() {
 	st.committing, st.tmp = st.tmp, nil
 	n.mu.Unlock()
 	st.wmu.Unlock()
-	n.fsys.com.enqueue(n)
+	return n.fsys.com.enqueue(n)
+}
+
+// discardLocked drops the file's working copy after a write into it or
+// its commit failed with err: the file is back at its committed version
+// (one that never had one loses its name once its writers closed it), the
+// copy's space is freed now, and every handle open for writing gets err
+// at its next write, fsync or close, so no later write can turn part of
+// the lost bytes into a version. Callers hold mu.
+func (n *fileNode) discardLocked(st *fileState, err error) {
+	if st.tmp != nil {
+		st.tmp.release()
+		st.tmp = nil
+	}
+	for h := range st.whandles {
+		if h.failed == nil {
+			h.failed = err
+		}
+	}
+	if st.commitErr == nil {
+		st.commitErr = err
+	}
+	if !n.inStore && st.committing == nil {
+		st.lost = true
+	}
+	st.inval = true
+	if st.committing == nil {
+		n.fsys.markDirty(n, false)
+		if st.cmtime != 0 {
+			n.mtime, st.cmtime = st.cmtime, 0
+		}
+	}
+}
+
+// finishFailure settles a failure once the kernel can take it: it drops
+// the kernel's cached pages and attributes of the file (they may hold the
+// lost bytes: readers must see the committed version, not phantom bytes)
+// and, when no writer other than the caller's own mine handles has the
+// file open, removes the name of a file whose only version was lost. It
+// runs without locks held: the kernel locks pages and the parent
+// directory to do this, and a write request holds its pages locked until
+// its reply, so it never runs inside a write.
+//
+// The committer calls it with idle set: it then does nothing while a
+// writer has the file open, because a writer's write request holds pages
+// locked while it waits for the committer to make room (waitForRoom); the
+// writers' close settles it instead.
+func (n *fileNode) finishFailure(mine int, idle bool) {
+	f := n.fsys
+	f.nsMu.Lock()
+	n.mu.Lock()
+	st := n.st
+	if st == nil || (!st.lost && !st.inval) || (idle && st.writers > 0) {
+		n.mu.Unlock()
+		f.nsMu.Unlock()
+		return
+	}
+	inval := st.inval
+	st.inval = false
+	var parent *gofs.Inode
+	var name string
+	if st.lost && st.writers <= mine {
+		st.lost = false
+		if !n.inStore && n.newestLocked() == nil && n.parent != nil && !n.gone.Load() {
+			parent, name = n.parent.EmbeddedInode(), n.name
+			orphan(n.EmbeddedInode())
+		}
+	}
+	n.idleLocked()
+	n.mu.Unlock()
+	f.nsMu.Unlock()
+	if inval {
+		n.NotifyContent(0, 0)
+	}
+	if parent != nil {
+		parent.NotifyEntry(name)
+	}
+}
+
+// takeErr returns the failure to report to a close or fsync through h
+// (nil: not a handle of ours): h's own, or the file's unreported one,
+// which is then reported.
+func (n *fileNode) takeErr(h *handle) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var err error
+	if h != nil {
+		err = h.failed
+	}
+	if st := n.st; st != nil && st.commitErr != nil {
+		if err == nil {
+			err = st.commitErr
+		}
+		st.commitErr = nil
+		n.idleLocked()
+	}
+	return err
 }
 
 func (n *fileNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
@@ -418,12 +566,17 @@ func (n *fileNode) tryPassthrough(ctx context.Context) gofs.FileHandle {
 
 func (n *fileNode) openLocked(write bool) *handle {
 	st := n.stateLocked()
+	h := &handle{n: n, write: write}
 	if write {
 		st.writers++
+		if st.whandles == nil {
+			st.whandles = map[*handle]struct{}{}
+		}
+		st.whandles[h] = struct{}{}
 	}
 	st.cachedOpen++
 	n.fsys.stats.daemonOpens.Add(1)
-	return &handle{n: n, write: write}
+	return h
 }
 
 // source returns what a read at this moment reads: the newest working copy
@@ -494,9 +647,11 @@ func (n *fileNode) release(h *handle) {
 	st := n.st
 	if h.write {
 		st.writers--
+		delete(st.whandles, h)
 	}
 	st.cachedOpen--
 	last := st.writers == 0 && st.tmp != nil
+	settle := st.writers == 0 && (st.lost || st.inval)
 	if st.cachedOpen == 0 && st.ptOpen == 0 {
 		st.file = nil
 	}
@@ -507,24 +662,21 @@ func (n *fileNode) release(h *handle) {
 	if last {
 		n.handoff()
 	}
+	if settle {
+		n.finishFailure(0, false)
+	}
 }
 
+// Fsync waits for the file's commit and reports its failure (ENOSPC or
+// EIO), or one no close or fsync has reported yet.
 func (n *fileNode) Fsync(ctx context.Context, fh gofs.FileHandle, flags uint32) syscall.Errno {
+	h, _ := fh.(*handle)
 	n.handoff()
 	if err := n.fsys.Sync(); err != nil {
 		return toErrno(err)
 	}
-	n.mu.Lock()
-	var err error
-	if n.st != nil {
-		err = n.st.commitErr
-	}
-	n.mu.Unlock()
-	if err != nil {
-		n.fsys.log.Error("fsync: commit failed", "err", err)
-		return syscall.EIO
-	}
-	return 0
+	n.finishFailure(0, false)
+	return failErrno(n.takeErr(h))
 }
 
 // handle is an open file served by the daemon.
@@ -532,6 +684,10 @@ type handle struct {
 	n     *fileNode
 	write bool
 	next  atomic.Int64 // where the last read ended
+	// failed: the bytes written through this handle were lost (a write
+	// or the commit failed); its writes, fsync and close answer it.
+	// Guarded by n.mu.
+	failed error
 }
 
 var (
@@ -562,20 +718,55 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 		return 0, syscall.EBADF
 	}
 	n := h.n
+	priv := privileged(ctx)
+	n.fsys.waitForRoom(int64(len(data)), priv)
 	st := n.lockW(true)
 	defer st.wmu.RUnlock()
-	if err := n.ensureTmpLocked(st); err != nil {
+	if h.failed != nil {
 		n.mu.Unlock()
-		return 0, toErrno(err)
+		return 0, failErrno(h.failed)
+	}
+	err := n.ensureTmpLocked(st, priv)
+	if err == nil {
+		err = n.fsys.space.admit(st.tmp, int64(len(data)), priv)
+	}
+	if errors.Is(err, syscall.ETXTBSY) {
+		n.mu.Unlock()
+		return 0, syscall.ETXTBSY
+	}
+	if err != nil {
+		// A version without this write would be torn: the file goes back
+		// to its committed version and the writer hears it at close.
+		n.failWriteLocked(st, "write", err)
+		n.mu.Unlock()
+		return 0, failErrno(err)
 	}
 	tf := st.tmp
+	tf.ref()
 	n.mtime = time.Now().UnixNano()
 	n.mu.Unlock()
 	m, err := tf.f.WriteAt(data, off)
+	n.fsys.space.done(tf, int64(len(data)))
 	if err != nil {
-		return uint32(m), toErrno(err)
+		n.mu.Lock()
+		if st.tmp == tf {
+			n.failWriteLocked(st, "write", err)
+		}
+		n.mu.Unlock()
+	}
+	tf.release()
+	if err != nil {
+		return uint32(m), failErrno(err)
 	}
 	return uint32(m), 0
+}
+
+// failWriteLocked discards the working copy after a failed write and logs
+// it (one line per lost version). Callers hold mu.
+func (n *fileNode) failWriteLocked(st *fileState, op string, err error) {
+	err = fmt.Errorf("fs: %s %s: %w", op, n.name, err)
+	n.fsys.log.Error("write failed; the file keeps its last committed version", "name", n.name, "err", err)
+	n.discardLocked(st, err)
 }
 
 func (h *handle) Allocate(ctx context.Context, off, size uint64, mode uint32) syscall.Errno {
@@ -583,30 +774,69 @@ func (h *handle) Allocate(ctx context.Context, off, size uint64, mode uint32) sy
 		return syscall.EBADF
 	}
 	n := h.n
+	priv := privileged(ctx)
+	if mode&(unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_COLLAPSE_RANGE) == 0 {
+		n.fsys.waitForRoom(int64(size), priv)
+	}
 	st := n.lockW(true)
 	defer st.wmu.RUnlock()
 	defer n.mu.Unlock()
-	if err := n.ensureTmpLocked(st); err != nil {
+	if h.failed != nil {
+		return failErrno(h.failed)
+	}
+	if err := n.ensureTmpLocked(st, priv); err != nil {
 		return toErrno(err)
 	}
-	return toErrno(unix.Fallocate(int(st.tmp.f.Fd()), mode, int64(off), int64(size)))
+	// Modes that free or move blocks need no space; the others may
+	// allocate size bytes, which the commit may need again. A refused
+	// fallocate changes nothing, so unlike a write it loses nothing.
+	var grow int64
+	if mode&(unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_COLLAPSE_RANGE) == 0 {
+		grow = int64(size)
+	}
+	if err := n.fsys.space.admit(st.tmp, grow, priv); err != nil {
+		return syscall.ENOSPC
+	}
+	err := unix.Fallocate(int(st.tmp.f.Fd()), mode, int64(off), int64(size))
+	n.fsys.space.done(st.tmp, grow)
+	return toErrno(err)
 }
 
 // Flush runs at every close(2): the last writer's close hands the working
 // copy to the committer, so the next open (here or, once committed,
-// anywhere) sees the new version.
+// anywhere) sees the new version. When free space is low it also waits for
+// that commit, so that a close that returns 0 means committed; otherwise
+// the commit is asynchronous (close is not durability; fsync is) and the
+// space the commit needs was set aside when the bytes were written.
+// A close reports a failed write or commit through this handle (ENOSPC or
+// EIO), or one of the file that nobody was told of yet.
 func (h *handle) Flush(ctx context.Context) syscall.Errno {
 	if !h.write {
 		return 0
 	}
 	n := h.n
 	n.mu.Lock()
-	last := n.st != nil && n.st.writers == 1 && n.st.tmp != nil
+	last := n.st != nil && n.st.writers == 1
+	hasTmp := last && n.st.tmp != nil
 	n.mu.Unlock()
-	if last {
-		n.handoff()
+	if hasTmp {
+		if t := n.handoff(); t != 0 && n.fsys.space.lowNow() {
+			if err := n.fsys.com.wait(t); err != nil {
+				return toErrno(err)
+			}
+		}
 	}
-	return 0
+	mine := 0
+	if last {
+		mine = 1
+	}
+	n.finishFailure(mine, false)
+	return failErrno(n.takeErr(h))
+}
+
+// Statfs answers statfs(2) on a file in the mount as on a directory.
+func (n *fileNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	return n.fsys.statfs(out)
 }
 
 func (h *handle) Release(ctx context.Context) syscall.Errno {
@@ -660,10 +890,14 @@ func (h *ptHandle) Release(ctx context.Context) syscall.Errno {
 
 // tempFile is a working copy: an unlinked file under TempDir, shared by
 // the writers and readers of one node and by the committer, freed when the
-// last of them lets go.
+// last of them lets go (its space and its reservation go with it).
 type tempFile struct {
 	f    *os.File
+	sp   *space
 	refs atomic.Int32
+	// res is the space set aside for this copy's commit; alloc the bytes
+	// the copy held when res was last set. Guarded by sp.mu.
+	res, alloc int64
 }
 
 func (f *FS) newTemp() (*tempFile, error) {
@@ -672,7 +906,7 @@ func (f *FS) newTemp() (*tempFile, error) {
 		return nil, fmt.Errorf("fs: working copy: %w", err)
 	}
 	os.Remove(file.Name())
-	t := &tempFile{f: file}
+	t := &tempFile{f: file, sp: f.space}
 	t.refs.Store(1)
 	return t, nil
 }
@@ -682,7 +916,17 @@ func (t *tempFile) ref() { t.refs.Add(1) }
 func (t *tempFile) release() {
 	if t.refs.Add(-1) == 0 {
 		t.f.Close()
+		t.sp.free(t)
 	}
+}
+
+// allocated returns the bytes the copy holds on disk (-1: unknown).
+func (t *tempFile) allocated() int64 {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(t.f.Fd()), &st); err != nil {
+		return -1
+	}
+	return st.Blocks * 512
 }
 
 func (t *tempFile) size() int64 {

@@ -53,6 +53,14 @@ type Options struct {
 	// caller runs (chunkstore.Store.RunScrub), 0 when it runs none; the
 	// user.kylix.verify attribute reports it.
 	ScrubRate int64
+	// Reserve is free space on the data directory's file system that
+	// writers through the mount whose uid is not 0 cannot use. nil means
+	// DefaultReservePercent of the file system (docs/design/space.md).
+	Reserve *Reserve
+	// LowSpace: while less than this is free above the reserve, the last
+	// close of a written file waits for its commit and reports its outcome.
+	// 0 means DefaultLowSpace; negative: close never waits.
+	LowSpace int64
 }
 
 // FS is a mounted (or mountable) view of a store's namespace.
@@ -63,6 +71,7 @@ type FS struct {
 	root  *dirNode
 	cache *dirCache
 	com   *committer
+	space *space
 	uid   uint32
 	gid   uint32
 
@@ -78,6 +87,9 @@ type FS struct {
 
 	dirtyMu sync.Mutex
 	dirty   map[*fileNode]struct{} // nodes with a working copy
+
+	// beforeCommit, when set (tests), runs before each commit batch.
+	beforeCommit func()
 
 	stats struct {
 		ptOpens, daemonOpens, reads, readBytes, commits, commitBatches atomic.Int64
@@ -155,6 +167,18 @@ func New(s *chunkstore.Store, opts Options) (*FS, error) {
 		gid:         uint32(os.Getgid()),
 		passthrough: !opts.NoPassthrough && os.Geteuid() == 0,
 		dirty:       map[*fileNode]struct{}{},
+	}
+	reserve := Reserve{Percent: DefaultReservePercent}
+	if opts.Reserve != nil {
+		reserve = *opts.Reserve
+	}
+	if opts.LowSpace == 0 {
+		opts.LowSpace = DefaultLowSpace
+	}
+	f.space = &space{dir: s.Dir(), reserve: reserve, low: opts.LowSpace, root: os.Geteuid() == 0}
+	f.opts.LowSpace = opts.LowSpace
+	if _, err := f.space.stat(); err != nil {
+		return nil, err
 	}
 	f.root = &dirNode{}
 	f.root.fsys, f.root.isRoot = f, true

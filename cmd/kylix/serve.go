@@ -50,7 +50,7 @@ var runningNode struct {
 }
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--no-passthrough] [--scrub-rate BYTES] [--debug] [--stop-timeout D]", `
+	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--reserve SIZE|PERCENT] [--no-passthrough] [--scrub-rate BYTES] [--debug] [--stop-timeout D]", `
 Runs a node: opens the store, mounts its namespace at the mount point, and
 serves the admin socket DATA/kylix.sock. While the node runs, the other
 commands (import, export, ls, stat, df, verify, gc, rm) given the same data
@@ -64,6 +64,12 @@ passthrough, the rest by the node (see docs/design/fs.md). A pack is hashed
 whole before its first passthrough open after each boot or change of the
 pack, and a background scrub re-hashes those packs at --scrub-rate
 (default 64 MiB/s; docs/design/verification.md).
+
+Writers through the mount whose uid is not 0 cannot use the last
+--reserve of the data directory's file system (default 5%, as ext4 keeps
+for root); a write, close or fsync whose version cannot be committed fails
+with ENOSPC (or EIO) and the file keeps its last committed version (see
+docs/design/space.md).
 
 Default mount point: `+strings.ReplaceAll(defaultMountDoc, "\n", " ")+`.
 Stop the node with Ctrl-C or SIGTERM: it commits open writes and unmounts.
@@ -79,8 +85,14 @@ inside the mount point.`)
 	stopTimeout := f.Duration("stop-timeout", defaultStopTimeout, "on SIGTERM, exit after this long even if open writes or requests have not finished")
 	scrubRate := f.Int64("scrub-rate", chunkstore.DefaultScrubRate,
 		"bytes per second the background scrub re-reads packs served by passthrough (0: no scrub; docs/design/verification.md)")
+	reserveFlag := f.String("reserve", fmt.Sprintf("%d%%", kfs.DefaultReservePercent),
+		"free space kept from writers through the mount whose uid is not 0: a size (2GiB) or a share of the data file system (5%)")
 	if err := f.parse(args, 0, 0); err != nil {
 		return err
+	}
+	reserve, err := kfs.ParseReserve(*reserveFlag)
+	if err != nil {
+		return fmt.Errorf("serve: --%w", err)
 	}
 	if e.store != nil {
 		return fmt.Errorf("serve: a node already runs for this data directory")
@@ -112,7 +124,7 @@ inside the mount point.`)
 	stopped := make(chan struct{})
 	defer close(stopped)
 	defer s.Close()
-	fsys, err := kfs.New(s, kfs.Options{Logger: log, NoPassthrough: *noPT, Debug: *debug, ScrubRate: max(0, *scrubRate)})
+	fsys, err := kfs.New(s, kfs.Options{Logger: log, NoPassthrough: *noPT, Debug: *debug, ScrubRate: max(0, *scrubRate), Reserve: &reserve})
 	if err != nil {
 		return err
 	}
