@@ -54,6 +54,9 @@ type fileState struct {
 	wmu        sync.RWMutex
 	tmp        *tempFile
 	committing *tempFile
+	// closing: the last writing handle was flushed (its close(2)) and
+	// its RELEASE, which commits the file, is on its way (closer.go).
+	closing bool
 	// commitErr is the last failure to commit or write the file that no
 	// fsync or close has reported yet; the next one reports it.
 	commitErr  error
@@ -652,6 +655,7 @@ func (n *fileNode) release(h *handle) {
 	st.cachedOpen--
 	last := st.writers == 0 && st.tmp != nil
 	settle := st.writers == 0 && (st.lost || st.inval)
+	closing := st.writers == 0 && n.clearClosingLocked(st)
 	if st.cachedOpen == 0 && st.ptOpen == 0 {
 		st.file = nil
 	}
@@ -661,6 +665,9 @@ func (n *fileNode) release(h *handle) {
 	n.mu.Unlock()
 	if last {
 		n.handoff()
+	}
+	if closing {
+		n.fsys.closes.done() // after the handoff: Sync's barrier covers it
 	}
 	if settle {
 		n.finishFailure(0, false)
@@ -725,6 +732,10 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	if h.failed != nil {
 		n.mu.Unlock()
 		return 0, failErrno(h.failed)
+	}
+	if n.clearClosingLocked(st) {
+		// The FLUSH was a duplicate's close: the writer goes on.
+		n.fsys.closes.done()
 	}
 	err := n.ensureTmpLocked(st, priv)
 	if err == nil {
@@ -815,9 +826,16 @@ func (h *handle) Flush(ctx context.Context) syscall.Errno {
 		return 0
 	}
 	n := h.n
+	// The file is committed at RELEASE (closer.go), except on a nearly
+	// full disk: then here, so that close(2) hears whether it fitted.
+	low := n.fsys.space.lowNow()
 	n.mu.Lock()
 	last := n.st != nil && n.st.writers == 1
 	hasTmp := last && n.st.tmp != nil
+	if hasTmp && !low {
+		n.markClosingLocked(n.st)
+		hasTmp = false
+	}
 	n.mu.Unlock()
 	if hasTmp {
 		if t := n.handoff(); t != 0 && n.fsys.space.lowNow() {

@@ -85,6 +85,7 @@ type FS struct {
 	server      *fuse.Server
 	mountDir    string
 
+	closes  closeTracker // files closed whose RELEASE is pending
 	dirtyMu sync.Mutex
 	dirty   map[*fileNode]struct{} // nodes with a working copy
 
@@ -168,6 +169,7 @@ func New(s *chunkstore.Store, opts Options) (*FS, error) {
 		passthrough: !opts.NoPassthrough && os.Geteuid() == 0,
 		dirty:       map[*fileNode]struct{}{},
 	}
+	f.closes.cond = sync.NewCond(&f.closes.mu)
 	reserve := Reserve{Percent: DefaultReservePercent}
 	if opts.Reserve != nil {
 		reserve = *opts.Reserve
@@ -307,8 +309,11 @@ func (f *FS) CommitAll() error {
 	return f.Sync()
 }
 
-// Sync waits until every file closed so far is committed to the store.
+// Sync waits until every file closed so far is committed to the store,
+// including files whose last close has been flushed but whose RELEASE is
+// still on its way (up to closeGrace; closer.go).
 func (f *FS) Sync() error {
+	f.closes.wait(closeGrace)
 	return f.com.wait(f.com.barrier())
 }
 
