@@ -13,25 +13,8 @@ import (
 	"time"
 
 	"github.com/kylix/kylix/chunkstore/safetensors"
+	"github.com/kylix/kylix/internal/damage"
 )
-
-// flipAt flips one byte of the file at path, offset off.
-func flipAt(t *testing.T, path string, off int64) {
-	t.Helper()
-	pf, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pf.Close()
-	b := make([]byte, 1)
-	if _, err := pf.ReadAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-	b[0] ^= 0x5a
-	if _, err := pf.WriteAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-}
 
 func importOne(t *testing.T, s *Store, data []byte, name string) (*File, PutResult) {
 	t.Helper()
@@ -85,7 +68,7 @@ func TestOpenPassthroughRefusesFlippedPack(t *testing.T) {
 	if st := s.PackVerifyStats(); st.Verified != 1 {
 		t.Fatalf("second open hashed again: %+v", st)
 	}
-	flipAt(t, path, int64(len(data))-100)
+	damage.FlipByte(t, path, int64(len(data))-100)
 	if _, err := s.OpenPassthrough(ctx, f); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("flipped pack: err %v, want ErrCorrupt", err)
 	}
@@ -141,7 +124,7 @@ func TestScrubMarksFlippedPackBad(t *testing.T) {
 		t.Fatalf("clean scrub: %+v %v", rep, err)
 	}
 	_, path, _ := f.PassthroughCandidate()
-	flipAt(t, path, 12345)
+	damage.FlipByte(t, path, 12345)
 	rep, err = s.ScrubPacks(ctx, 0)
 	if err != nil || len(rep.Bad) != 1 {
 		t.Fatalf("scrub missed the flip: %+v %v", rep, err)
@@ -225,7 +208,7 @@ func TestDuplicatesStoredInPlace(t *testing.T) {
 	if last.Loc.Off == last.FileOff {
 		t.Fatalf("the duplicate's index entry points at its second copy")
 	}
-	flipAt(t, path, last.FileOff+7)
+	damage.FlipByte(t, path, last.FileOff+7)
 	if _, err := s.OpenPassthrough(ctx, f); !errors.Is(err, ErrNotWholeFile) {
 		t.Fatalf("flipped second copy: %v, want ErrNotWholeFile", err)
 	}
@@ -369,7 +352,7 @@ func TestRunScrubFindsFlip(t *testing.T) {
 	}
 	pf.Close()
 	_, path, _ := f.PassthroughCandidate()
-	flipAt(t, path, 77)
+	damage.FlipByte(t, path, 77)
 	stopped := make(chan struct{})
 	go func() { s.RunScrub(ctx, 1<<30); close(stopped) }()
 	deadline := time.Now().Add(20 * time.Second)
@@ -437,7 +420,7 @@ func TestCheckLogAppendsAndRewrites(t *testing.T) {
 		t.Fatalf("record has %d lines, want a header and 3 checks:\n%s", n, b)
 	}
 	_, path, _ := files[1].PassthroughCandidate()
-	flipAt(t, path, 99)
+	damage.FlipByte(t, path, 99)
 	if _, err := s.OpenPassthrough(ctx, files[1]); !errors.Is(err, ErrCorrupt) {
 		t.Fatal(err)
 	}
@@ -462,7 +445,7 @@ func TestCheckLogAppendsAndRewrites(t *testing.T) {
 		}
 	}
 	// The next check rewrites the torn record whole.
-	flipAt(t, path, 99) // flipped back: the pack is right again
+	damage.FlipByte(t, path, 99) // flipped back: the pack is right again
 	f1, _ := s2.OpenFile(files[1].ID)
 	pf, err := s2.OpenPassthrough(ctx, f1)
 	if err != nil {

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/kylix/kylix/internal/damage"
 )
 
 func openTest(t *testing.T, dir string) *Store {
@@ -168,16 +170,7 @@ func TestPartialDedupIsMultiExtent(t *testing.T) {
 func corruptOneByte(t *testing.T, f *File) {
 	t.Helper()
 	ex := f.Extents()[0]
-	pf, err := os.OpenFile(ex.PackPath, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pf.Close()
-	off := ex.PackOff + ex.Len/2
-	b := make([]byte, 1)
-	pf.ReadAt(b, off)
-	b[0] ^= 0x5a
-	pf.WriteAt(b, off)
+	damage.FlipByte(t, ex.PackPath, ex.PackOff+ex.Len/2)
 }
 
 func TestCorruptChunkIsNeverServed(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"github.com/kylix/kylix/chunkstore/safetensors"
 	kfs "github.com/kylix/kylix/fs"
 	"github.com/kylix/kylix/fs/internal/fstest"
+	"github.com/kylix/kylix/internal/damage"
 )
 
 // node is an in-process node over a data directory that a test stops and
@@ -89,23 +90,6 @@ func importData(t *testing.T, data, name string, content []byte) string {
 	return path
 }
 
-func flip(t *testing.T, path string, off int64) {
-	t.Helper()
-	pf, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pf.Close()
-	b := make([]byte, 1)
-	if _, err := pf.ReadAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-	b[0] ^= 0x5a
-	if _, err := pf.WriteAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // readGood reads [off, off+n) with readahead off (the kernel then asks
 // only for those pages, never for the damaged chunk).
 func readGood(t *testing.T, path string, off, n int64) []byte {
@@ -153,7 +137,7 @@ func TestPassthroughFlippedPackAtStart(t *testing.T) {
 	data := t.TempDir()
 	want := pattern(21, 5<<20)
 	pack := importData(t, data, "m/big", want)
-	flip(t, pack, int64(len(want))-100)
+	damage.FlipByte(t, pack, int64(len(want))-100)
 	n := startPT(t, data)
 	expectRefused(t, n, filepath.Join(n.dir, "m/big"), want)
 }
@@ -191,7 +175,7 @@ func TestPassthroughFlipAfterRestart(t *testing.T) {
 		t.Fatalf("restart, unchanged pack: %+v %+v", st, vs)
 	}
 	n.stop()
-	flip(t, pack, 3<<20)
+	damage.FlipByte(t, pack, 3<<20)
 	n = startPT(t, data)
 	expectRefused(t, n, filepath.Join(n.dir, "m/big"), want)
 }
@@ -231,7 +215,7 @@ func TestPassthroughPackChangedWhileRunning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	flip(t, pack, 2<<20)
+	damage.FlipByte(t, pack, 2<<20)
 	if err := os.Chtimes(pack, fi.ModTime(), fi.ModTime()); err != nil {
 		t.Fatal(err)
 	}
@@ -372,7 +356,7 @@ func TestPassthroughFlipWhileOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f1.Close()
-	flip(t, pack, 1<<20)
+	damage.FlipByte(t, pack, 1<<20)
 	f2, err := os.Open(p)
 	if err == nil {
 		b := make([]byte, 1)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kylix/kylix/chunkstore"
 	"github.com/kylix/kylix/chunkstore/safetensors"
+	"github.com/kylix/kylix/internal/damage"
 )
 
 type fixture struct {
@@ -248,12 +249,7 @@ func TestCorruptChunkFailsLoad(t *testing.T) {
 	fx := newFixture(t)
 	f := fx.open(t, "opaque.bin")
 	ex := f.Extents()[0]
-	pf, _ := os.OpenFile(ex.PackPath, os.O_RDWR, 0)
-	b := []byte{0}
-	pf.ReadAt(b, ex.PackOff+4<<20)
-	b[0] ^= 0xff
-	pf.WriteAt(b, ex.PackOff+4<<20)
-	pf.Close()
+	damage.FlipByte(t, ex.PackPath, ex.PackOff+4<<20)
 	for vname, mk := range variants() {
 		dev, opts := mk()
 		l, _ := New(fx.st, dev, opts)

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kylix/kylix/internal/damage"
 )
 
 // Issue 7, findings 1 and 8: a corrupt or missing chunk under a file the node
@@ -66,24 +68,6 @@ func extentsOf(t *testing.T, data, name string) []statExtent {
 		t.Fatalf("stat %s: %v\n%s", name, err, out)
 	}
 	return st.Extents
-}
-
-// flipByte inverts one byte of a file in place.
-func flipByte(t *testing.T, path string, off int64) {
-	t.Helper()
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	b := make([]byte, 1)
-	if _, err := f.ReadAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-	b[0] ^= 0xff
-	if _, err := f.WriteAt(b, off); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // catWithin reads a file through the mount in a child process (a read stuck
@@ -178,8 +162,8 @@ func TestCorruptChunkGivesEIO(t *testing.T) {
 	}
 	// A byte inside the small file's chunk, and one inside the first
 	// extent of the fine-tune (a chunk it shares with base.bin).
-	flipByte(t, small[0].PackPath, small[0].PackOff+100)
-	flipByte(t, ft[0].PackPath, ft[0].PackOff+ft[0].Len/2)
+	damage.FlipByte(t, small[0].PackPath, small[0].PackOff+100)
+	damage.FlipByte(t, ft[0].PackPath, ft[0].PackOff+ft[0].Len/2)
 
 	expectEIO(t, mnt, "small.txt")
 	expectEIO(t, mnt, "ft.bin")

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/internal/damage"
 )
 
 // The test binary doubles as the kylix binary: with KYLIX_TEST_AS_MAIN=1 it
@@ -232,15 +233,7 @@ func TestCorruptPackIsReported(t *testing.T) {
 	var so statOut
 	json.Unmarshal([]byte(mustKylix(t, data, "stat", "--json", "m/tokenizer.json").stdout), &so)
 	ex := so.Extent[0]
-	f, err := os.OpenFile(ex.PackPath, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := []byte{0}
-	f.ReadAt(b, ex.PackOff+100)
-	b[0] ^= 1
-	f.WriteAt(b, ex.PackOff+100)
-	f.Close()
+	damage.FlipByte(t, ex.PackPath, ex.PackOff+100)
 	r := kylix(t, data, "verify")
 	if r.code != 1 || !strings.Contains(r.stdout, "m/tokenizer.json") || !strings.Contains(r.stdout, "CORRUPT") {
 		t.Fatalf("verify: exit %d\n%s", r.code, r.stdout)
