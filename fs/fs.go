@@ -61,6 +61,10 @@ type Options struct {
 	// close of a written file waits for its commit and reports its outcome.
 	// 0 means DefaultLowSpace; negative: close never waits.
 	LowSpace int64
+	// ClientSocket is the absolute path of the node's client socket
+	// (docs/design/ioctl.md), which KYLIX_IOC_PROBE reports; "" when
+	// there is none. At most layout.ClientSocketMax-1 bytes.
+	ClientSocket string
 }
 
 // FS is a mounted (or mountable) view of a store's namespace.

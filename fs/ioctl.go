@@ -2,7 +2,13 @@ package fs
 
 import (
 	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 
@@ -10,16 +16,256 @@ import (
 	"github.com/kylix/kylix/fs/layout"
 )
 
-// Ioctl answers the layout ioctls (package layout). Anything else is
-// ENOTTY; a malformed request is EINVAL.
+// Ioctl answers the layout ioctls (package layout, docs/design/ioctl.md).
+// A command of another type than 'K', or an nr Kylix does not define, is
+// ENOTTY; a known nr with the wrong direction or size, or a malformed
+// request, is EINVAL.
 func (n *fileNode) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, arg uint64, input, output []byte) (int32, syscall.Errno) {
-	switch cmd {
-	case layout.CmdLayout:
+	c := layout.DecodeCmd(cmd)
+	if c.Type != 'K' {
+		return 0, syscall.ENOTTY
+	}
+	switch c.Nr {
+	case layout.NrLayout:
+		if cmd != layout.CmdLayout {
+			return 0, syscall.EINVAL
+		}
 		return 0, n.ioctlLayout(input, output)
-	case layout.CmdPackPath:
+	case layout.NrPackPath:
+		if cmd != layout.CmdPackPath {
+			return 0, syscall.EINVAL
+		}
 		return 0, n.ioctlPackPath(input, output)
+	case layout.NrProbe:
+		return 0, n.fsys.ioctlProbe(cmd, output)
+	case layout.NrChunks:
+		if !c.Read || !c.Write || len(input) != int(c.Size) || len(output) != int(c.Size) {
+			return 0, syscall.EINVAL
+		}
+		return 0, n.ioctlChunks(c.Size, input, output)
+	case layout.NrPack:
+		if cmd != layout.CmdPack || len(input) != layout.PackSize || len(output) != layout.PackSize {
+			return 0, syscall.EINVAL
+		}
+		return 0, n.ioctlPack(input, output)
+	case layout.NrMakeLocal:
+		if cmd != layout.CmdMakeLocal || len(input) != layout.MakeLocalSize {
+			return 0, syscall.EINVAL
+		}
+		return 0, n.ioctlMakeLocal(ctx, input)
 	}
 	return 0, syscall.ENOTTY
+}
+
+// Ioctl answers KYLIX_IOC_PROBE on directories too, so that a library can
+// ask about a mount before it opens a file. Every other command is ENOTTY.
+func (n *dirNode) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, arg uint64, input, output []byte) (int32, syscall.Errno) {
+	if c := layout.DecodeCmd(cmd); c.Type == 'K' && c.Nr == layout.NrProbe {
+		return 0, n.fsys.ioctlProbe(cmd, output)
+	}
+	return 0, syscall.ENOTTY
+}
+
+var (
+	_ = (gofs.NodeIoctler)((*dirNode)(nil))
+
+	warnSocketOnce sync.Once
+)
+
+// ioctlProbe answers KYLIX_IOC_PROBE: the magic, the highest layout
+// version served, the node's pid and its client socket. It needs no
+// committed version, so it answers files being written as well.
+func (f *FS) ioctlProbe(cmd uint32, output []byte) syscall.Errno {
+	if cmd != layout.CmdProbe || len(output) != layout.ProbeSize {
+		return syscall.EINVAL
+	}
+	p := layout.Probe{Version: layout.Version2, NodePID: uint64(os.Getpid()), ClientSocket: f.opts.ClientSocket}
+	if len(p.ClientSocket) >= layout.ClientSocketMax || !filepath.IsAbs(p.ClientSocket) {
+		// The probe still says "Kylix"; a library then reads through the
+		// mount. New is not ours to fail, so warn here.
+		if p.ClientSocket != "" {
+			warnSocketOnce.Do(func() {
+				f.log.Warn("client socket path not served by KYLIX_IOC_PROBE: it must be absolute and shorter than the probe's field",
+					"path", p.ClientSocket, "max", layout.ClientSocketMax-1)
+			})
+		}
+		p.ClientSocket = ""
+	}
+	if layout.EncodeProbe(output, p) != nil {
+		return syscall.EINVAL
+	}
+	return 0
+}
+
+// packTable is a file's pack table for KYLIX_IOC_CHUNKS and KYLIX_IOC_PACK:
+// the distinct packs its index locations name, in file order of their
+// first chunk. It depends only on the committed version (its manifest and
+// the index locations read when it was opened), so indexes stay valid
+// across calls while the version does, even if a pack goes missing in
+// between.
+func packTable(sf *chunkstore.File) []uint64 {
+	var tab []uint64
+	seen := map[uint64]bool{}
+	for _, x := range sf.Extents() {
+		if x.Pack != 0 && !seen[x.Pack] {
+			seen[x.Pack] = true
+			tab = append(tab, x.Pack)
+		}
+	}
+	return tab
+}
+
+// ioctlChunks answers KYLIX_IOC_CHUNKS: the totals, then up to
+// max_entries chunks from first_chunk, planned through the chunk-access
+// seam (a chunk whose pack is not on disk is reported as not local). The
+// leases are released on return: the answer is a snapshot, and a reader
+// that uses it checks each chunk's id (and the pack's generation) and
+// falls back to the mount.
+func (n *fileNode) ioctlChunks(size uint32, input, output []byte) syscall.Errno {
+	req, err := layout.DecodeChunksRequest(input, size)
+	if err != nil {
+		return syscall.EINVAL
+	}
+	sf, errno := n.committedFile()
+	if errno != 0 {
+		return errno
+	}
+	chunks := sf.M.Chunks
+	nc := uint64(len(chunks))
+	if req.FirstChunk > nc {
+		return syscall.EINVAL
+	}
+	rep := layout.ChunksReply{NChunks: nc, FileSize: uint64(sf.Size()), FileID: sf.ID}
+	last := min(nc, req.FirstChunk+uint64(req.MaxEntries))
+	if last > req.FirstChunk {
+		var off int64
+		for _, c := range chunks[:req.FirstChunk] {
+			off += int64(c.Len)
+		}
+		end := off
+		for _, c := range chunks[req.FirstChunk:last] {
+			end += int64(c.Len)
+		}
+		plan, err := sf.Plan(off, end-off)
+		if err != nil {
+			return toErrno(err)
+		}
+		defer plan.Release()
+		if uint64(len(plan.Pieces)) != last-req.FirstChunk {
+			n.fsys.log.Error("KYLIX_IOC_CHUNKS: plan and manifest disagree", "file", sf.ID.Short(),
+				"chunks", last-req.FirstChunk, "pieces", len(plan.Pieces))
+			return syscall.EIO
+		}
+		index := map[uint64]uint32{}
+		for i, p := range packTable(sf) {
+			index[p] = uint32(i)
+		}
+		for _, pc := range plan.Pieces {
+			c := layout.Chunk{FileOffset: uint64(pc.FileOff), Length: uint32(pc.Len), PackIndex: layout.NoPack, ID: pc.ID}
+			if pc.Local() {
+				pi, ok := index[pc.Pack]
+				if !ok {
+					return syscall.EIO // the plan names a pack the table lacks: cannot happen for one version
+				}
+				c.Flags, c.PackIndex, c.PackOffset = layout.ChunkLocal, pi, uint64(pc.PackOff)
+			}
+			rep.Entries = append(rep.Entries, c)
+		}
+	}
+	copy(output, input)
+	if layout.EncodeChunksReply(output, rep) != nil {
+		return syscall.EINVAL
+	}
+	return 0
+}
+
+// ioctlPack answers KYLIX_IOC_PACK: entry pack_index of the file's pack
+// table. The pack is leased while it is looked at, so the path exists when
+// the answer is made; the generation is computed from a stat of that path,
+// the file a bypassing reader will open. PackChecked is set only when the
+// store's passthrough pack check recorded exactly this state of the file
+// (same device, inode, size, mtime and ctime).
+func (n *fileNode) ioctlPack(input, output []byte) syscall.Errno {
+	idx, err := layout.DecodePackRequest(input)
+	if err != nil {
+		return syscall.EINVAL
+	}
+	sf, errno := n.committedFile()
+	if errno != 0 {
+		return errno
+	}
+	tab := packTable(sf)
+	if uint64(idx) >= uint64(len(tab)) {
+		return syscall.EINVAL
+	}
+	id := tab[idx]
+	ls, err := n.fsys.s.Lease(id)
+	if err != nil {
+		if errors.Is(err, chunkstore.ErrNotLocal) {
+			return syscall.ENOENT // gone since the chunks were listed: read through the mount
+		}
+		return toErrno(err)
+	}
+	defer ls.Release()
+	path := ls.Path()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return syscall.ENOENT
+		}
+		return syscall.EIO
+	}
+	ident := chunkstore.PackIdentity{Dev: st.Dev, Ino: st.Ino, Size: st.Size, MTime: st.Mtim.Nano(), CTime: st.Ctim.Nano()}
+	p := layout.PackInfo{NPacks: uint32(len(tab)), Size: uint64(st.Size), Path: path,
+		Generation: layout.Generation(ident.Dev, ident.Ino, ident.Size, ident.MTime, ident.CTime)}
+	if _, whole := sf.WholeFilePack(); whole && len(tab) == 1 {
+		p.Flags |= layout.PackWholeFile
+	}
+	if cand, check, ok := n.fsys.s.PackState(sf); ok && cand == id && check != nil && check.OK() && check.Identity == ident {
+		// The check hashed this very state of the pack against the
+		// file's manifest from offset 0, and the pack is exclusive and of
+		// the file's size: it holds exactly the file.
+		p.Flags |= layout.PackChecked | layout.PackWholeFile
+	}
+	copy(output, input)
+	if layout.EncodePackReply(output, p) != nil {
+		return syscall.ENAMETOOLONG
+	}
+	return 0
+}
+
+// ioctlMakeLocal answers KYLIX_IOC_MAKE_LOCAL: 0 when every chunk of the
+// range is stored here. Today nothing can bring a missing chunk and store
+// it (the peer layer will), so a missing chunk is EIO at once, logged with
+// the chunk and the file.
+func (n *fileNode) ioctlMakeLocal(ctx context.Context, input []byte) syscall.Errno {
+	req, err := layout.DecodeMakeLocal(input)
+	if err != nil {
+		return syscall.EINVAL
+	}
+	sf, errno := n.committedFile()
+	if errno != 0 {
+		return errno
+	}
+	size := uint64(sf.Size())
+	if req.Offset > size {
+		return syscall.EINVAL
+	}
+	length := size - req.Offset
+	if req.Length != 0 {
+		length = min(length, req.Length)
+	}
+	plan, err := sf.Plan(int64(req.Offset), int64(length))
+	if err != nil {
+		return toErrno(err)
+	}
+	defer plan.Release()
+	if miss := plan.Missing(); len(miss) > 0 {
+		n.fsys.log.Warn("KYLIX_IOC_MAKE_LOCAL: chunks are not stored here and nothing can fetch them",
+			"file", sf.ID.Short(), "missing", len(miss), "first", miss[0].ID.Short(), "file_offset", miss[0].FileOff)
+		return syscall.EIO
+	}
+	return 0
 }
 
 func (n *fileNode) ioctlLayout(input, output []byte) syscall.Errno {

@@ -1,7 +1,11 @@
 // Package layout defines the layout ioctls that open files in a Kylix mount
-// answer: the extents of a byte range (which pack file and offset hold each
-// part, or "not local") and the path of a pack file. A reader uses them to
-// bypass FUSE and read the backing files directly.
+// answer. Version 1: the extents of a byte range (which pack file and
+// offset hold each part, or "not local") and the path of a pack file.
+// Version 2 (v2.go): a probe (is this fd on Kylix, where is the node's
+// client socket), the file's chunks with their BLAKE3 ids (paged), the
+// file's pack table with a generation number per pack, and "make this
+// range local". A reader uses them to bypass FUSE and read the backing
+// files directly, verifying what it reads (docs/design/ioctl.md).
 //
 // The wire structs are fixed-size and little-endian, mirrored in the C header
 // kylix_layout.h beside this file. Decoders check every field: a request that
@@ -54,6 +58,10 @@ var (
 
 // ErrInvalid is returned for a request that breaks a rule of the header.
 var ErrInvalid = errors.New("layout: invalid request")
+
+// ErrChanged is returned by AllChunks when the file was replaced between
+// two pages.
+var ErrChanged = errors.New("layout: the file changed")
 
 var le = binary.LittleEndian
 

@@ -2,54 +2,8 @@ package layout
 
 import (
 	"errors"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 )
-
-// TestHeaderAgrees compiles a C program against kylix_layout.h and checks
-// that the struct sizes and ioctl numbers match this package.
-func TestHeaderAgrees(t *testing.T) {
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		t.Skip("no C compiler (cc) to check kylix_layout.h against")
-	}
-	dir := t.TempDir()
-	src := filepath.Join(dir, "h.c")
-	os.WriteFile(src, []byte(`#include <stdio.h>
-#include <stddef.h>
-#include "kylix_layout.h"
-int main(void) {
-	printf("%zu %zu %zu %lu %lu %zu %zu\n", sizeof(struct kylix_layout), sizeof(struct kylix_extent),
-		sizeof(struct kylix_pack_path), (unsigned long)KYLIX_IOC_LAYOUT, (unsigned long)KYLIX_IOC_PACK_PATH,
-		offsetof(struct kylix_layout, ext), offsetof(struct kylix_pack_path, path));
-	return 0;
-}
-`), 0o644)
-	wd, _ := os.Getwd()
-	bin := filepath.Join(dir, "h")
-	if out, err := exec.Command(cc, "-Wall", "-Werror", "-I", wd, "-o", bin, src).CombinedOutput(); err != nil {
-		t.Fatalf("cc: %v\n%s", err, out)
-	}
-	out, err := exec.Command(bin).Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []uint64
-	for _, f := range strings.Fields(string(out)) {
-		v, _ := strconv.ParseUint(f, 10, 64)
-		got = append(got, v)
-	}
-	want := []uint64{LayoutSize, extentSize, PackPathSize, uint64(CmdLayout), uint64(CmdPackPath), headerSize, 24}
-	for i := range want {
-		if i >= len(got) || got[i] != want[i] {
-			t.Fatalf("C says %v, Go says %v", got, want)
-		}
-	}
-}
 
 func TestRequestRoundTrip(t *testing.T) {
 	b := EncodeRequest(Request{Offset: 4096, Length: 1 << 20})
