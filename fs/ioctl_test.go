@@ -442,3 +442,43 @@ func TestIoctlV2Garbage(t *testing.T) {
 	// Still answering, and right.
 	checkChunks(t, fd, data)
 }
+
+// BenchmarkIoctlV2AllChunks: listing every chunk of a 4000-chunk file
+// (the chunk count of a 16 GiB model at 4 MiB) through the mount, totals
+// first then pages of 254, plus one KYLIX_IOC_PACK: what kylix_open pays.
+func BenchmarkIoctlV2AllChunks(b *testing.B) {
+	m := fstest.Mount(b, kfs.Options{})
+	var ts []safetensors.WriteTensor
+	for i := range 4000 {
+		ts = append(ts, safetensors.WriteTensor{Name: fmt.Sprintf("t%05d", i), DType: safetensors.U8,
+			Shape: []int64{4096}, Data: pattern(uint64(i), 4096)})
+	}
+	var buf bytes.Buffer
+	if err := safetensors.Write(&buf, ts, nil); err != nil {
+		b.Fatal(err)
+	}
+	src := b.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "m.safetensors"), buf.Bytes(), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := m.Store.Import(context.Background(), src, "m", chunkstore.ImportOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	m.FS.Reconcile()
+	f, err := os.Open(filepath.Join(m.Dir, "m/m.safetensors"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	fd := int(f.Fd())
+	b.ResetTimer()
+	for b.Loop() {
+		all, err := layout.AllChunks(fd)
+		if err != nil || all.NChunks < 4000 {
+			b.Fatalf("%d chunks, %v", all.NChunks, err)
+		}
+		if _, err := layout.Pack(fd, all.Entries[0].PackIndex); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
