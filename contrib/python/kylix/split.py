@@ -12,13 +12,16 @@ Falcon's query_key_value) are deliberately not in the defaults: a plain
 chunk of them is not what their model code expects. A rank keeps full[...].chunk(tp_size, dim)[tp_rank].
 
 Overrides: split={regex: dim or None}; the first regex that re.search()es the
-name wins before the default rules. None means replicate.
+name wins before the default rules. None means replicate. split may also be
+a callable (name, ndim) -> dim or None, which replaces the rules entirely.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional, Union
+
+SplitSpec = Union[Mapping[str, Optional[int]], Callable[[str, int], Optional[int]], None]
 
 _COLUMN = re.compile(r"(^|\.)(q_proj|k_proj|v_proj|qkv_proj|gate_proj|up_proj|gate_up_proj|"
                      r"w1|w3)\.(weight|bias)$")
@@ -32,8 +35,10 @@ DEFAULT_RULES: tuple[tuple[re.Pattern, Optional[int]], ...] = (
 )
 
 
-def split_dim(name: str, ndim: int, split: Mapping[str, Optional[int]] | None = None) -> Optional[int]:
+def split_dim(name: str, ndim: int, split: SplitSpec = None) -> Optional[int]:
     """The dim along which `name` is split, or None if every rank keeps it whole."""
+    if callable(split):
+        return _check(name, split(name, ndim), ndim)
     if split:
         for pat, dim in split.items():
             if re.search(pat, name):
