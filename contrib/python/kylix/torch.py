@@ -41,7 +41,7 @@ PARALLEL_MIN = 32 << 20  # below this a load stays on the calling thread
 HOST_BATCH = 1 << 30  # pinned staging per round for the cuda fallback
 # A dim>0 split reads one run per row when the run is at least this long, else
 # the whole row block and narrows in memory (see docs/design/python.md: figures).
-STRIDED_MIN_RUN = int(os.environ.get("KYLIX_STRIDED_MIN_RUN", 4096))
+STRIDED_MIN_RUN = int(os.environ.get("KYLIX_STRIDED_MIN_RUN", 1024))
 
 
 def torch_dtype(name: str) -> torch.dtype:

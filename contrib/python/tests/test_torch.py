@@ -114,7 +114,7 @@ class LoadFileTest(unittest.TestCase):
                         try:
                             part = kt.load_file(p, tp_rank=rank, tp_size=tp)
                         finally:
-                            kt.STRIDED_MIN_RUN = 4096
+                            kt.STRIDED_MIN_RUN = 1024
                         read = sum(kt.last_load_info()["bytes"].values())
                         self.check_tp(full, part, rank, tp)
                         if smr == 0:  # strided: only the rank's bytes were read
@@ -162,7 +162,7 @@ class LoadFileTest(unittest.TestCase):
                     try:
                         part = kt.load_file(p, tp_rank=rank, tp_size=tp, split=split)
                     finally:
-                        kt.STRIDED_MIN_RUN = 4096
+                        kt.STRIDED_MIN_RUN = 1024
                     self.check_tp(full, part, rank, tp, split)
         with self.assertRaises(ValueError):
             kt.load_file(p, tp_rank=2, tp_size=2)

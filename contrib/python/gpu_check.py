@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""The GPU machine's check of the Python package (torch 2.x with CUDA and the
+real safetensors package installed):
+  1. the unit tests (now also comparing with safetensors.torch.load_file);
+  2. load_file(device="cuda:0") bitwise equal to safetensors' on the GPU,
+     whole and per TP rank, and which path the bytes took;
+  3. the shape of UntypedStorage._share_cuda_() that the node fill relies on.
+Run from the repository root with bin/kylix built:
+    python3 contrib/python/gpu_check.py
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "tests"))
+
+import torch  # noqa: E402
+import safetensors.torch as st  # noqa: E402
+
+import kylix.torch as kt  # noqa: E402
+from kylix import split as ksplit  # noqa: E402
+from helpers import demo_model, shards, tbytes  # noqa: E402
+
+
+def main():
+    print("torch", torch.__version__, "cuda", torch.cuda.is_available())
+    r = unittest.TextTestRunner(verbosity=1).run(unittest.defaultTestLoader.discover(os.path.join(HERE, "tests")))
+    ok = r.wasSuccessful()
+    d = demo_model("512MiB")
+    try:
+        for p in shards(d):
+            want = st.load_file(p, device="cuda:0")
+            got = kt.load_file(p, device="cuda:0")
+            info = kt.last_load_info()
+            print(os.path.basename(p), {k: v for k, v in info.items() if k != "path"})
+            for k in want:
+                ok &= got[k].device == want[k].device and tbytes(got[k]) == tbytes(want[k])
+            for tp in (2, 4):
+                for rank in range(tp):
+                    part = kt.load_file(p, device="cuda:0", tp_rank=rank, tp_size=tp)
+                    for k, t in want.items():
+                        dim = ksplit.split_dim(k, t.dim())
+                        w = t if dim is None else t.chunk(tp, dim)[rank]
+                        ok &= tbytes(part[k]) == tbytes(w)
+        t = torch.empty(1000, device="cuda:0")
+        sh = t.untyped_storage()._share_cuda_()
+        print("_share_cuda_ tuple:", len(sh), [type(x).__name__ for x in sh], "handle bytes", len(sh[1]))
+        ok &= len(sh) == 8 and len(sh[1]) == 64
+    finally:
+        shutil.rmtree(d)
+    print("GPU CHECK", "PASSED" if ok else "FAILED")
+    subprocess.run([sys.executable, os.path.join(HERE, "bench_split.py")])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
