@@ -6,14 +6,11 @@ this package sits in. If none loads, or a symbol we need is missing, lib()
 returns None and callers read the file with plain preads: the library is a
 fast path, never a requirement.
 
-The binding follows the API sketch of docs ONRAMP section C:
-  int kylix_open(const char *path, kylix_file **out);
-  void kylix_close(kylix_file *);
-  ssize_t kylix_pread(kylix_file *, void *buf, size_t n, uint64_t off, kylix_read_info *info);
-  const char *kylix_strerror(int err);
-kylix_read_info's layout is not read here (it was being written in parallel);
-we hand the library a zeroed 256-byte buffer, larger than any sane info
-struct, and count the bytes as "libkylix". Reconcile with kylix.h at merge.
+The binding follows contrib/libkylix/kylix.h, KYLIX_ABI_VERSION 1:
+kylix_abi_version, kylix_open, kylix_close, kylix_pread (with struct
+kylix_read_info: bytes_pack, bytes_fuse, pack_fallbacks, reads, char path[16]),
+kylix_strerror, kylix_last_error. A library of another ABI version is not
+used (we fall back to preads and say why).
 """
 
 from __future__ import annotations
@@ -27,7 +24,14 @@ _lib = None
 _tried = False
 _why = ""
 
-INFO_BUF = 256
+ABI_VERSION = 1
+
+
+class ReadInfo(ctypes.Structure):
+    """struct kylix_read_info of kylix.h."""
+    _fields_ = [("bytes_pack", ctypes.c_uint64), ("bytes_fuse", ctypes.c_uint64),
+                ("pack_fallbacks", ctypes.c_uint64), ("reads", ctypes.c_uint64),
+                ("path", ctypes.c_char * 16)]
 
 
 def _candidates():
@@ -57,15 +61,23 @@ def lib():
                 continue
             try:
                 L = ctypes.CDLL(path)
+                L.kylix_abi_version.argtypes = []
+                L.kylix_abi_version.restype = ctypes.c_int
+                abi = L.kylix_abi_version()
+                if abi != ABI_VERSION:
+                    _why = f"{path}: ABI version {abi}, this binding speaks {ABI_VERSION}"
+                    continue
                 L.kylix_open.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
                 L.kylix_open.restype = ctypes.c_int
                 L.kylix_close.argtypes = [ctypes.c_void_p]
                 L.kylix_close.restype = None
                 L.kylix_pread.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
-                                          ctypes.c_uint64, ctypes.c_void_p]
+                                          ctypes.c_uint64, ctypes.POINTER(ReadInfo)]
                 L.kylix_pread.restype = ctypes.c_ssize_t
                 L.kylix_strerror.argtypes = [ctypes.c_int]
                 L.kylix_strerror.restype = ctypes.c_char_p
+                L.kylix_last_error.argtypes = []
+                L.kylix_last_error.restype = ctypes.c_char_p
             except (OSError, AttributeError) as e:
                 _why = f"{path}: {e}"
                 continue
@@ -81,11 +93,12 @@ def why() -> str:
 
 
 def strerror(err: int) -> str:
+    """The thread's last libkylix message, else the code's description."""
     L = lib()
     if L is not None:
-        s = L.kylix_strerror(err)
-        if s:
-            return s.decode("utf-8", "replace")
+        for s in (L.kylix_last_error(), L.kylix_strerror(err)):
+            if s:
+                return s.decode("utf-8", "replace")
     return os.strerror(-err if err < 0 else err)
 
 
@@ -104,17 +117,21 @@ class LibFile:
             raise OSError(-rc, f"kylix_open {path}: {strerror(rc)}")
         self._h = h
 
-    def pread_into(self, addr: int, n: int, off: int) -> int:
-        info = ctypes.create_string_buffer(INFO_BUF)
-        got = 0
+    def pread_into(self, addr: int, n: int, off: int) -> dict:
+        """Reads exactly n bytes at off into addr; returns {path: bytes}
+        ("pack": from the node's pack fds, "fuse": through the mount)."""
+        info = ReadInfo()
+        got, pack, fuse = 0, 0, 0
         while got < n:
-            k = self._L.kylix_pread(self._h, ctypes.c_void_p(addr + got), n - got, off + got, info)
+            k = self._L.kylix_pread(self._h, ctypes.c_void_p(addr + got), n - got, off + got, ctypes.byref(info))
             if k < 0:
                 raise OSError(-k, f"kylix_pread at {off + got}: {strerror(k)}")
             if k == 0:
                 raise EOFError(f"file ended at {off + got}, {n - got} bytes short")
             got += k
-        return got
+            pack += info.bytes_pack
+            fuse += info.bytes_fuse
+        return {"pack": pack, "fuse": fuse}
 
     def close(self):
         if self._h:

@@ -3,8 +3,9 @@ API of safetensors.torch, bitwise equal results, plus a tensor-parallel form.
 
 How bytes travel (reported per load by last_load_info()):
   - "pread":     os.preadv straight into the tensor's own memory (no copy);
-  - "libkylix":  kylix_pread of libkylix (packs handed out by the node, else
-                 the mount), also straight into the tensor's memory;
+  - "libkylix-pack", "libkylix-fuse": kylix_pread of libkylix, straight into
+                 the tensor's memory; "pack" bytes came from pack fds the node
+                 handed out, "fuse" bytes through the mount;
   - "node-fill": device="cuda:N" on a Kylix mount whose node answers op FILL:
                  the GPU tensor is allocated here and the node fills it;
   - "pinned":    device="cuda:N" otherwise: read into pinned host memory as
@@ -170,8 +171,9 @@ class _Source:
         if n == 0:
             return
         if self.lib is not None:
-            self.lib.pread_into(addr, n, off)
-            self.count("libkylix", n)
+            for path, k in self.lib.pread_into(addr, n, off).items():
+                if k:
+                    self.count("libkylix-" + path, k)
             return
         mv = memoryview((ctypes.c_char * n).from_address(addr)).cast("B")
         got = 0
