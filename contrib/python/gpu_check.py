@@ -4,7 +4,8 @@ real safetensors package installed):
   1. the unit tests (now also comparing with safetensors.torch.load_file);
   2. load_file(device="cuda:0") bitwise equal to safetensors' on the GPU,
      whole and per TP rank, and which path the bytes took;
-  3. the shape of UntypedStorage._share_cuda_() that the node fill relies on.
+  3. the IPC handle the node fill sends (cuIpcGetMemHandle through ctypes),
+     and the shape of torch's own UntypedStorage._share_cuda_() for reference.
 Run from the repository root with bin/kylix built:
     python3 contrib/python/gpu_check.py
 """
@@ -51,6 +52,10 @@ def main():
         sh = t.untyped_storage()._share_cuda_()
         print("_share_cuda_ tuple:", len(sh), [type(x).__name__ for x in sh], "handle bytes", len(sh[1]))
         ok &= len(sh) == 8 and len(sh[1]) == 64
+        from kylix import _node
+        h, base, size = _node.ipc_handle(t.data_ptr())
+        print("cuIpcGetMemHandle:", len(h), "bytes; allocation", hex(base), size, "tensor at +", t.data_ptr() - base)
+        ok &= len(h) == 64 and base <= t.data_ptr() < base + size
     finally:
         shutil.rmtree(d)
     print("GPU CHECK", "PASSED" if ok else "FAILED")

@@ -104,3 +104,49 @@ class NodeClient:
         nb, ns, p, io, v = struct.unpack_from("<QQ32s32s32s", rest, 0)
         z = lambda b: b.split(b"\0", 1)[0].decode("utf-8", "replace")
         return FillResult(nb, ns, z(p), z(io), z(v))
+
+
+# ---- CUDA IPC handles of our own allocations, through the driver API.
+#
+# Not torch's UntypedStorage._share_cuda_() (torch 2.x returns (device, handle,
+# size, offset, ref_counter_handle, ref_counter_offset, event_handle,
+# event_sync_required)): sharing that way creates torch's IPC reference counter
+# and expects a torch consumer to release it; the node is not one, so every
+# shared block would sit in torch's IPC "limbo" after the tensor is freed, a
+# GPU memory leak the size of the model. cuIpcGetMemHandle on the allocation
+# that holds the tensor gives the same handle without that bookkeeping.
+
+_cuda = None
+_cuda_lock = threading.Lock()
+
+
+def _libcuda():
+    global _cuda
+    with _cuda_lock:
+        if _cuda is None:
+            import ctypes
+            L = ctypes.CDLL("libcuda.so.1")
+            L.cuMemGetAddressRange_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t),
+                                                  ctypes.c_uint64]
+            L.cuMemGetAddressRange_v2.restype = ctypes.c_int
+            L.cuIpcGetMemHandle.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
+            L.cuIpcGetMemHandle.restype = ctypes.c_int
+            _cuda = L
+        return _cuda
+
+
+def ipc_handle(ptr: int):
+    """(64-byte CUipcMemHandle, allocation base, allocation size) of the CUDA
+    allocation holding device pointer ptr. The caller's CUDA context must be
+    current (torch's is, after any CUDA tensor was made on this thread)."""
+    import ctypes
+    L = _libcuda()
+    base, size = ctypes.c_uint64(), ctypes.c_size_t()
+    rc = L.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ptr)
+    if rc != 0:
+        raise OSError(errno.EINVAL, f"cuMemGetAddressRange failed: CUresult {rc}")
+    h = ctypes.create_string_buffer(64)
+    rc = L.cuIpcGetMemHandle(h, base.value)
+    if rc != 0:
+        raise OSError(errno.EINVAL, f"cuIpcGetMemHandle failed: CUresult {rc}")
+    return h.raw, base.value, size.value

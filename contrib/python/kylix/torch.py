@@ -269,21 +269,25 @@ def _load_cuda_pinned(src: _Source, plans, device, threads):
 def _load_cuda_node(src: _Source, plans, device: torch.device, sock_path: str, flags=0):
     """Allocates the tensors on the GPU and asks the node to fill them (op FILL):
     grouped by the CUDA allocation (the caching allocator packs many tensors
-    into one segment, so one IPC handle covers many of them)."""
-    bufs, groups = {}, {}
+    into one segment, so one IPC handle covers many of them). The handle comes
+    from the driver (cuIpcGetMemHandle), not torch's _share_cuda_: see
+    kylix._node.ipc_handle for why."""
+    bufs, groups, known = {}, {}, []
     for p in plans:
         buf = _alloc(p, device)
         bufs[p.name] = (p, buf)
         if not p.runs:
             continue
-        st = buf.untyped_storage() if hasattr(buf, "untyped_storage") else buf.storage()._untyped()
-        # torch 2.x: (device, handle, size_bytes, offset_bytes, ref_counter_handle,
-        # ref_counter_offset, event_handle, event_sync_required); offset_bytes is
-        # the storage's offset inside the allocation the handle names.
-        shared = st._share_cuda_()
-        handle, base = bytes(shared[1]), int(shared[3])
-        base += buf.storage_offset() * buf.element_size()
-        groups.setdefault(handle, []).extend((fo, ln, base + do) for fo, ln, do in p.runs)
+        ptr = buf.data_ptr()
+        # The caching allocator packs many tensors into one cudaMalloc segment:
+        # one handle per segment, found once.
+        seg = next((k for k in known if k[1] <= ptr < k[1] + k[2]), None)
+        if seg is None:
+            with torch.cuda.device(device):
+                seg = _node.ipc_handle(ptr)
+            known.append(seg)
+        handle, base, _size = seg
+        groups.setdefault(handle, []).extend((fo, ln, ptr - base + do) for fo, ln, do in p.runs)
     torch.cuda.synchronize(device)  # allocations are stream-ordered; nothing may be pending
     client = _node.NodeClient(sock_path)
     last = None

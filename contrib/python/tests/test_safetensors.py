@@ -66,7 +66,6 @@ class ParseTest(unittest.TestCase):
         self.bad(b'{"t":{"dtype":"F32","shape":[true],"data_offsets":[0,1]}}', bytes(1), want="shape")
         self.bad(b'{"t":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}}', bytes(8), want="end before")
         self.bad(b'{"t":{"dtype":"F32","shape":[2]}}', bytes(8), want="missing")
-        self.bad(b'{"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}}', bytes(8), want="unknown fields")
         self.bad(b'{"__metadata__":{"a":1}}', want="__metadata__")
         self.bad(b"[" * 100000 + b"]" * 100000, want="")  # nesting bomb: error, not a crash
         # Gap, overlap, and data past the last tensor: all refused as safetensors does.
@@ -75,6 +74,10 @@ class ParseTest(unittest.TestCase):
                  b'"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}', bytes(12), want="expected 8")
         self.bad(b"{" + t + b"}", bytes(9), want="data section is 9")
         self.bad(b"{" + t + b"}", bytes(7), want="data section is 7")
+
+    def test_unknown_tensor_field_ignored(self):
+        raw_header(self.p, b'{"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}}', bytes(8))
+        self.assertEqual(parse_file(self.p).tensors["t"].shape, (2,))
 
     def test_huge_shape_no_overflow(self):
         self.bad(b'{"t":{"dtype":"F64","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,8]}}',
