@@ -30,7 +30,7 @@ import glob
 import json
 import logging
 import os
-from typing import Iterator, Optional
+from typing import Iterator
 
 import torch
 
