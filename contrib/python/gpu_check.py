@@ -50,8 +50,9 @@ def main():
                         ok &= tbytes(part[k]) == tbytes(w)
         t = torch.empty(1000, device="cuda:0")
         sh = t.untyped_storage()._share_cuda_()
+        # For reference only (we do not use it): torch >= 2.2 prefixes the
+        # 64-byte handle with a version byte and a type byte ('c').
         print("_share_cuda_ tuple:", len(sh), [type(x).__name__ for x in sh], "handle bytes", len(sh[1]))
-        ok &= len(sh) == 8 and len(sh[1]) == 64
         from kylix import _node
         h, base, size = _node.ipc_handle(t.data_ptr())
         print("cuIpcGetMemHandle:", len(h), "bytes; allocation", hex(base), size, "tensor at +", t.data_ptr() - base)
