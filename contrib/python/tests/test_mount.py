@@ -2,6 +2,7 @@
 a model imported into the node, loaded from the mount, whole and per TP rank,
 equal to the files it was imported from."""
 
+import errno
 import os
 import shutil
 import signal
@@ -10,10 +11,17 @@ import tempfile
 import time
 import unittest
 
+import torch
+
 import kylix.torch as kt
 from kylix import _node, split as ksplit
 
 from helpers import KYLIX_BIN, demo_model, numpy_parse, shards, tbytes
+
+
+def serve_help():
+    r = subprocess.run([KYLIX_BIN, "serve", "--help"], capture_output=True, text=True)
+    return r.stdout + r.stderr
 
 
 def can_mount():
@@ -29,8 +37,12 @@ class MountTest(unittest.TestCase):
         os.makedirs(cls.data)
         os.makedirs(cls.mnt)
         cls.log = open(os.path.join(cls.tmp, "serve.log"), "w+")
-        cls.node = subprocess.Popen([KYLIX_BIN, "serve", "--data", cls.data, "--mount", cls.mnt],
-                                    stdout=cls.log, stderr=subprocess.STDOUT)
+        args = [KYLIX_BIN, "serve", "--data", cls.data, "--mount", cls.mnt]
+        cls.client_sock = None
+        if "client-socket" in serve_help():  # a node with the client socket (issue 8)
+            cls.client_sock = os.path.join(cls.tmp, "client.sock")
+            args += ["--client-socket", cls.client_sock]
+        cls.node = subprocess.Popen(args, stdout=cls.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         # Poll the mount itself: `kylix node` before the node holds the store
         # would open (and lock) the store and make serve fail.
@@ -97,6 +109,35 @@ class MountTest(unittest.TestCase):
             self.assertIsNone(_node.probe(fd))
         finally:
             os.close(fd)
+
+
+    def test_fill_through_real_node(self):
+        # The node's op FILL with our client: on a machine without a GPU the
+        # node answers -ENODEV with its reason; with one, a bogus IPC handle
+        # is refused. Either way the request was parsed and the fd accepted
+        # as a credential (a malformed request would be EINVAL/EPROTO).
+        if self.client_sock is None:
+            self.skipTest("this node has no client socket")
+        p = os.path.join(self.mnt, "models", "m", os.path.basename(shards(self.src)[0]))
+        fd = os.open(p, os.O_RDONLY)
+        c = _node.NodeClient(self.client_sock)
+        try:
+            with self.assertRaises(_node.NodeError) as cm:
+                c.fill(fd, 0, bytes(64), [(0, 4096, 0)])
+        finally:
+            c.close()
+            os.close(fd)
+        self.assertNotIn(cm.exception.errno, (errno.EINVAL, errno.EPROTO, errno.EBADF, errno.EPERM), str(cm.exception))
+        self.assertIn("node: ", str(cm.exception))  # the node's own message, for humans
+
+    def test_cuda_request_falls_back_without_gpu(self):
+        # device="cuda" on a machine without CUDA: the node path is tried
+        # only with a GPU here; torch then says there is no CUDA.
+        if torch.cuda.is_available():
+            self.skipTest("has a GPU")
+        p = os.path.join(self.mnt, "models", "m", os.path.basename(shards(self.src)[0]))
+        with self.assertRaises((RuntimeError, AssertionError)):
+            kt.load_file(p, device="cuda:0")
 
 
 if __name__ == "__main__":
