@@ -163,8 +163,14 @@ class VllmLoaderTest(unittest.TestCase):
                 self.assertTrue(tbytes(t) == tbytes(want), name)
 
     def test_import_without_vllm(self):
-        with self.assertRaises(ImportError):
-            kv.register()
+        # importing kylix.vllm never needs vLLM; register() does.
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            with self.assertRaises(ImportError):
+                kv.register()
+        else:
+            self.skipTest("vLLM is installed here")
 
 
 if __name__ == "__main__":
