@@ -84,5 +84,39 @@ class ParseTest(unittest.TestCase):
                  bytes(8), want="needs")
 
 
+    def test_mutations_fail_cleanly(self):
+        # Bounded random mutations of a valid file: the parser either accepts
+        # a header whose tensors tile the file, or raises SafetensorError;
+        # never another exception.
+        import random
+        from kylix.safetensors import parse_bytes
+        write_st(self.p, [("a", "F32", (2, 3), bytes(24)), ("b", "BF16", (5,), bytes(10))],
+                 metadata={"format": "pt"})
+        with open(self.p, "rb") as f:
+            good = f.read()
+        rng = random.Random(8)
+        alphabet = b'{}[]",:0123456789-eE.tfnul \\x\xff\x00'
+        accepted = 0
+        for _ in range(3000):
+            b = bytearray(good)
+            for _ in range(rng.randint(1, 4)):
+                i = rng.randrange(len(b))
+                op = rng.random()
+                if op < 0.5:
+                    b[i] = rng.choice(alphabet)
+                elif op < 0.75:
+                    del b[i]
+                else:
+                    b.insert(i, rng.choice(alphabet))
+            try:
+                h = parse_bytes(bytes(b), len(b))
+            except SafetensorError:
+                continue
+            accepted += 1
+            end = max((t.end for t in h.tensors.values()), default=0)
+            self.assertEqual(h.data_start + end, len(b))
+        self.assertLess(accepted, 3000)
+
+
 if __name__ == "__main__":
     unittest.main()
