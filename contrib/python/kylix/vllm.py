@@ -179,11 +179,14 @@ def _make_loader_class():
             self.download_model(model_config)
             files = model_files(model_config.model)
             rank, size = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
-            if model_config.quantization is not None:
-                size_for_split = 1  # quantized layouts: let vLLM's loaders shard everything
+            extra = getattr(self.load_config, "model_loader_extra_config", None) or {}
+            if model_config.quantization is not None or not extra.get("direct", True):
+                # quantized layouts, or direct copies turned off
+                # (--model-loader-extra-config '{"direct": false}'): vLLM's own
+                # weight loaders shard everything, from full tensors.
+                size_for_split = 1
             else:
                 size_for_split = size
-            extra = getattr(self.load_config, "model_loader_extra_config", None) or {}
             if size_for_split == size:
                 done, ret, stats = load_into(model, files, rank, size, extra.get("device"))
             else:
