@@ -62,3 +62,16 @@ gpu-build:
 
 clean:
 	rm -rf bin
+
+# Python package (contrib/python, import name kylix): `make python` builds the
+# wheel into bin/ with the standard library only, with bin/libkylix.so inside
+# when it exists; the Python tests join `make test` (Debian's python3-torch and
+# python3-numpy; /usr/bin/python3 because that is where they are installed).
+PYTHON ?= /usr/bin/python3
+.PHONY: python test-python
+python: build
+	$(PYTHON) contrib/python/build_wheel.py bin --lib bin/libkylix.so
+
+test: test-python
+test-python: build
+	cd contrib/python && $(PYTHON) -m unittest discover -s tests -v
