@@ -81,6 +81,14 @@ struct kx_fill_reply {
 };
 _Static_assert(sizeof(struct kx_fill_reply) == 112, "fill reply is 112 bytes");
 
+/* kx_generation is kylix_pack_generation of fs/layout/kylix_layout.h
+ * (layout.Generation in Go): FNV-1a 64 over the little-endian st_dev,
+ * st_ino, st_size, st_mtime (ns) and st_ctime (ns), 0 mapped to 1. The node
+ * sends it with each pack; recomputed from fstat of the fd it must agree,
+ * else the pack is not the state the node checked. */
+struct stat;
+KX_HIDDEN uint64_t kx_generation(const struct stat *st);
+
 /* kx_seterr records a message for kylix_last_error and returns err. */
 KX_HIDDEN int kx_seterr(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 KX_HIDDEN void kx_clearerr(void);

@@ -63,6 +63,20 @@ const char *kylix_strerror(int err)
 	return s ? s : "unknown error";
 }
 
+uint64_t kx_generation(const struct stat *st)
+{
+	uint64_t v[5] = {(uint64_t)st->st_dev, (uint64_t)st->st_ino, (uint64_t)st->st_size,
+	                 (uint64_t)st->st_mtim.tv_sec * 1000000000u + (uint64_t)st->st_mtim.tv_nsec,
+	                 (uint64_t)st->st_ctim.tv_sec * 1000000000u + (uint64_t)st->st_ctim.tv_nsec};
+	uint64_t h = UINT64_C(14695981039346656037);
+	for (int i = 0; i < 5; i++)
+		for (int b = 0; b < 8; b++) {
+			h ^= (v[i] >> (8 * b)) & 0xff;
+			h *= UINT64_C(1099511628211);
+		}
+	return h ? h : 1;
+}
+
 int kylix_abi_version(void)
 {
 	return KYLIX_ABI_VERSION;
@@ -74,8 +88,7 @@ int kylix_abi_version(void)
 struct pack {
 	int fd;
 	uint64_t size;
-	uint64_t generation;
-	struct stat st; /* at receipt: a change means the pack was replaced or rewritten */
+	uint64_t generation; /* the node's; fstat of fd must still give it */
 };
 
 /* packset is what one process got for a file; shared by concurrent readers
@@ -437,7 +450,8 @@ static struct packset *ask_packs(struct kylix_file *f, const char *sock_path, ui
 		struct stat st;
 		bool ok = (e.flags & (KX_PACK_WHOLE_FILE | KX_PACK_CHECKED)) == (KX_PACK_WHOLE_FILE | KX_PACK_CHECKED) &&
 		          e.size == f->size && fstat(fds[i], &st) == 0 && S_ISREG(st.st_mode) &&
-		          (uint64_t)st.st_size == e.size && (fcntl(fds[i], F_GETFL) & O_ACCMODE) == O_RDONLY;
+		          (uint64_t)st.st_size == e.size && kx_generation(&st) == e.generation &&
+		          (fcntl(fds[i], F_GETFL) & O_ACCMODE) == O_RDONLY;
 		if (!ok) {
 			(*rejected)++;
 			close(fds[i]);
@@ -449,7 +463,6 @@ static struct packset *ask_packs(struct kylix_file *f, const char *sock_path, ui
 		fds[i] = -1;
 		p->size = e.size;
 		p->generation = e.generation;
-		p->st = st;
 	}
 	nfds = 0;
 out:
@@ -509,12 +522,6 @@ static void drop_packs(struct kylix_file *f, struct packset *ps)
 	pthread_mutex_unlock(&f->mu);
 }
 
-static bool same_file(const struct stat *a, const struct stat *b)
-{
-	return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
-	       a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec &&
-	       a->st_ctim.tv_sec == b->st_ctim.tv_sec && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
-}
 
 /* read_full preads until n bytes, EOF or an error. */
 static ssize_t read_full(int fd, unsigned char *buf, size_t n, uint64_t off)
@@ -559,9 +566,9 @@ ssize_t kylix_pread(kylix_file *f, void *buf, size_t n, uint64_t off, kylix_read
 			struct pack *p = &ps->packs[0];
 			struct stat st;
 			ssize_t r = -1;
-			/* The pack must still be the file the node checked: a pack the
-			 * node rewrote or replaced since is not read. */
-			if (fstat(p->fd, &st) == 0 && same_file(&st, &p->st))
+			/* The pack must still be in the state the node checked (the
+			 * passthrough rule): a pack written to since is not read. */
+			if (fstat(p->fd, &st) == 0 && kx_generation(&st) == p->generation)
 				r = read_full(p->fd, buf, n, off);
 			if (r > 0) {
 				done = (size_t)r;
