@@ -762,6 +762,16 @@ static int mount_test(int argc, char **argv)
 			const kylix_header *h;
 			CHECK(kylix_tensors(f, &h) == 0, "%s tensors: %s", dst, kylix_last_error());
 		}
+		if (has_socket) {
+			/* FILL with a handle no process allocated: refused, with the
+			 * node's reason; without a GPU that is ENODEV. */
+			unsigned char h64[64] = {0};
+			int fr = kylix_fill_device(f, h64, 0, 0, 0, size < 4096 ? size : 4096, 0, NULL);
+			CHECK(fr < 0 && kylix_last_error()[0], "%s: fill with a zero handle: %d", dst, fr);
+			if (access("/dev/nvidia0", F_OK) != 0)
+				CHECK(fr == -ENODEV, "%s: fill without a GPU: %d %s", dst, fr, kylix_last_error());
+			printf("%s: fill: %s\n", dst, kylix_last_error());
+		}
 		CHECK(read_threads(f, want, size) == 0, "%s: 8 threads", dst);
 		int cr = child_read(f, want, size, want_pack);
 		CHECK(cr == 0, "%s: child after fork: %d", dst, cr);

@@ -114,7 +114,11 @@ for _ in $(seq 200); do
   sleep 0.1
 done
 [ -e "$mnt/m/large.bin" ] || { cat "$tmp/node.log"; fail "the mount did not come up"; }
+# Whole-file packs (a file imported alone, a base model's shards) must be
+# read from packs when the node serves a client socket; the fine-tune shares
+# chunks with the base, so its packs are not whole-file: the mount.
 args=(--pack "$mnt/m/large.bin")
+while IFS= read -r f; do args+=(--pack "$mnt/m/base/${f##*/}"); done < <(find "$src/base" -name '*.safetensors' | sort)
 noprobe=()
 # The node answers KYLIX_IOC_PROBE once the tree defines it (layout v2);
 # before that, libkylix reads a mount it cannot recognise through FUSE.
