@@ -177,7 +177,14 @@ typedef struct kylix_read_info {
  * negative errno. Whole-file packs the node hands out are read directly;
  * everything else, and every failed pack read, goes through the mount. When
  * info is not NULL it is filled in. Environment: KYLIX_NO_PACKS=1 turns the
- * pack path off (reads go through the mount only). */
+ * pack path off (reads go through the mount only); KYLIX_PACK_IO=auto
+ * (default), buffered or direct says how packs are read: "auto" reads a
+ * large (>= 256 KiB), 4 KiB-aligned (offset and buf) range that is mostly
+ * not in the page cache with O_DIRECT and everything else through the page
+ * cache, as the node's GPU loader does; "direct" uses O_DIRECT for every
+ * such aligned range; "buffered" never. O_DIRECT needs the pack reopened
+ * through /proc/self/fd (possible where the caller may open the pack file
+ * itself); where that fails, the page cache. Both count as "pack". */
 KYLIX_API ssize_t kylix_pread(kylix_file *f, void *buf, size_t n, uint64_t off,
                               kylix_read_info *info);
 

@@ -93,6 +93,10 @@ KX_HIDDEN uint64_t kx_generation(const struct stat *st);
 KX_HIDDEN int kx_seterr(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 KX_HIDDEN void kx_clearerr(void);
 
+/* kx_direct_bytes counts bytes read with O_DIRECT in this process (for
+ * the tests: kylix_read_info counts them as "pack"). */
+KX_HIDDEN extern _Atomic unsigned long long kx_direct_bytes;
+
 /* kx_test_set_socket points f at a client socket path and marks it as a
  * Kylix file: lets the unit test drive the pack and fill code against a
  * fake node without a mount. */

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -89,7 +90,37 @@ struct pack {
 	int fd;
 	uint64_t size;
 	uint64_t generation; /* the node's; fstat of fd must still give it */
+	int dfd;             /* the same pack opened O_DIRECT, or -1 */
+	void *map;           /* a read-only mapping, only for mincore; or NULL */
 };
+
+/* How pack bytes are read (KYLIX_PACK_IO): as gpuio's IOAuto, aligned large
+ * reads of data mostly not in the page cache go O_DIRECT, the rest through
+ * the page cache. */
+enum pack_io { IO_AUTO, IO_BUFFERED, IO_DIRECT };
+#define KX_DIRECT_ALIGN 4096u
+#define KX_DIRECT_MIN   (256u << 10)
+
+_Atomic unsigned long long kx_direct_bytes;
+
+static enum pack_io pack_io_mode(void)
+{
+	const char *e = getenv("KYLIX_PACK_IO");
+	if (e && strcmp(e, "buffered") == 0)
+		return IO_BUFFERED;
+	if (e && strcmp(e, "direct") == 0)
+		return IO_DIRECT;
+	return IO_AUTO;
+}
+
+static void pack_release(struct pack *p)
+{
+	close(p->fd);
+	if (p->dfd >= 0)
+		close(p->dfd);
+	if (p->map)
+		munmap(p->map, (size_t)p->size);
+}
 
 /* packset is what one process got for a file; shared by concurrent readers
  * through a reference count, so no lock is held during pread. */
@@ -146,7 +177,7 @@ static void packset_put(struct packset *ps)
 	if (atomic_fetch_sub(&ps->refs, 1) != 1)
 		return;
 	for (int i = 0; i < ps->n; i++)
-		close(ps->packs[i].fd);
+		pack_release(&ps->packs[i]);
 	free(ps);
 }
 
@@ -161,7 +192,7 @@ static void check_pid(struct kylix_file *f)
 		return;
 	if (f->packs) {
 		for (int i = 0; i < f->packs->n; i++)
-			close(f->packs->packs[i].fd);
+			pack_release(&f->packs->packs[i]);
 		free(f->packs);
 		f->packs = NULL;
 	}
@@ -463,6 +494,32 @@ static struct packset *ask_packs(struct kylix_file *f, const char *sock_path, ui
 		fds[i] = -1;
 		p->size = e.size;
 		p->generation = e.generation;
+		p->dfd = -1;
+		p->map = NULL;
+		enum pack_io mode = pack_io_mode();
+		if (mode != IO_BUFFERED) {
+			/* O_DIRECT needs its own open file description: reopen the
+			 * received fd through /proc (a fresh open, so it works where the
+			 * caller may open the pack: the node's user). Must be the same
+			 * inode; else (or where O_DIRECT is unsupported) page cache. */
+			char proc[64];
+			snprintf(proc, sizeof proc, "/proc/self/fd/%d", p->fd);
+			int d = open(proc, O_RDONLY | O_DIRECT | O_CLOEXEC);
+			struct stat dst;
+			if (d >= 0 && (fstat(d, &dst) != 0 || dst.st_dev != st.st_dev || dst.st_ino != st.st_ino)) {
+				close(d);
+				d = -1;
+			}
+			p->dfd = d;
+		}
+		if (mode == IO_AUTO && p->dfd >= 0 && e.size > 0 && e.size <= SIZE_MAX) {
+			void *m = mmap(NULL, (size_t)e.size, PROT_READ, MAP_SHARED, p->fd, 0);
+			p->map = m == MAP_FAILED ? NULL : m;
+			if (!p->map) {
+				close(p->dfd);
+				p->dfd = -1;
+			}
+		}
 	}
 	nfds = 0;
 out:
@@ -523,6 +580,31 @@ static void drop_packs(struct kylix_file *f, struct packset *ps)
 }
 
 
+/* resident says whether most of [off, off+n) of pack p is in the page cache. */
+static bool resident(const struct pack *p, uint64_t off, size_t n)
+{
+	static size_t page;
+	if (!page)
+		page = (size_t)sysconf(_SC_PAGESIZE);
+	uint64_t start = off & ~(uint64_t)(page - 1);
+	size_t len = (size_t)(off + n - start);
+	size_t pages = (len + page - 1) / page;
+	unsigned char small[1024];
+	unsigned char *vec = pages <= sizeof small ? small : malloc(pages);
+	if (!vec)
+		return true;
+	bool res = true;
+	if (mincore((char *)p->map + start, len, vec) == 0) {
+		size_t in = 0;
+		for (size_t i = 0; i < pages; i++)
+			in += vec[i] & 1;
+		res = in * 2 >= pages;
+	}
+	if (vec != small)
+		free(vec);
+	return res;
+}
+
 /* read_full preads until n bytes, EOF or an error. */
 static ssize_t read_full(int fd, unsigned char *buf, size_t n, uint64_t off)
 {
@@ -568,8 +650,25 @@ ssize_t kylix_pread(kylix_file *f, void *buf, size_t n, uint64_t off, kylix_read
 			ssize_t r = -1;
 			/* The pack must still be in the state the node checked (the
 			 * passthrough rule): a pack written to since is not read. */
-			if (fstat(p->fd, &st) == 0 && kx_generation(&st) == p->generation)
-				r = read_full(p->fd, buf, n, off);
+			if (fstat(p->fd, &st) == 0 && kx_generation(&st) == p->generation) {
+				/* The aligned head of a large aligned read of data not in the
+				 * page cache: O_DIRECT; a direct read that fails is retried
+				 * through the page cache. */
+				size_t dn = 0;
+				if (p->dfd >= 0 && n >= KX_DIRECT_MIN && off % KX_DIRECT_ALIGN == 0 &&
+				    (uintptr_t)buf % KX_DIRECT_ALIGN == 0) {
+					dn = n & ~(size_t)(KX_DIRECT_ALIGN - 1);
+					if (p->map && resident(p, off, dn))
+						dn = 0;
+				}
+				ssize_t d = dn ? read_full(p->dfd, buf, dn, off) : 0;
+				if (d < 0)
+					d = 0;
+				atomic_fetch_add(&kx_direct_bytes, (unsigned long long)d);
+				r = read_full(p->fd, (unsigned char *)buf + d, n - (size_t)d, off + (uint64_t)d);
+				if (r >= 0)
+					r += d;
+			}
 			if (r > 0) {
 				done = (size_t)r;
 				ri.bytes_pack = done;

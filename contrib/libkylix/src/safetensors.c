@@ -340,7 +340,7 @@ static int walk_object(struct parser *ps, const unsigned char *start, member_fn 
 	}
 	for (;;) {
 		skip_ws(ps);
-		const char *key;
+		const char *key = NULL;
 		if ((err = parse_string(ps, start, &key)))
 			return err;
 		skip_ws(ps);
@@ -450,7 +450,7 @@ static int tensor_member(struct parser *ps, const unsigned char *start, const ch
 		return bad(ps, start, "duplicate key in a tensor");
 	*have = true;
 	if (have == &c->have_dtype) {
-		const char *s;
+		const char *s = NULL;
 		if ((err = parse_string(ps, start, &s)))
 			return err;
 		size_t l = strlen(s);
@@ -475,7 +475,7 @@ struct kv_ctx {
 static int metadata_member(struct parser *ps, const unsigned char *start, const char *key, void *vctx)
 {
 	struct kv_ctx *c = vctx;
-	const char *val;
+	const char *val = NULL;
 	int err;
 	if (ps->p >= ps->end || *ps->p != '"')
 		return bad(ps, start, "__metadata__ value is not a string");

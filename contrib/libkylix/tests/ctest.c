@@ -599,6 +599,46 @@ static void test_fake_node(void)
 	CHECK(kylix_pread(f, buf, 100, 5, &ri) == 100 && ri.bytes_pack == 100, "parent still on packs");
 	CHECK(fk.packs_asked == 2, "parent did not ask again");
 
+	/* O_DIRECT (where the filesystem has it): KYLIX_PACK_IO=direct reads an
+	 * aligned range with it; auto only once the range left the page cache. */
+	int probe_fd = open(pack, O_RDONLY | O_DIRECT);
+	if (probe_fd >= 0) {
+		close(probe_fd);
+		void *abuf = NULL;
+		CHECK(posix_memalign(&abuf, 4096, 2 << 20) == 0, "posix_memalign");
+		const char *modes[] = {"direct", "auto", "buffered"};
+		for (int mi = 0; mi < 3; mi++) {
+			setenv("KYLIX_PACK_IO", modes[mi], 1);
+			kylix_file *g;
+			CHECK(kylix_open(src, &g) == 0, "open");
+			kx_test_set_socket(g, fk.path);
+			int pf = open(pack, O_RDONLY);
+			/* Out of the page cache (the pack is clean: written, then synced). */
+			CHECK(fsync(pf) == 0 && posix_fadvise(pf, 0, 0, POSIX_FADV_DONTNEED) == 0, "evict");
+			close(pf);
+			unsigned long long before = kx_direct_bytes;
+			ssize_t got = kylix_pread(g, abuf, (2 << 20) - 100, 8192, &ri);
+			unsigned long long direct = kx_direct_bytes - before;
+			CHECK(got == (2 << 20) - 100 && memcmp(abuf, data + 8192, (size_t)got) == 0 &&
+			      ri.bytes_pack == (uint64_t)got, "%s: bytes", modes[mi]);
+			CHECK(mi == 2 ? direct == 0 : direct == ((2 << 20) - 4096), "%s: %llu bytes O_DIRECT", modes[mi], direct);
+			/* auto: now in the page cache (the tail went buffered; read it all
+			 * buffered once more), so no O_DIRECT. */
+			if (mi == 1) {
+				CHECK(kylix_pread(g, buf, size, 0, NULL) == (ssize_t)size, "warm");
+				before = kx_direct_bytes;
+				CHECK(kylix_pread(g, abuf, 2 << 20, 8192, &ri) == 2 << 20 &&
+				      memcmp(abuf, data + 8192, 2 << 20) == 0, "auto warm bytes");
+				CHECK(kx_direct_bytes == before, "auto: warm data read through the page cache");
+			}
+			kylix_close(g);
+		}
+		unsetenv("KYLIX_PACK_IO");
+		free(abuf);
+	} else {
+		printf("unit: O_DIRECT not supported on %s: O_DIRECT pack reads not tested\n", dir);
+	}
+
 	/* The pack changes under us, same size (a write in place; its mtime set
 	 * explicitly, since two writes within one clock tick may share one): the
 	 * generation differs, the read falls back and counts it. */
@@ -758,6 +798,13 @@ static int mount_test(int argc, char **argv)
 			off += (size_t)got;
 		}
 		CHECK(off == size && memcmp(buf, want, size) == 0, "%s bytes equal the source", dst);
+		/* Once more into a page-aligned buffer (O_DIRECT where chosen). */
+		void *abuf = NULL;
+		if (posix_memalign(&abuf, 4096, size + 4096) == 0) {
+			CHECK(kylix_pread(f, abuf, size, 0, NULL) == (ssize_t)size && memcmp(abuf, want, size) == 0,
+			      "%s aligned read equals the source", dst);
+			free(abuf);
+		}
 		if (strstr(dst, ".safetensors")) {
 			const kylix_header *h;
 			CHECK(kylix_tensors(f, &h) == 0, "%s tensors: %s", dst, kylix_last_error());
@@ -777,9 +824,10 @@ static int mount_test(int argc, char **argv)
 		CHECK(cr == 0, "%s: child after fork: %d", dst, cr);
 		kylix_read_info tot;
 		kylix_stats(f, &tot);
-		printf("%s: %zu bytes, pack %llu, fuse %llu, fallbacks %llu, socket %s\n", dst, size,
+		printf("%s: %zu bytes, pack %llu, fuse %llu, fallbacks %llu, direct %llu, socket %s\n", dst, size,
 		       (unsigned long long)tot.bytes_pack, (unsigned long long)tot.bytes_fuse,
-		       (unsigned long long)tot.pack_fallbacks, has_socket ? p.client_socket : "(none)");
+		       (unsigned long long)tot.pack_fallbacks, (unsigned long long)kx_direct_bytes,
+		       has_socket ? p.client_socket : "(none)");
 		if (want_pack)
 			CHECK(tot.bytes_fuse == 0 && tot.bytes_pack > 0, "%s: read from packs", dst);
 		else if (!has_socket)

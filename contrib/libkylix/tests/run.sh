@@ -133,5 +133,11 @@ while IFS= read -r f; do
 done < <(find "$src/base" "$src/finetuned" -name '*.safetensors' | sort)
 $CT mount "${noprobe[@]}" "${args[@]}"
 $CTA mount "${noprobe[@]}" "${args[@]}"
+# O_DIRECT from a pack fd reopened through /proc (root may open the pack).
+out=$(KYLIX_PACK_IO=direct $CTA mount "${noprobe[@]}" --pack "$mnt/m/large.bin" "$src/large.bin" "$mnt/m/large.bin")
+echo "$out"
+if ! echo "$out" | grep -q "socket (none)"; then
+  echo "$out" | grep -q "direct [1-9]" || fail "KYLIX_PACK_IO=direct read no byte with O_DIRECT"
+fi
 KYLIX_NO_PACKS=1 $CT mount "${noprobe[@]}" "$src/large.bin" "$mnt/m/large.bin" | grep -q "pack 0," || fail "KYLIX_NO_PACKS=1 still read packs"
 echo "== libkylix: all tests passed"
