@@ -226,6 +226,24 @@ KYLIX_API int kylix_fill_device(kylix_file *f, const void *ipc_handle64, int dev
                                 uint64_t dst_off, uint64_t file_off, uint64_t len,
                                 uint32_t flags, kylix_fill_info *info);
 
+/* kylix_range is one range of kylix_fill_device_ranges. */
+typedef struct kylix_range {
+	uint64_t file_offset; /* from the start of the file */
+	uint64_t length;      /* bytes */
+	uint64_t dst_offset;  /* from the start of the allocation */
+} kylix_range;
+
+#define KYLIX_FILL_MAX_RANGES 4096
+
+/* kylix_fill_device_ranges is kylix_fill_device for n ranges (1 ..
+ * KYLIX_FILL_MAX_RANGES) into one allocation in one request: a tensor-
+ * parallel rank's slices, for example. Every range must lie inside the
+ * file (-EINVAL otherwise, before anything is sent); the node checks each
+ * against the allocation. Returns as kylix_fill_device. */
+KYLIX_API int kylix_fill_device_ranges(kylix_file *f, const void *ipc_handle64, int device,
+                                       const kylix_range *ranges, uint32_t n, uint32_t flags,
+                                       kylix_fill_info *info);
+
 /* ---- errors ------------------------------------------------------------- */
 
 /* kylix_strerror returns a static description of err (negative or positive

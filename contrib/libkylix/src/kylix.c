@@ -776,21 +776,26 @@ int kylix_tensors(kylix_file *f, const kylix_header **out)
 
 /* ---- FILL ---- */
 
-int kylix_fill_device(kylix_file *f, const void *ipc_handle64, int device, uint64_t dst_off,
-                      uint64_t file_off, uint64_t len, uint32_t flags, kylix_fill_info *info)
+/* fill sends one FILL request: the single range (ranges == NULL) or n. */
+static int fill(kylix_file *f, const void *ipc_handle64, int device, uint64_t dst_off, uint64_t file_off,
+                uint64_t len, const kylix_range *ranges, uint32_t n, uint32_t flags, kylix_fill_info *info)
 {
-	kx_clearerr();
 	if (info)
 		memset(info, 0, sizeof *info);
-	if (!f || !ipc_handle64)
+	if (!f || !ipc_handle64 || (n && !ranges))
 		return kx_seterr(-EINVAL, "kylix_fill_device: NULL argument");
 	if (device < 0)
 		return kx_seterr(-EINVAL, "kylix_fill_device: device %d is negative", device);
 	if (flags & ~(KYLIX_FILL_VERIFY | KYLIX_FILL_STRICT))
 		return kx_seterr(-EINVAL, "kylix_fill_device: unknown flags %#x", flags);
-	if (file_off > f->size || len > f->size - file_off)
-		return kx_seterr(-EINVAL, "kylix_fill_device: range [%llu,+%llu) is outside the %llu-byte file",
-		                 (unsigned long long)file_off, (unsigned long long)len, (unsigned long long)f->size);
+	if (ranges && (n == 0 || n > KYLIX_FILL_MAX_RANGES))
+		return kx_seterr(-EINVAL, "kylix_fill_device_ranges: %u ranges (1..%d)", n, KYLIX_FILL_MAX_RANGES);
+	for (uint32_t i = 0; i < (ranges ? n : 1); i++) {
+		uint64_t o = ranges ? ranges[i].file_offset : file_off, l = ranges ? ranges[i].length : len;
+		if (o > f->size || l > f->size - o)
+			return kx_seterr(-EINVAL, "kylix_fill_device: range [%llu,+%llu) is outside the %llu-byte file",
+			                 (unsigned long long)o, (unsigned long long)l, (unsigned long long)f->size);
+	}
 	char sock_path[sizeof f->sock_path];
 	pthread_mutex_lock(&f->mu);
 	bool kylix = f->kylix;
@@ -800,21 +805,36 @@ int kylix_fill_device(kylix_file *f, const void *ipc_handle64, int device, uint6
 		return kx_seterr(-ENOTSUP, "kylix_fill_device: the file is not on a Kylix mount");
 	if (!sock_path[0])
 		return kx_seterr(-ENOTSUP, "kylix_fill_device: the node serves no client socket");
+	size_t body_len = sizeof(struct kx_fill_request) + (ranges ? (size_t)n * sizeof(kylix_range) : 0);
+	unsigned char *body = calloc(1, body_len);
+	if (!body)
+		return kx_seterr(-ENOMEM, "kylix_fill_device: out of memory");
 	struct kx_fill_request req;
 	memset(&req, 0, sizeof req);
 	req.device = (uint32_t)device;
 	req.flags = flags;
 	memcpy(req.ipc_handle, ipc_handle64, sizeof req.ipc_handle);
-	req.dst_offset = dst_off;
-	req.file_offset = file_off;
-	req.length = len;
+	if (!ranges) {
+		req.dst_offset = dst_off;
+		req.file_offset = file_off;
+		req.length = len;
+	}
+	req.n_ranges = ranges ? n : 0;
+	memcpy(body, &req, sizeof req);
+	/* kylix_range is the wire entry { file_offset, length, dst_offset }. */
+	_Static_assert(sizeof(kylix_range) == 24, "a FILL range is 24 bytes");
+	if (ranges)
+		memcpy(body + sizeof req, ranges, (size_t)n * sizeof(kylix_range));
 	int s = connect_node(sock_path);
-	if (s < 0)
+	if (s < 0) {
+		free(body);
 		return s;
+	}
 	unsigned char rbuf[4096];
 	int fds[KX_MAX_FDS], nfds = 0;
-	ssize_t r = exchange(s, KX_OP_FILL, &req, sizeof req, f->fd, rbuf, sizeof rbuf, fds, &nfds);
+	ssize_t r = exchange(s, KX_OP_FILL, body, (uint32_t)body_len, f->fd, rbuf, sizeof rbuf, fds, &nfds);
 	close(s);
+	free(body);
 	for (int i = 0; i < nfds; i++)
 		close(fds[i]); /* FILL carries none; never leak what a node sends */
 	if (r < 0)
@@ -837,4 +857,18 @@ int kylix_fill_device(kylix_file *f, const void *ipc_handle64, int device, uint6
 		memcpy(info->verified, rep.verified, sizeof info->verified);
 	}
 	return 0;
+}
+
+int kylix_fill_device(kylix_file *f, const void *ipc_handle64, int device, uint64_t dst_off,
+                      uint64_t file_off, uint64_t len, uint32_t flags, kylix_fill_info *info)
+{
+	kx_clearerr();
+	return fill(f, ipc_handle64, device, dst_off, file_off, len, NULL, 0, flags, info);
+}
+
+int kylix_fill_device_ranges(kylix_file *f, const void *ipc_handle64, int device, const kylix_range *ranges,
+                             uint32_t n, uint32_t flags, kylix_fill_info *info)
+{
+	kx_clearerr();
+	return fill(f, ipc_handle64, device, 0, 0, 0, ranges, n, flags, info);
 }

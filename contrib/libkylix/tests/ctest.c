@@ -354,6 +354,8 @@ struct fake {
 	int packs_asked;       /* PACKS requests served */
 	int fills;
 	struct kx_fill_request last_fill;
+	kylix_range last_ranges[8];
+	size_t last_body;
 	ino_t want_ino;        /* the fd sent must be this file */
 	int bad_fd;            /* requests with the wrong fd */
 	pid_t child_pid_seen;
@@ -396,7 +398,7 @@ static void *fake_main(void *arg)
 		int c = accept(fk->lfd, NULL, NULL);
 		if (c < 0)
 			return NULL;
-		unsigned char b[2048];
+		static unsigned char b[128 << 10];
 		char cm[CMSG_SPACE(sizeof(int) * 4)];
 		struct iovec iov = {b, sizeof b};
 		struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm, .msg_controllen = sizeof cm};
@@ -441,8 +443,11 @@ static void *fake_main(void *arg)
 			}
 		} else if (h.op == KX_OP_FILL) {
 			fk->fills++;
-			if (h.body_len == sizeof fk->last_fill)
+			fk->last_body = h.body_len;
+			if (h.body_len >= sizeof fk->last_fill)
 				memcpy(&fk->last_fill, b + sizeof h, sizeof fk->last_fill);
+			if (h.body_len >= sizeof fk->last_fill + sizeof fk->last_ranges)
+				memcpy(fk->last_ranges, b + sizeof h + sizeof fk->last_fill, sizeof fk->last_ranges);
 			if (fk->status) {
 				reply(c, &h, fk->status, fk->msg, NULL, 0, NULL, 0);
 			} else {
@@ -720,6 +725,17 @@ static void test_fake_node(void)
 	kylix_fill_info fi;
 	CHECK(kylix_fill_device(f, h64, 0, 0, 0, 1000, 0, &fi) == 0 && fi.bytes == 1000 && fi.nanos == 1234 &&
 	      strcmp(fi.path, "bounce") == 0 && strcmp(fi.verified, "blake3-gpu") == 0, "fill ok");
+	kylix_range rg[4096];
+	for (int i = 0; i < 4096; i++)
+		rg[i] = (kylix_range){(uint64_t)i * 100, 50, (uint64_t)i * 64};
+	CHECK(kylix_fill_device_ranges(f, h64, 1, rg, 4096, KYLIX_FILL_VERIFY, &fi) == 0, "ranges: %s", kylix_last_error());
+	CHECK(fk.last_body == 104 + 4096 * 24 && fk.last_fill.n_ranges == 4096 && fk.last_fill.device == 1 &&
+	      fk.last_fill.length == 0 && fk.last_fill.file_offset == 0 && memcmp(fk.last_ranges, rg, sizeof fk.last_ranges) == 0,
+	      "ranges encoding: body %zu n %u", fk.last_body, fk.last_fill.n_ranges);
+	CHECK(kylix_fill_device_ranges(f, h64, 1, rg, 4097, 0, NULL) == -EINVAL, "too many ranges");
+	CHECK(kylix_fill_device_ranges(f, h64, 1, rg, 0, 0, NULL) == -EINVAL, "no ranges");
+	rg[7].file_offset = size;
+	CHECK(kylix_fill_device_ranges(f, h64, 1, rg, 8, 0, NULL) == -EINVAL, "a range past the end");
 	CHECK(kylix_fill_device(f, h64, 0, 0, size, 1, 0, NULL) == -EINVAL, "fill past the end");
 	CHECK(kylix_fill_device(f, h64, 0, 0, 0, 1, 8, NULL) == -EINVAL, "fill unknown flag");
 	CHECK(fk.bad_fd == 0, "every request carried the file's read-only fd (%d bad)", fk.bad_fd);
