@@ -176,8 +176,10 @@ typedef struct kylix_read_info {
  * read (less than n only at the end of the file; 0 at or past it), or a
  * negative errno. Whole-file packs the node hands out are read directly;
  * everything else, and every failed pack read, goes through the mount. When
- * info is not NULL it is filled in. Environment: KYLIX_NO_PACKS=1 turns the
- * pack path off (reads go through the mount only); KYLIX_PACK_IO=auto
+ * info is not NULL it is filled in.
+ *
+ * Environment, read by kylix_open: KYLIX_NO_PACKS=1 turns the pack path
+ * off (reads go through the mount only); KYLIX_PACK_IO=auto
  * (default), buffered or direct says how packs are read: "auto" reads a
  * large (>= 256 KiB), 4 KiB-aligned (offset and buf) range that is mostly
  * not in the page cache with O_DIRECT and everything else through the page

@@ -134,6 +134,8 @@ struct kylix_file {
 	int fd;
 	uint64_t size;
 	bool kylix;
+	bool no_packs;         /* KYLIX_NO_PACKS at open */
+	enum pack_io io;       /* KYLIX_PACK_IO at open */
 	char sock_path[240];
 
 	pthread_mutex_t mu;     /* guards everything below */
@@ -217,6 +219,12 @@ int kylix_is_kylix_fd(int fd)
 	return p.magic == KX_LAYOUT_MAGIC ? 1 : 0;
 }
 
+static bool no_packs_env(void)
+{
+	const char *e = getenv("KYLIX_NO_PACKS");
+	return e && e[0] && strcmp(e, "0") != 0;
+}
+
 int kylix_open(const char *path, kylix_file **out)
 {
 	kx_clearerr();
@@ -247,6 +255,10 @@ int kylix_open(const char *path, kylix_file **out)
 	f->fd = fd;
 	f->size = (uint64_t)st.st_size;
 	f->pid = getpid();
+	/* The environment is read here, once: getenv on every read would race
+	 * with a setenv elsewhere in the process. */
+	f->no_packs = no_packs_env();
+	f->io = pack_io_mode();
 	pthread_mutex_init(&f->mu, NULL);
 	struct kx_probe p;
 	memset(&p, 0, sizeof p);
@@ -496,7 +508,7 @@ static struct packset *ask_packs(struct kylix_file *f, const char *sock_path, ui
 		p->generation = e.generation;
 		p->dfd = -1;
 		p->map = NULL;
-		enum pack_io mode = pack_io_mode();
+		enum pack_io mode = f->io;
 		if (mode != IO_BUFFERED) {
 			/* O_DIRECT needs its own open file description: reopen the
 			 * received fd through /proc (a fresh open, so it works where the
@@ -533,11 +545,6 @@ out:
 	return ps;
 }
 
-static bool no_packs_env(void)
-{
-	const char *e = getenv("KYLIX_NO_PACKS");
-	return e && e[0] && strcmp(e, "0") != 0;
-}
 
 /* get_packs returns a reference to f's pack set in this process, asking the
  * node once per process; NULL when there is none. */
@@ -545,7 +552,7 @@ static struct packset *get_packs(struct kylix_file *f, uint64_t *fallbacks)
 {
 	pthread_mutex_lock(&f->mu);
 	check_pid(f);
-	if (!f->kylix || !f->sock_path[0] || no_packs_env()) {
+	if (!f->kylix || !f->sock_path[0] || f->no_packs) {
 		pthread_mutex_unlock(&f->mu);
 		return NULL;
 	}
