@@ -454,7 +454,8 @@ static int reply_status(const char *what, const unsigned char *body, size_t len,
  * ask_packs asks the node (op PACKS) for f's whole-file packs. Every pack fd
  * is checked before it is kept: the entry says whole-file and checked, its
  * size is the file's, and fstat of the fd agrees with the entry. Anything
- * else is closed and counted as a fallback. Called without f->mu held.
+ * else is closed and counted as a fallback. Called with f->mu held (one
+ * request per process, not one per thread).
  */
 static struct packset *ask_packs(struct kylix_file *f, const char *sock_path, uint64_t *rejected)
 {
