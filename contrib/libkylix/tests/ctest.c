@@ -486,6 +486,7 @@ struct reader {
 	size_t size;
 	int bad;
 	uint64_t seed;
+	int iters;
 };
 
 static void *reader_main(void *arg)
@@ -493,7 +494,7 @@ static void *reader_main(void *arg)
 	struct reader *rd = arg;
 	uint64_t s = rd->seed;
 	unsigned char *buf = malloc(1 << 20);
-	for (int i = 0; i < 200; i++) {
+	for (int i = 0; i < rd->iters; i++) {
 		s = s * 6364136223846793005ull + 1442695040888963407ull;
 		uint64_t off = (s >> 11) % (rd->size + 1);
 		size_t n = (size_t)((s >> 3) % (1 << 20));
@@ -508,12 +509,12 @@ static void *reader_main(void *arg)
 	return NULL;
 }
 
-static int read_threads(kylix_file *f, const unsigned char *want, size_t size)
+static int read_threads(kylix_file *f, const unsigned char *want, size_t size, int iters)
 {
 	struct reader rd[8];
 	pthread_t th[8];
 	for (int i = 0; i < 8; i++) {
-		rd[i] = (struct reader){f, want, size, 0, (uint64_t)i * 7919 + 1};
+		rd[i] = (struct reader){f, want, size, 0, (uint64_t)i * 7919 + 1, iters};
 		pthread_create(&th[i], NULL, reader_main, &rd[i]);
 	}
 	int bad = 0;
@@ -596,7 +597,7 @@ static void test_fake_node(void)
 	CHECK(ri.bytes_pack == size && ri.bytes_fuse == 0 && strcmp(ri.path, "pack") == 0,
 	      "pack path: pack %llu fuse %llu", (unsigned long long)ri.bytes_pack, (unsigned long long)ri.bytes_fuse);
 	CHECK(kylix_packs(f) == 1 && fk.packs_asked == 1, "one pack, asked once");
-	CHECK(read_threads(f, data, size) == 0, "8 threads through packs");
+	CHECK(read_threads(f, data, size, 200) == 0, "8 threads through packs");
 	CHECK(fk.packs_asked == 1, "threads did not ask again: %d", fk.packs_asked);
 	/* fork: the child asks again on its own connection, and reads packs. */
 	CHECK(child_read(f, data, size, true) == 0, "child read after fork");
@@ -835,7 +836,7 @@ static int mount_test(int argc, char **argv)
 				CHECK(fr == -ENODEV, "%s: fill without a GPU: %d %s", dst, fr, kylix_last_error());
 			printf("%s: fill: %s\n", dst, kylix_last_error());
 		}
-		CHECK(read_threads(f, want, size) == 0, "%s: 8 threads", dst);
+		CHECK(read_threads(f, want, size, 48) == 0, "%s: 8 threads", dst);
 		int cr = child_read(f, want, size, want_pack);
 		CHECK(cr == 0, "%s: child after fork: %d", dst, cr);
 		kylix_read_info tot;
