@@ -7,16 +7,29 @@ BIN      := bin/kylix
 RACE_PKGS := ./chunkstore/... ./cuda/... ./gpuio/... ./fs/...
 export CGO_ENABLED ?= 0
 
-.PHONY: all build test test-unit test-race lint bench run clean fuzz tools gpu-build
+.PHONY: all build test test-unit test-race test-c lint bench run clean fuzz tools gpu-build libkylix
 
 all: build
 
-build:
+build: libkylix
 	$(GO) build $(GOFLAGS_) -o $(BIN) ./cmd/kylix
+
+# libkylix (contrib/libkylix, C11): bin/libkylix.so and its test binaries.
+# Skipped, saying so, where no C compiler is installed (.ci/run installs one).
+CC ?= cc
+libkylix:
+	@if command -v $(CC) >/dev/null 2>&1; then $(MAKE) -s -C contrib/libkylix CC=$(CC) all; \
+	  else echo "libkylix: no C compiler ($(CC)); bin/libkylix.so not built (apt-get install gcc libc6-dev)"; fi
 
 # The test command CI runs: unit tests, race detector, then the real-process,
 # FUSE and real-client suites in ./test (they build bin/kylix first).
-test: build lint test-unit test-race
+test: build lint test-unit test-race test-c
+
+# libkylix's C tests: symbols, unit and fuzz (plain and ASan+UBSan), the
+# parser against Python's, and reads through a live mount (root, /dev/fuse).
+test-c: build
+	@if command -v $(CC) >/dev/null 2>&1; then bash contrib/libkylix/tests/run.sh; \
+	  else echo "test-c: no C compiler ($(CC)); libkylix tests skipped"; fi
 
 test-unit:
 	$(GO) test $(GOFLAGS_) -count=1 ./...
@@ -62,6 +75,7 @@ gpu-build:
 
 clean:
 	rm -rf bin
+	$(MAKE) -s -C contrib/libkylix clean
 
 # Python package (contrib/python, import name kylix): `make python` builds the
 # wheel into bin/ with the standard library only, with bin/libkylix.so inside
