@@ -61,6 +61,9 @@ type Options struct {
 	// close of a written file waits for its commit and reports its outcome.
 	// 0 means DefaultLowSpace; negative: close never waits.
 	LowSpace int64
+	// ClientSocket is the path of the node's client socket, "" if none
+	// (KYLIX_IOC_PROBE reports it; docs/design/client.md).
+	ClientSocket string
 }
 
 // FS is a mounted (or mountable) view of a store's namespace.

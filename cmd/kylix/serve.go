@@ -44,9 +44,10 @@ func (e *env) defaultMountDir() string {
 
 // runningNode is the node this process serves, for in-node commands.
 var runningNode struct {
-	fsys  *kfs.FS
-	mount string
-	start time.Time
+	fsys   *kfs.FS
+	mount  string
+	start  time.Time
+	client *clientServer
 }
 
 func runServe(ctx context.Context, e *env, args []string) error {
@@ -85,6 +86,7 @@ inside the mount point.`)
 	stopTimeout := f.Duration("stop-timeout", defaultStopTimeout, "on SIGTERM, exit after this long even if open writes or requests have not finished")
 	scrubRate := f.Int64("scrub-rate", chunkstore.DefaultScrubRate,
 		"bytes per second the background scrub re-reads packs served by passthrough (0: no scrub; docs/design/verification.md)")
+	clientSock := f.String("client-socket", "", "path of the client socket any local user may connect to (docs/design/client.md); default /run/kylix/MOUNT.sock as root, else under $XDG_RUNTIME_DIR/kylix or /tmp/kylix-UID; \"none\": no client socket")
 	reserveFlag := f.String("reserve", fmt.Sprintf("%d%%", kfs.DefaultReservePercent),
 		"free space kept from writers through the mount whose uid is not 0: a size (2GiB) or a share of the data file system (5%)")
 	if err := f.parse(args, 0, 0); err != nil {
@@ -124,7 +126,18 @@ inside the mount point.`)
 	stopped := make(chan struct{})
 	defer close(stopped)
 	defer s.Close()
-	fsys, err := kfs.New(s, kfs.Options{Logger: log, NoPassthrough: *noPT, Debug: *debug, ScrubRate: max(0, *scrubRate), Reserve: &reserve})
+	sockPath := *clientSock
+	switch sockPath {
+	case "":
+		sockPath = e.defaultClientSocket(mountDir)
+	case "none":
+		sockPath = ""
+	default:
+		if sockPath, err = filepath.Abs(sockPath); err != nil {
+			return err
+		}
+	}
+	fsys, err := kfs.New(s, kfs.Options{Logger: log, NoPassthrough: *noPT, Debug: *debug, ScrubRate: max(0, *scrubRate), Reserve: &reserve, ClientSocket: sockPath})
 	if err != nil {
 		return err
 	}
@@ -148,10 +161,22 @@ inside the mount point.`)
 		fsys.Unmount()
 		return err
 	}
+	clientLine := ""
+	if sockPath != "" {
+		client, err := listenClient(sockPath, f.data, s, fsys, &fillService{}, log)
+		if err != nil {
+			admin.close()
+			fsys.Unmount()
+			return err
+		}
+		runningNode.client = client
+		defer client.close() // after the unmount: clients' fds pin nothing the unmount needs
+		clientLine = "  client socket: " + client.path + "\n"
+	}
 	unmounted := make(chan struct{})
 	go func() { fsys.Wait(); close(unmounted) }()
-	fmt.Fprintf(e.stdout, "kylix: node %d serving %s at %s\n  admin socket: %s\n  stop: Ctrl-C or kill %d\n",
-		os.Getpid(), s.Dir(), mountDir, admin.path, os.Getpid())
+	fmt.Fprintf(e.stdout, "kylix: node %d serving %s at %s\n  admin socket: %s\n%s  stop: Ctrl-C or kill %d\n",
+		os.Getpid(), s.Dir(), mountDir, admin.path, clientLine, os.Getpid())
 	select {
 	case <-ctx.Done():
 		log.Info("stopping", "mount", mountDir)
@@ -160,6 +185,9 @@ inside the mount point.`)
 	}
 	go stopWatchdog(log, mountDir, *stopTimeout, stopped)
 	admin.close()
+	if runningNode.client != nil {
+		runningNode.client.close()
+	}
 	if err := fsys.Unmount(); err != nil {
 		return err
 	}
@@ -179,6 +207,8 @@ type nodeOut struct {
 	// PackChecks counts the pack checks before passthrough and the scrub
 	// (docs/design/verification.md).
 	PackChecks chunkstore.PackVerifyStats `json:"pack_checks"`
+	// Clients is the client socket's activity (nil without one).
+	Clients *clientStats `json:"clients,omitempty"`
 }
 
 func runNode(ctx context.Context, e *env, args []string) error {
@@ -206,6 +236,9 @@ passthrough and by the node. Fails when no node runs.`).withJSON()
 	out := nodeOut{PID: os.Getpid(), DataDir: s.Dir(), Mount: runningNode.mount, Started: runningNode.start,
 		RSSBytes: rss(), HeapBytes: int64(ms.HeapInuse), FS: runningNode.fsys.Stats()}
 	out.PackChecks = s.PackVerifyStats()
+	if runningNode.client != nil {
+		out.Clients = runningNode.client.stats()
+	}
 	if f.jsonOut {
 		return f.printJSON(out)
 	}
@@ -216,6 +249,16 @@ passthrough and by the node. Fails when no node runs.`).withJSON()
 	pc := out.PackChecks
 	fmt.Fprintf(e.stdout, "checks:   %d packs passed, %d failed before passthrough (%s hashed); %d opens refused; scrub: %d passes, %s, %d packs failed\n",
 		pc.Verified, pc.Failed, human(pc.Bytes), st.PassthroughRefused, pc.ScrubPasses, human(pc.ScrubBytes), pc.ScrubFailed)
+	if cs := out.Clients; cs != nil {
+		fmt.Fprintf(e.stdout, "clients:  %s: %d connected (%d since start), %d requests, %d refused, %d pack fds handed out, %d GPU fills (%s)\n",
+			cs.Socket, cs.Connected, cs.Accepted, cs.Requests, cs.Refused, cs.PackFds, cs.Fills, human(cs.FillBytes))
+		if len(cs.GPU) == 0 {
+			fmt.Fprintf(e.stdout, "gpu:      no CUDA context held\n")
+		}
+		for _, g := range cs.GPU {
+			fmt.Fprintf(e.stdout, "gpu:      device %d: context held, %s of GPU memory, %d fills\n", g.Device, human(g.HeldBytes), g.Fills)
+		}
+	}
 	return nil
 }
 
