@@ -102,3 +102,24 @@ CUresult cuEventRecord(ptr e, ptr s) { NEED_CTX; *(int *)e = 2; return OK; }
 CUresult cuEventQuery(ptr e) { int *c = (int *)e; if (*c > 0) { (*c)--; return NOT_READY; } return OK; }
 CUresult cuEventSynchronize(ptr e) { usleep(50); *(int *)e = 0; return OK; }
 CUresult cuEventElapsedTime_v2(float *ms, ptr a, ptr b) { *ms = 1.5f; return OK; }
+
+/* CUDA IPC: a stub handle is { u64 pointer of an allocation; "KYLXIPC" };
+ * opening it maps the allocation at its own address (one process plays
+ * both sides). Opens are counted so a close without an open fails. */
+typedef struct { char reserved[64]; } CUipcMemHandle;
+static int ipcOpen[4096];
+CUresult cuIpcOpenMemHandle_v2(ptr *p, CUipcMemHandle h, unsigned flags) {
+	NEED_CTX;
+	ptr want;
+	memcpy(&want, h.reserved, 8);
+	if (memcmp(h.reserved + 8, "KYLXIPC", 7) != 0 || flags != 1) return INVALID_VALUE;
+	for (int i = 0; i < nalloc; i++)
+		if (allocSize[i] && allocBase[i] == want) { ipcOpen[i]++; *p = want; return OK; }
+	return INVALID_VALUE;
+}
+CUresult cuIpcCloseMemHandle(ptr p) {
+	NEED_CTX;
+	for (int i = 0; i < nalloc; i++)
+		if (allocSize[i] && allocBase[i] == p && ipcOpen[i] > 0) { ipcOpen[i]--; return OK; }
+	return INVALID_VALUE;
+}
