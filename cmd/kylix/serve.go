@@ -87,6 +87,7 @@ inside the mount point.`)
 	scrubRate := f.Int64("scrub-rate", chunkstore.DefaultScrubRate,
 		"bytes per second the background scrub re-reads packs served by passthrough (0: no scrub; docs/design/verification.md)")
 	clientSock := f.String("client-socket", "", "path of the client socket any local user may connect to (docs/design/client.md); default /run/kylix/MOUNT.sock as root, else under $XDG_RUNTIME_DIR/kylix or /tmp/kylix-UID; \"none\": no client socket")
+	gpuIdle := f.Duration("gpu-idle", defaultGPUIdle, "give a GPU's CUDA context back after this long without a client's GPU fill")
 	reserveFlag := f.String("reserve", fmt.Sprintf("%d%%", kfs.DefaultReservePercent),
 		"free space kept from writers through the mount whose uid is not 0: a size (2GiB) or a share of the data file system (5%)")
 	if err := f.parse(args, 0, 0); err != nil {
@@ -162,8 +163,11 @@ inside the mount point.`)
 		return err
 	}
 	clientLine := ""
+	var fill *fillService
 	if sockPath != "" {
-		client, err := listenClient(sockPath, f.data, s, fsys, &fillService{}, log)
+		fill = newFillService(s, *gpuIdle, log)
+		defer fill.close() // after the client connections: no FILL runs then
+		client, err := listenClient(sockPath, f.data, s, fsys, fill, log)
 		if err != nil {
 			admin.close()
 			fsys.Unmount()
@@ -256,7 +260,8 @@ passthrough and by the node. Fails when no node runs.`).withJSON()
 			fmt.Fprintf(e.stdout, "gpu:      no CUDA context held\n")
 		}
 		for _, g := range cs.GPU {
-			fmt.Fprintf(e.stdout, "gpu:      device %d: context held, %s of GPU memory, %d fills\n", g.Device, human(g.HeldBytes), g.Fills)
+			fmt.Fprintf(e.stdout, "gpu:      cuda:%d: CUDA context held (path %s), loader %s of GPU memory, device %s free of %s, %d fills, %d in flight\n",
+				g.Device, g.Path, human(g.LoaderBytes), human(g.DeviceFree), human(g.DeviceTotal), g.Fills, g.Active)
 		}
 	}
 	return nil
