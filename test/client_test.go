@@ -509,3 +509,66 @@ func TestInoSurvivesChmod(t *testing.T) {
 		}
 	}
 }
+
+// TestClientSocketLifecycle: a node killed with SIGKILL leaves its client
+// socket behind; the next node replaces it (and serves on it); a second
+// node for the same socket is refused while the first runs; a socket
+// inside the data directory is refused; the socket is 0666 in a 0755
+// directory.
+func TestClientSocketLifecycle(t *testing.T) {
+	requireFUSE(t)
+	data, mnt := dirs(t)
+	importFiles(t, data, map[string][]byte{"big": randomBytes(6<<20, 73)})
+	n, sock := startClientNode(t, data, mnt)
+	fi, err := os.Stat(sock)
+	if err != nil || fi.Mode().Perm() != 0o666 || fi.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("client socket %v (%v), want a 0666 socket", fi.Mode(), err)
+	}
+	if di, _ := os.Stat(filepath.Dir(sock)); di.Mode().Perm() != 0o755 {
+		t.Errorf("client socket directory mode %v, want 0755", di.Mode().Perm())
+	}
+	// A second node on the same socket (another store and mount) is refused.
+	data2, mnt2 := dirs(t)
+	out, err := exec.Command(kylixBin, "serve", "--data", data2, "--mount", mnt2, "--client-socket", sock).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "another node listens") {
+		t.Errorf("second node on a live client socket: %v\n%s", err, out)
+	}
+	n.kill9()
+	syscall.Unmount(mnt, syscall.MNT_DETACH)
+	if _, err := os.Lstat(sock); err != nil {
+		t.Fatalf("a killed node's socket is gone (%v); the test needs it stale", err)
+	}
+	// The next node replaces the stale socket.
+	n2 := &node{t: t, data: data, mnt: mnt, log: &bytes.Buffer{}}
+	n2.cmd = exec.Command(kylixBin, "serve", "--data", data, "--mount", mnt, "--client-socket", sock)
+	n2.cmd.Stdout, n2.cmd.Stderr = n2.log, n2.log
+	if err := n2.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if n2.cmd.ProcessState == nil {
+			n2.stop()
+		}
+	})
+	waitFor(t, 20*time.Second, "the restarted node's client socket", func() bool { return isMounted(mnt) && clientAnswers(sock) })
+	f := openRO(t, filepath.Join(mnt, "m/big"))
+	r := dialClient(t, sock).req(clientproto.OpPacks, nil, int(f.Fd()))
+	r.close()
+	if r.status != 0 || len(r.fds) != 1 {
+		t.Fatalf("PACKS after the restart: %d (%s), %d fds", r.status, r.msg, len(r.fds))
+	}
+	if !strings.Contains(n2.log.String(), "replacing a stale client socket") {
+		t.Errorf("no log line about the stale socket:\n%s", n2.log)
+	}
+	f.Close()
+	n2.stop()
+
+	out, err = exec.Command(kylixBin, "serve", "--data", data, "--mount", mnt, "--client-socket", filepath.Join(data, "c.sock")).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "inside the data directory") {
+		t.Errorf("client socket in the data directory: %v\n%s", err, out)
+	}
+	if isMounted(mnt) {
+		syscall.Unmount(mnt, syscall.MNT_DETACH)
+		t.Error("a refused serve left its mount")
+	}
+}
