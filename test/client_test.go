@@ -572,3 +572,27 @@ func TestClientSocketLifecycle(t *testing.T) {
 		t.Error("a refused serve left its mount")
 	}
 }
+
+// TestClientSocketDefaultPath: without --client-socket, a node run as root
+// listens on /run/kylix/<mount path with / as _>.sock, says so, and
+// removes it at stop.
+func TestClientSocketDefaultPath(t *testing.T) {
+	requireFUSE(t)
+	data, mnt := dirs(t)
+	n := startNode(t, data, mnt)
+	sock := "/run/kylix/" + strings.ReplaceAll(mnt, "/", "_") + ".sock"
+	if len(sock) > 101 {
+		t.Skipf("temporary path too long for the plain name: %s", sock)
+	}
+	waitFor(t, 10*time.Second, "the default client socket", func() bool { return clientAnswers(sock) })
+	if !strings.Contains(n.log.String(), "client socket: "+sock) {
+		t.Errorf("serve does not name its client socket:\n%s", n.log)
+	}
+	if out := mustKylix(t, t.TempDir(), "node", "--data", data); !strings.Contains(out, sock) {
+		t.Errorf("kylix node does not name the client socket:\n%s", out)
+	}
+	n.stop()
+	if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("default client socket left after stop: %v", err)
+	}
+}

@@ -83,7 +83,7 @@ type clientServer struct {
 // listenClient makes the client socket at path: its directory is made
 // 0755 (and must not be writable by others, who could swap the socket), a
 // stale socket of a killed node is replaced, and a live one is an error.
-func listenClient(path, dataDir string, s *chunkstore.Store, fsys *kfs.FS, fill *fillService, log *slog.Logger) (*clientServer, error) {
+func listenClient(path, dataDir string, log *slog.Logger) (*clientServer, error) {
 	path, err := filepath.Abs(path)
 	if err != nil {
 		return nil, err
@@ -133,10 +133,15 @@ func listenClient(path, dataDir string, s *chunkstore.Store, fsys *kfs.FS, fill 
 		return nil, fmt.Errorf("serve: client socket: %w", err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	c := &clientServer{path: path, ln: ln, s: s, fsys: fsys, fill: fill, log: log, ctx: ctx, stop: stop, conns: map[*net.UnixConn]struct{}{}}
+	return &clientServer{path: path, ln: ln, log: log, ctx: ctx, stop: stop, conns: map[*net.UnixConn]struct{}{}}, nil
+}
+
+// serve starts answering on the socket (connections made before wait in
+// the listen backlog).
+func (c *clientServer) serve(s *chunkstore.Store, fsys *kfs.FS, fill *fillService) {
+	c.s, c.fsys, c.fill = s, fsys, fill
 	c.wg.Add(1)
 	go c.acceptLoop()
-	return c, nil
 }
 
 func (c *clientServer) acceptLoop() {

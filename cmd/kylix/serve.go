@@ -138,6 +138,27 @@ inside the mount point.`)
 			return err
 		}
 	}
+	// The client socket listens before the mount exists, so the path the
+	// mount reports (KYLIX_IOC_PROBE) is one where a node listens; requests
+	// are served once the mount is up.
+	var client *clientServer
+	clientLine := "  client socket: none\n"
+	if sockPath != "" {
+		client, err = listenClient(sockPath, f.data, log)
+		switch {
+		case err != nil && *clientSock != "":
+			return err
+		case err != nil:
+			// The default place may be unusable (a read-only /run): a node
+			// without a client socket still serves its mount.
+			log.Warn("no client socket; choose a path with --client-socket", "err", err)
+			clientLine = fmt.Sprintf("  client socket: none (%v)\n", err)
+			sockPath = ""
+		default:
+			defer client.close() // on early returns; idempotent
+			clientLine = "  client socket: " + client.path + "\n"
+		}
+	}
 	fsys, err := kfs.New(s, kfs.Options{Logger: log, NoPassthrough: *noPT, Debug: *debug, ScrubRate: max(0, *scrubRate), Reserve: &reserve, ClientSocket: sockPath})
 	if err != nil {
 		return err
@@ -162,20 +183,12 @@ inside the mount point.`)
 		fsys.Unmount()
 		return err
 	}
-	clientLine := ""
-	var fill *fillService
-	if sockPath != "" {
-		fill = newFillService(s, *gpuIdle, log)
-		defer fill.close() // after the client connections: no FILL runs then
-		client, err := listenClient(sockPath, f.data, s, fsys, fill, log)
-		if err != nil {
-			admin.close()
-			fsys.Unmount()
-			return err
-		}
+	if client != nil {
+		fill := newFillService(s, *gpuIdle, log)
+		// The connections end first: no FILL runs when the loaders close.
+		defer func() { client.close(); fill.close() }()
+		client.serve(s, fsys, fill)
 		runningNode.client = client
-		defer client.close() // after the unmount: clients' fds pin nothing the unmount needs
-		clientLine = "  client socket: " + client.path + "\n"
 	}
 	unmounted := make(chan struct{})
 	go func() { fsys.Wait(); close(unmounted) }()
