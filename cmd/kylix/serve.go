@@ -51,7 +51,7 @@ var runningNode struct {
 }
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--reserve SIZE|PERCENT] [--no-passthrough] [--scrub-rate BYTES] [--debug] [--stop-timeout D]", `
+	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--client-socket PATH|none] [--gpu-idle D] [--reserve SIZE|PERCENT] [--no-passthrough] [--scrub-rate BYTES] [--debug] [--stop-timeout D]", `
 Runs a node: opens the store, mounts its namespace at the mount point, and
 serves the admin socket DATA/kylix.sock. While the node runs, the other
 commands (import, export, ls, stat, df, verify, gc, rm) given the same data
@@ -71,6 +71,12 @@ Writers through the mount whose uid is not 0 cannot use the last
 for root); a write, close or fsync whose version cannot be committed fails
 with ENOSPC (or EIO) and the file keeps its last committed version (see
 docs/design/space.md).
+
+Any local process may connect to the client socket (--client-socket):
+given an fd it opened on a file of the mount, the node hands it read-only
+fds of the file's verified whole-file pack, or reads the file into the
+process's GPU memory (CUDA IPC); the GPU context is given back after
+--gpu-idle without such a fill (docs/design/client.md).
 
 Default mount point: `+strings.ReplaceAll(defaultMountDoc, "\n", " ")+`.
 Stop the node with Ctrl-C or SIGTERM: it commits open writes and unmounts.
