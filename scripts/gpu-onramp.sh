@@ -142,7 +142,15 @@ def header(path):
 DT = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
 
-def fill_file(c, path, per_tensor=False, device=0):
+def as_tensor(buf, s, e, m):
+    """Tensor m of a file's data section in buf (a copy where the offset does not suit the dtype)."""
+    v = buf[s:e]
+    try:
+        return v.view(DT[m["dtype"]]).reshape(m["shape"])
+    except RuntimeError:
+        return v.clone().view(DT[m["dtype"]]).reshape(m["shape"])
+
+def fill_file(c, path, per_tensor=False, device=0, build=True):
     """Tensors of one safetensors file filled by the node; returns (dict, bytes, info)."""
     base, h = header(path)
     fd = os.open(path, os.O_RDONLY)
@@ -163,9 +171,11 @@ def fill_file(c, path, per_tensor=False, device=0):
             raw, off, _ = ipc_of(buf)
             info = c.fill(fd, raw, device, off, base, end)
             n = info["bytes"]
-            for name, m in h.items():
+            if not build:
+                out["__buffer__"] = buf
+            for name, m in (h.items() if build else ()):
                 s, e = m["data_offsets"]
-                out[name] = buf[s:e].view(DT[m["dtype"]]).reshape(m["shape"])
+                out[name] = as_tensor(buf, s, e, m)
         torch.cuda.synchronize()
         return out, n, info
     finally:
@@ -187,7 +197,7 @@ for i, f in enumerate(files):
     for k, v in want.items():
         nt += 1
         g = got[k]
-        if g.shape != v.shape or g.dtype != v.dtype or not torch.equal(g.view(torch.uint8) if g.numel() else g, v.view(torch.uint8) if v.numel() else v):
+        if g.shape != v.shape or g.dtype != v.dtype or not torch.equal(g.contiguous().reshape(-1).view(torch.uint8), v.contiguous().reshape(-1).view(torch.uint8)):
             print("MISMATCH", os.path.basename(f), k); bad += 1
     print(f"{os.path.basename(f)}: {len(want)} tensors, {n} bytes, {'one FILL per tensor' if i == 0 else 'one FILL'}; last: {info}")
 print(f"{nt} tensors compared, {bad} mismatches")
@@ -219,20 +229,28 @@ cat "$mnt"/models/base/*.safetensors > /dev/null
 cat > "$out/bench.py" <<'PY'
 import sys, os, time, json, multiprocessing as mp
 def worker(sock, outdir, files, barrier, q, rank):
-    sys.path.insert(0, outdir)
-    import torch
-    from client import Client, fill_file
-    torch.zeros(1, device="cuda:0"); torch.cuda.synchronize()
-    c = Client(sock)
-    for f in files:  # warm this process's allocations and the node's loader
-        fill_file(c, f)
-    torch.cuda.empty_cache()
-    barrier.wait()
-    t0 = time.time(); n = 0; paths = set()
-    for f in files:
-        d, b, info = fill_file(c, f)
-        n += b; paths.add((info["path"], info["io"], info["verified"])); del d
-    q.put((t0, time.time(), n, sorted(paths)))
+    try:
+        sys.path.insert(0, outdir)
+        import torch
+        from client import Client, fill_file
+        torch.zeros(1, device="cuda:0"); torch.cuda.synchronize()
+        c = Client(sock)
+        for f in files:  # warm this process's allocations and the node's loader
+            fill_file(c, f, build=False)
+    except Exception as e:
+        barrier.abort(); q.put(("error", rank, repr(e))); raise
+    try:
+        barrier.wait()
+    except Exception:
+        q.put(("error", rank, "another client failed")); return
+    try:
+        t0 = time.time(); n = 0; paths = set()
+        for f in files:
+            d, b, info = fill_file(c, f, build=False)
+            n += b; paths.add((info["path"], info["io"], info["verified"])); del d
+        q.put((t0, time.time(), n, sorted(paths)))
+    except Exception as e:
+        q.put(("error", rank, repr(e))); raise
 if __name__ == "__main__":
     sock, outdir, files = sys.argv[1], sys.argv[2], sys.argv[3:]
     mp.set_start_method("spawn")
@@ -242,8 +260,9 @@ if __name__ == "__main__":
         [p.start() for p in ps]
         rs = [q.get(timeout=600) for _ in ps]
         [p.join() for p in ps]
-        if any(p.exitcode != 0 for p in ps):
-            print(f"{k} clients: a client failed"); sys.exit(1)
+        errs = [r for r in rs if r[0] == "error"]
+        if errs or any(p.exitcode != 0 for p in ps):
+            print(f"{k} clients: a client failed: {errs}"); sys.exit(1)
         t0 = min(r[0] for r in rs); t1 = max(r[1] for r in rs); n = sum(r[2] for r in rs)
         per = [r[2] / (r[1] - r[0]) / 1e9 for r in rs]
         print(json.dumps({"clients": k, "bytes": n, "seconds": round(t1 - t0, 3), "aggregate_gb_per_s": round(n / (t1 - t0) / 1e9, 2),
