@@ -74,6 +74,11 @@ type driver struct {
 	cuModuleUnload      func(m uintptr) cuResult
 	cuModuleGetFunction func(f *uintptr, m uintptr, name string) cuResult
 	cuLaunchKernel      func(f uintptr, gx, gy, gz, bx, by, bz, shmem uint32, s uintptr, params unsafe.Pointer, extra unsafe.Pointer) cuResult
+
+	// CUDA IPC (ipc.go). Optional: without them OpenIPCMem reports
+	// ErrUnavailable.
+	cuIpcOpenMemHandle  func(p *uintptr, h ipcMemHandle, flags uint32) cuResult
+	cuIpcCloseMemHandle func(p uintptr) cuResult
 }
 
 // symbol binds one C function to a Go func variable. names are tried in
@@ -136,6 +141,8 @@ func (d *driver) symbols() []symbol {
 		opt(&d.cuModuleUnload, "cuModuleUnload"),
 		opt(&d.cuModuleGetFunction, "cuModuleGetFunction"),
 		opt(&d.cuLaunchKernel, "cuLaunchKernel"),
+		opt(&d.cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle"),
+		opt(&d.cuIpcCloseMemHandle, "cuIpcCloseMemHandle"),
 	}
 }
 

@@ -106,7 +106,10 @@ type DeviceMem struct {
 	ptr   uintptr
 	size  int
 	owned bool
-	use   useCount
+	// ipc: opened from another process's IPC handle (OpenIPCMem); Free
+	// closes the mapping (cuIpcCloseMemHandle).
+	ipc bool
+	use useCount
 	// fileReg is set while the buffer is registered with cuFile.
 	fileReg atomic.Bool
 }
@@ -204,6 +207,11 @@ func (m *DeviceMem) Free() error {
 	var firstErr error
 	if m.fileReg.Swap(false) {
 		firstErr = fileBufDeregister(m)
+	}
+	if m.ipc {
+		if err := m.ctx.do("cuIpcCloseMemHandle", func() cuResult { return m.ctx.d.cuIpcCloseMemHandle(m.ptr) }); err != nil && firstErr == nil {
+			firstErr = err
+		}
 	}
 	if m.owned {
 		if err := m.ctx.do("cuMemFree_v2", func() cuResult { return m.ctx.d.cuMemFree(m.ptr) }); err != nil && firstErr == nil {

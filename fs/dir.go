@@ -125,6 +125,7 @@ func (d *dirNode) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.Att
 }
 
 func (d *dirNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	defer func() { out.Ino = d.StableAttr().Ino }() // as in fileNode.Setattr
 	if _, ok := in.GetSize(); ok {
 		return syscall.EISDIR
 	}

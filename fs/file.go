@@ -260,6 +260,10 @@ func (n *fileNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.Set
 	}
 	n.attrLocked(&out.Attr)
 	n.mu.Unlock()
+	// go-fuse fills the inode number into GETATTR replies, not SETATTR
+	// ones, and the kernel takes i_ino from every attribute reply: without
+	// this a chmod made the file's st_ino 0.
+	out.Ino = n.StableAttr().Ino
 	out.SetTimeout(n.fsys.opts.FileTimeout)
 	if meta {
 		n.fsys.com.enqueue(n)

@@ -62,8 +62,9 @@ type Options struct {
 	// 0 means DefaultLowSpace; negative: close never waits.
 	LowSpace int64
 	// ClientSocket is the absolute path of the node's client socket
-	// (docs/design/ioctl.md), which KYLIX_IOC_PROBE reports; "" when
-	// there is none. At most layout.ClientSocketMax-1 bytes.
+	// (docs/design/client.md), which KYLIX_IOC_PROBE reports
+	// (docs/design/ioctl.md); "" when there is none. At most
+	// layout.ClientSocketMax-1 bytes.
 	ClientSocket string
 }
 

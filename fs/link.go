@@ -78,6 +78,7 @@ func (l *linkNode) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.At
 // (lutimes); its mode is always 0777 (Linux has no lchmod: the kernel
 // answers EOPNOTSUPP before asking us).
 func (l *linkNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	defer func() { out.Ino = l.StableAttr().Ino }() // as in fileNode.Setattr
 	f := l.fsys
 	l.mu.Lock()
 	ent := l.ent

@@ -123,6 +123,22 @@ func (d *CUDADevice) Wrap(ptr uintptr, n int64) (DeviceMem, error) {
 	return &cudaMem{m}, nil
 }
 
+// OpenIPC maps device memory another process exported (cuIpcGetMemHandle;
+// torch: storage._share_cuda_()) as a load target: the node's FILL writes
+// into its clients' tensors. Its Size is the whole exported allocation as
+// the driver reports it, so ReadRange's bounds check is against the real
+// allocation; Free unmaps it.
+func (d *CUDADevice) OpenIPC(handle [cuda.IPCHandleSize]byte) (DeviceMem, error) {
+	m, err := d.ctx.OpenIPCMem(handle)
+	if err != nil {
+		return nil, err
+	}
+	return &cudaMem{m}, nil
+}
+
+// MemInfo reports the device's free and total memory (cuMemGetInfo).
+func (d *CUDADevice) MemInfo() (free, total uint64, err error) { return d.ctx.MemInfo() }
+
 // AllocPinned implements Device.
 func (d *CUDADevice) AllocPinned(n int) (PinnedMem, error) {
 	h, err := d.ctx.AllocHost(n)

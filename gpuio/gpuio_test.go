@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -317,7 +318,9 @@ func TestBadRanges(t *testing.T) {
 	f := fx.open(t, "opaque.bin")
 	mem, _ := dev.Alloc(100)
 	defer mem.Free()
-	for _, rg := range [][3]int64{{-1, 10, 0}, {0, f.Size() + 1, 0}, {0, 200, 0}, {0, 50, 60}} {
+	const huge = math.MaxInt64 - 20 // off+n overflows to a negative number
+	for _, rg := range [][3]int64{{-1, 10, 0}, {0, f.Size() + 1, 0}, {0, 200, 0}, {0, 50, 60},
+		{0, 50, huge}, {huge, 50, 0}, {10, huge, 0}, {0, 50, -1}} {
 		if _, err := l.ReadRange(context.Background(), f, rg[0], rg[1], mem, rg[2]); err == nil {
 			t.Errorf("range %v accepted", rg)
 		}

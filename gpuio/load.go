@@ -12,10 +12,12 @@ import (
 // ReadRange places bytes [off, off+n) of f at dst+dstOff.
 func (l *Loader) ReadRange(ctx context.Context, f *chunkstore.File, off, n int64, dst DeviceMem, dstOff int64) (Result, error) {
 	var res Result
-	if off < 0 || n < 0 || off+n > f.Size() {
+	// Compared by subtraction: the offsets may come from another process
+	// (the node's FILL), and off+n could overflow past the checks.
+	if off < 0 || n < 0 || off > f.Size() || n > f.Size()-off {
 		return res, fmt.Errorf("gpuio: range [%d, +%d) outside the file's %d bytes", off, n, f.Size())
 	}
-	if dstOff < 0 || dstOff+n > dst.Size() {
+	if dstOff < 0 || dstOff > dst.Size() || n > dst.Size()-dstOff {
 		return res, fmt.Errorf("gpuio: range of %d bytes at %d does not fit device memory of %d bytes", n, dstOff, dst.Size())
 	}
 	// The plan's leases keep GC from deleting the packs while they are read

@@ -19,6 +19,9 @@ var forbidden = map[string][]string{
 	"/cuda":       {"/chunkstore", "/fs", "/gpuio", "/peers", "/cmd", "/internal"},
 	"/peers":      {"/fs", "/gpuio", "/cuda", "/cmd"},
 	"/internal":   {"/fs", "/gpuio", "/cuda", "/peers", "/cmd"},
+	// The client socket's wire format, mirrored in C (libkylix) and Python:
+	// plain structs, so nothing of ours may leak into it.
+	"/clientproto": {"/chunkstore", "/fs", "/gpuio", "/cuda", "/peers", "/cmd", "/internal"},
 }
 
 type pkg struct {

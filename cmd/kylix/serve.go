@@ -44,13 +44,14 @@ func (e *env) defaultMountDir() string {
 
 // runningNode is the node this process serves, for in-node commands.
 var runningNode struct {
-	fsys  *kfs.FS
-	mount string
-	start time.Time
+	fsys   *kfs.FS
+	mount  string
+	start  time.Time
+	client *clientServer
 }
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--reserve SIZE|PERCENT] [--no-passthrough] [--scrub-rate BYTES] [--debug] [--stop-timeout D]", `
+	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--client-socket PATH|none] [--gpu-idle D] [--reserve SIZE|PERCENT] [--no-passthrough] [--scrub-rate BYTES] [--debug] [--stop-timeout D]", `
 Runs a node: opens the store, mounts its namespace at the mount point, and
 serves the admin socket DATA/kylix.sock. While the node runs, the other
 commands (import, export, ls, stat, df, verify, gc, rm) given the same data
@@ -71,6 +72,12 @@ for root); a write, close or fsync whose version cannot be committed fails
 with ENOSPC (or EIO) and the file keeps its last committed version (see
 docs/design/space.md).
 
+Any local process may connect to the client socket (--client-socket):
+given an fd it opened on a file of the mount, the node hands it read-only
+fds of the file's verified whole-file pack, or reads the file into the
+process's GPU memory (CUDA IPC); the GPU context is given back after
+--gpu-idle without such a fill (docs/design/client.md).
+
 Default mount point: `+strings.ReplaceAll(defaultMountDoc, "\n", " ")+`.
 Stop the node with Ctrl-C or SIGTERM: it commits open writes and unmounts.
 If that takes longer than --stop-timeout (a commit or a request that does not
@@ -85,6 +92,8 @@ inside the mount point.`)
 	stopTimeout := f.Duration("stop-timeout", defaultStopTimeout, "on SIGTERM, exit after this long even if open writes or requests have not finished")
 	scrubRate := f.Int64("scrub-rate", chunkstore.DefaultScrubRate,
 		"bytes per second the background scrub re-reads packs served by passthrough (0: no scrub; docs/design/verification.md)")
+	clientSock := f.String("client-socket", "", "path of the client socket any local user may connect to (docs/design/client.md); default /run/kylix/MOUNT.sock as root, else under $XDG_RUNTIME_DIR/kylix or /tmp/kylix-UID; \"none\": no client socket")
+	gpuIdle := f.Duration("gpu-idle", defaultGPUIdle, "give a GPU's CUDA context back after this long without a client's GPU fill")
 	reserveFlag := f.String("reserve", fmt.Sprintf("%d%%", kfs.DefaultReservePercent),
 		"free space kept from writers through the mount whose uid is not 0: a size (2GiB) or a share of the data file system (5%)")
 	if err := f.parse(args, 0, 0); err != nil {
@@ -124,7 +133,39 @@ inside the mount point.`)
 	stopped := make(chan struct{})
 	defer close(stopped)
 	defer s.Close()
-	fsys, err := kfs.New(s, kfs.Options{Logger: log, NoPassthrough: *noPT, Debug: *debug, ScrubRate: max(0, *scrubRate), Reserve: &reserve})
+	sockPath := *clientSock
+	switch sockPath {
+	case "":
+		sockPath = e.defaultClientSocket(mountDir)
+	case "none":
+		sockPath = ""
+	default:
+		if sockPath, err = filepath.Abs(sockPath); err != nil {
+			return err
+		}
+	}
+	// The client socket listens before the mount exists, so the path the
+	// mount reports (KYLIX_IOC_PROBE) is one where a node listens; requests
+	// are served once the mount is up.
+	var client *clientServer
+	clientLine := "  client socket: none\n"
+	if sockPath != "" {
+		client, err = listenClient(sockPath, f.data, log)
+		switch {
+		case err != nil && *clientSock != "":
+			return err
+		case err != nil:
+			// The default place may be unusable (a read-only /run): a node
+			// without a client socket still serves its mount.
+			log.Warn("no client socket; choose a path with --client-socket", "err", err)
+			clientLine = fmt.Sprintf("  client socket: none (%v)\n", err)
+			sockPath = ""
+		default:
+			defer client.close() // on early returns; idempotent
+			clientLine = "  client socket: " + client.path + "\n"
+		}
+	}
+	fsys, err := kfs.New(s, kfs.Options{Logger: log, NoPassthrough: *noPT, Debug: *debug, ScrubRate: max(0, *scrubRate), Reserve: &reserve, ClientSocket: sockPath})
 	if err != nil {
 		return err
 	}
@@ -148,10 +189,17 @@ inside the mount point.`)
 		fsys.Unmount()
 		return err
 	}
+	if client != nil {
+		fill := newFillService(s, *gpuIdle, log)
+		// The connections end first: no FILL runs when the loaders close.
+		defer func() { client.close(); fill.close() }()
+		client.serve(s, fsys, fill)
+		runningNode.client = client
+	}
 	unmounted := make(chan struct{})
 	go func() { fsys.Wait(); close(unmounted) }()
-	fmt.Fprintf(e.stdout, "kylix: node %d serving %s at %s\n  admin socket: %s\n  stop: Ctrl-C or kill %d\n",
-		os.Getpid(), s.Dir(), mountDir, admin.path, os.Getpid())
+	fmt.Fprintf(e.stdout, "kylix: node %d serving %s at %s\n  admin socket: %s\n%s  stop: Ctrl-C or kill %d\n",
+		os.Getpid(), s.Dir(), mountDir, admin.path, clientLine, os.Getpid())
 	select {
 	case <-ctx.Done():
 		log.Info("stopping", "mount", mountDir)
@@ -160,6 +208,9 @@ inside the mount point.`)
 	}
 	go stopWatchdog(log, mountDir, *stopTimeout, stopped)
 	admin.close()
+	if runningNode.client != nil {
+		runningNode.client.close()
+	}
 	if err := fsys.Unmount(); err != nil {
 		return err
 	}
@@ -179,6 +230,8 @@ type nodeOut struct {
 	// PackChecks counts the pack checks before passthrough and the scrub
 	// (docs/design/verification.md).
 	PackChecks chunkstore.PackVerifyStats `json:"pack_checks"`
+	// Clients is the client socket's activity (nil without one).
+	Clients *clientStats `json:"clients,omitempty"`
 }
 
 func runNode(ctx context.Context, e *env, args []string) error {
@@ -206,6 +259,9 @@ passthrough and by the node. Fails when no node runs.`).withJSON()
 	out := nodeOut{PID: os.Getpid(), DataDir: s.Dir(), Mount: runningNode.mount, Started: runningNode.start,
 		RSSBytes: rss(), HeapBytes: int64(ms.HeapInuse), FS: runningNode.fsys.Stats()}
 	out.PackChecks = s.PackVerifyStats()
+	if runningNode.client != nil {
+		out.Clients = runningNode.client.stats()
+	}
 	if f.jsonOut {
 		return f.printJSON(out)
 	}
@@ -216,6 +272,17 @@ passthrough and by the node. Fails when no node runs.`).withJSON()
 	pc := out.PackChecks
 	fmt.Fprintf(e.stdout, "checks:   %d packs passed, %d failed before passthrough (%s hashed); %d opens refused; scrub: %d passes, %s, %d packs failed\n",
 		pc.Verified, pc.Failed, human(pc.Bytes), st.PassthroughRefused, pc.ScrubPasses, human(pc.ScrubBytes), pc.ScrubFailed)
+	if cs := out.Clients; cs != nil {
+		fmt.Fprintf(e.stdout, "clients:  %s: %d connected (%d since start), %d requests, %d refused, %d pack fds handed out, %d GPU fills (%s)\n",
+			cs.Socket, cs.Connected, cs.Accepted, cs.Requests, cs.Refused, cs.PackFds, cs.Fills, human(cs.FillBytes))
+		if len(cs.GPU) == 0 {
+			fmt.Fprintf(e.stdout, "gpu:      no CUDA context held\n")
+		}
+		for _, g := range cs.GPU {
+			fmt.Fprintf(e.stdout, "gpu:      cuda:%d: CUDA context held (path %s), loader %s of GPU memory, device %s free of %s, %d fills, %d in flight\n",
+				g.Device, g.Path, human(g.LoaderBytes), human(g.DeviceFree), human(g.DeviceTotal), g.Fills, g.Active)
+		}
+	}
 	return nil
 }
 

@@ -11,6 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <pthread.h>
 
 typedef int CUresult;
 typedef uintptr_t ptr;
@@ -102,3 +105,65 @@ CUresult cuEventRecord(ptr e, ptr s) { NEED_CTX; *(int *)e = 2; return OK; }
 CUresult cuEventQuery(ptr e) { int *c = (int *)e; if (*c > 0) { (*c)--; return NOT_READY; } return OK; }
 CUresult cuEventSynchronize(ptr e) { usleep(50); *(int *)e = 0; return OK; }
 CUresult cuEventElapsedTime_v2(float *ms, ptr a, ptr b) { *ms = 1.5f; return OK; }
+
+/* CUDA IPC: a stub handle is { u64 pointer of an allocation; "KYLXIPC" };
+ * opening it maps the allocation at its own address (one process plays
+ * both sides). Opens are counted so a close without an open fails. */
+typedef struct { char reserved[64]; } CUipcMemHandle;
+static int ipcOpen[4096];
+/* A second kind of stub handle lets another process (a test playing the
+ * client of a node) export memory: { "KYLXSHM\0"; u64 size; path of a file
+ * (NUL-terminated) } is mapped MAP_SHARED, so what the node writes there the
+ * test reads back from the file. */
+static int ipcShm[4096];
+static pthread_mutex_t ipcMu = PTHREAD_MUTEX_INITIALIZER; /* a node fills for many clients at once */
+static CUresult openShmLocked(ptr *p, const char *h);
+static CUresult openShm(ptr *p, const char *h) {
+	pthread_mutex_lock(&ipcMu);
+	CUresult r = openShmLocked(p, h);
+	pthread_mutex_unlock(&ipcMu);
+	return r;
+}
+static CUresult openShmLocked(ptr *p, const char *h) {
+	size_t n;
+	char path[49];
+	memcpy(&n, h + 8, 8);
+	memcpy(path, h + 16, 48);
+	path[48] = 0;
+	int fd = open(path, O_RDWR);
+	if (fd < 0) return INVALID_VALUE;
+	void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (m == MAP_FAILED) return INVALID_VALUE;
+	if (nalloc >= 4096) { munmap(m, n); return 2; }
+	allocBase[nalloc] = (ptr)m; allocSize[nalloc] = n; ipcOpen[nalloc] = 1; ipcShm[nalloc] = 1; nalloc++;
+	*p = (ptr)m;
+	return OK;
+}
+CUresult cuIpcOpenMemHandle_v2(ptr *p, CUipcMemHandle h, unsigned flags) {
+	NEED_CTX;
+	if (memcmp(h.reserved, "KYLXSHM", 8) == 0) return flags == 1 ? openShm(p, h.reserved) : INVALID_VALUE;
+	ptr want;
+	memcpy(&want, h.reserved, 8);
+	if (memcmp(h.reserved + 8, "KYLXIPC", 7) != 0 || flags != 1) return INVALID_VALUE;
+	for (int i = 0; i < nalloc; i++)
+		if (allocSize[i] && allocBase[i] == want) { ipcOpen[i]++; *p = want; return OK; }
+	return INVALID_VALUE;
+}
+static CUresult closeLocked(ptr p);
+CUresult cuIpcCloseMemHandle(ptr p) {
+	NEED_CTX;
+	pthread_mutex_lock(&ipcMu);
+	CUresult r = closeLocked(p);
+	pthread_mutex_unlock(&ipcMu);
+	return r;
+}
+static CUresult closeLocked(ptr p) {
+	for (int i = 0; i < nalloc; i++)
+		if (allocSize[i] && allocBase[i] == p && ipcOpen[i] > 0) {
+			if (ipcShm[i]) { munmap((void *)p, allocSize[i]); allocBase[i] = allocSize[i] = 0; ipcShm[i] = ipcOpen[i] = 0; return OK; }
+			ipcOpen[i]--;
+			return OK;
+		}
+	return INVALID_VALUE;
+}

@@ -1,0 +1,379 @@
+package main
+
+// The client socket (docs/design/client.md, protocol in package
+// clientproto): any local process may connect; every request carries one fd
+// the caller opened on a file of the mount, and that fd is the only
+// credential. The node answers STAT, hands out read-only fds of verified
+// whole-file packs (PACKS) and fills the caller's GPU memory (FILL).
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/clientproto"
+	kfs "github.com/kylix/kylix/fs"
+)
+
+// defaultClientSocket is where a node serving mount listens: under
+// /run/kylix as root, else the user's runtime directory (or /tmp/kylix-UID),
+// named after the mount path with '/' turned into '_'.
+func (e *env) defaultClientSocket(mount string) string {
+	dir := "/run/kylix"
+	if os.Geteuid() != 0 {
+		if d := e.getenv("XDG_RUNTIME_DIR"); d != "" {
+			dir = filepath.Join(d, "kylix")
+		} else {
+			dir = fmt.Sprintf("/tmp/kylix-%d", os.Geteuid())
+		}
+	}
+	name := strings.ReplaceAll(mount, "/", "_") + ".sock"
+	// sockaddr_un holds 108 bytes; a deep mount path gets a hashed name.
+	if len(dir)+1+len(name) > 100 {
+		h := sha256.Sum256([]byte(mount))
+		name = "m-" + hex.EncodeToString(h[:12]) + ".sock"
+	}
+	return filepath.Join(dir, name)
+}
+
+// clientStats are what `kylix node` reports about clients.
+type clientStats struct {
+	Socket    string    `json:"socket"`
+	Connected int64     `json:"connected"`
+	Accepted  int64     `json:"accepted"`
+	Requests  int64     `json:"requests"`
+	Refused   int64     `json:"refused"`
+	PackFds   int64     `json:"pack_fds"`
+	Fills     int64     `json:"fills"`
+	FillBytes int64     `json:"fill_bytes"`
+	GPU       []gpuHeld `json:"gpu,omitempty"`
+}
+
+type clientServer struct {
+	path  string
+	ln    *net.UnixListener
+	s     *chunkstore.Store
+	fsys  *kfs.FS
+	log   *slog.Logger
+	ctx   context.Context
+	stop  context.CancelFunc
+	wg    sync.WaitGroup
+	fill  *fillService
+	mu    sync.Mutex
+	conns map[*net.UnixConn]struct{}
+
+	closeOnce sync.Once
+
+	connected, accepted, requests, refused, packFds, fills, fillBytes atomic.Int64
+}
+
+// listenClient makes the client socket at path: its directory is made
+// 0755 (and must not be writable by others, who could swap the socket), a
+// stale socket of a killed node is replaced, and a live one is an error.
+func listenClient(path, dataDir string, log *slog.Logger) (*clientServer, error) {
+	path, err := filepath.Abs(path)
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Dir(path)
+	if rd, err1 := resolvePath(dir); err1 == nil {
+		if rdata, err2 := resolvePath(dataDir); err2 == nil && within(rd, rdata) {
+			return nil, fmt.Errorf("serve: client socket %s is inside the data directory %s, which only the node's user may enter: choose another --client-socket", path, dataDir)
+		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("serve: client socket directory: %w", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return nil, fmt.Errorf("serve: client socket directory: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR || int(st.Uid) != os.Geteuid() || st.Mode&0o022 != 0 {
+		return nil, fmt.Errorf("serve: client socket directory %s must be a directory of uid %d that others cannot write (it is mode %o, uid %d): another user could replace the socket", dir, os.Geteuid(), st.Mode&0o7777, st.Uid)
+	}
+	if st.Mode&0o755 != 0o755 {
+		if err := os.Chmod(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("serve: client socket directory: %w", err)
+		}
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("serve: client socket %s exists and is not a socket; remove it or choose another --client-socket", path)
+		}
+		if c, err := net.Dial("unixpacket", path); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("serve: another node listens on the client socket %s", path)
+		}
+		log.Warn("replacing a stale client socket left by a node that did not stop cleanly", "socket", path)
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("serve: stale client socket: %w", err)
+		}
+	}
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return nil, fmt.Errorf("serve: client socket: %w", err)
+	}
+	// Any local user may connect: the fd each request carries is the
+	// credential, checked per request.
+	if err := os.Chmod(path, 0o666); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("serve: client socket: %w", err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	return &clientServer{path: path, ln: ln, log: log, ctx: ctx, stop: stop, conns: map[*net.UnixConn]struct{}{}}, nil
+}
+
+// serve starts answering on the socket (connections made before wait in
+// the listen backlog).
+func (c *clientServer) serve(s *chunkstore.Store, fsys *kfs.FS, fill *fillService) {
+	c.s, c.fsys, c.fill = s, fsys, fill
+	c.wg.Add(1)
+	go c.acceptLoop()
+}
+
+func (c *clientServer) acceptLoop() {
+	defer c.wg.Done()
+	for {
+		conn, err := c.ln.AcceptUnix()
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				c.log.Warn("client socket accept", "err", err)
+			}
+			return
+		}
+		c.mu.Lock()
+		if c.conns == nil { // closing
+			c.mu.Unlock()
+			conn.Close()
+			return
+		}
+		c.conns[conn] = struct{}{}
+		c.mu.Unlock()
+		c.accepted.Add(1)
+		c.connected.Add(1)
+		c.wg.Add(1)
+		go c.serveConn(conn)
+	}
+}
+
+// close stops accepting, ends every connection, waits for their
+// goroutines and removes the socket.
+func (c *clientServer) close() {
+	c.closeOnce.Do(c.doClose)
+}
+
+func (c *clientServer) doClose() {
+	c.stop()
+	c.ln.Close() // removes the socket file (net.Listen made it)
+	c.mu.Lock()
+	for conn := range c.conns {
+		conn.Close()
+	}
+	c.conns = nil
+	c.mu.Unlock()
+	c.wg.Wait()
+}
+
+func (c *clientServer) stats() *clientStats {
+	st := &clientStats{Socket: c.path, Connected: c.connected.Load(), Accepted: c.accepted.Load(), Requests: c.requests.Load(),
+		Refused: c.refused.Load(), PackFds: c.packFds.Load(), Fills: c.fills.Load(), FillBytes: c.fillBytes.Load()}
+	if c.fill != nil {
+		st.GPU = c.fill.held()
+	}
+	return st
+}
+
+// peer is a connected client, as SO_PEERCRED saw it at connect time (for
+// logs and fairness only: the fd, not the uid, decides what it may read).
+type peer struct {
+	pid      int32
+	uid, gid uint32
+}
+
+func peerOf(conn *net.UnixConn) peer {
+	var p peer
+	if rc, err := conn.SyscallConn(); err == nil {
+		rc.Control(func(fd uintptr) {
+			if cr, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+				p = peer{pid: cr.Pid, uid: cr.Uid, gid: cr.Gid}
+			}
+		})
+	}
+	return p
+}
+
+// reply is one answer: status 0 or an errno, fields, and fds to pass.
+type reply struct {
+	errno  syscall.Errno
+	msg    string
+	fields []byte
+	fds    []*os.File
+}
+
+func refuse(err error) reply {
+	return reply{errno: clientproto.Errno(err), msg: err.Error()}
+}
+
+func (c *clientServer) serveConn(conn *net.UnixConn) {
+	defer c.wg.Done()
+	defer c.connected.Add(-1)
+	defer func() {
+		c.mu.Lock()
+		if c.conns != nil {
+			delete(c.conns, conn)
+		}
+		c.mu.Unlock()
+		conn.Close()
+	}()
+	p := peerOf(conn)
+	log := c.log.With("client_pid", p.pid, "client_uid", p.uid)
+	// One byte more than the largest request, to tell an oversize datagram
+	// even where the kernel does not flag MSG_TRUNC.
+	buf := make([]byte, clientproto.MaxRequest+1)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	for {
+		n, oobn, flags, _, err := conn.ReadMsgUnix(buf, oob)
+		if err != nil || (n == 0 && oobn == 0) {
+			return // closed by the client, or by close()
+		}
+		fds := receivedFds(oob[:oobn])
+		c.requests.Add(1)
+		h, rep := c.handle(buf[:n], flags, fds, p)
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		if rep.errno != 0 {
+			c.refused.Add(1)
+			log.Debug("client request refused", "op", h.Op, "errno", rep.errno, "msg", rep.msg)
+		}
+		msg := clientproto.Reply(h.Op, h.Seq, -int32(rep.errno), rep.msg, rep.fields)
+		var rights []byte
+		if len(rep.fds) > 0 {
+			ints := make([]int, len(rep.fds))
+			for i, f := range rep.fds {
+				ints[i] = int(f.Fd())
+			}
+			rights = unix.UnixRights(ints...)
+		}
+		_, _, werr := conn.WriteMsgUnix(msg, rights, nil)
+		for _, f := range rep.fds {
+			f.Close()
+		}
+		if werr != nil {
+			return
+		}
+	}
+}
+
+// receivedFds returns the descriptors passed with a datagram (all of them,
+// so that every one is closed whatever the request's fate).
+func receivedFds(oob []byte) []int {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil
+	}
+	var fds []int
+	for _, m := range msgs {
+		if m.Header.Level == unix.SOL_SOCKET && m.Header.Type == unix.SCM_RIGHTS {
+			if r, err := unix.ParseUnixRights(&m); err == nil {
+				fds = append(fds, r...)
+			}
+		}
+	}
+	return fds
+}
+
+// handle checks the datagram and runs its op. The header is returned for
+// the reply (op and seq echoed as far as they could be read).
+func (c *clientServer) handle(b []byte, flags int, fds []int, p peer) (clientproto.Header, reply) {
+	h, body, err := clientproto.ParseHeader(b)
+	if len(b) > clientproto.MaxRequest || flags&unix.MSG_TRUNC != 0 {
+		return h, refuse(fmt.Errorf("request larger than %d bytes: %w", clientproto.MaxRequest, syscall.EMSGSIZE))
+	}
+	if flags&unix.MSG_CTRUNC != 0 {
+		return h, refuse(fmt.Errorf("too many descriptors passed; a request carries one: %w", syscall.EINVAL))
+	}
+	if err != nil {
+		return h, refuse(err)
+	}
+	switch h.Op {
+	case clientproto.OpPacks, clientproto.OpStat, clientproto.OpFill:
+	default:
+		return h, refuse(fmt.Errorf("unknown op %d: %w", h.Op, syscall.EOPNOTSUPP))
+	}
+	if len(fds) != 1 {
+		return h, refuse(fmt.Errorf("a request carries exactly one fd (SCM_RIGHTS) opened for reading on a file of the mount, got %d: %w", len(fds), syscall.EBADF))
+	}
+	if h.Op != clientproto.OpFill && len(body) != 0 {
+		return h, refuse(fmt.Errorf("op %d takes an empty body: %w", h.Op, syscall.EINVAL))
+	}
+	sf, err := c.fsys.FileOfFd(fds[0])
+	if err != nil {
+		return h, refuse(err)
+	}
+	switch h.Op {
+	case clientproto.OpStat:
+		return h, c.opStat(sf)
+	case clientproto.OpPacks:
+		return h, c.opPacks(sf)
+	default:
+		return h, c.opFill(sf, body, p)
+	}
+}
+
+func (c *clientServer) opStat(sf *chunkstore.File) reply {
+	r := clientproto.StatReply{Size: uint64(sf.Size()), FileID: sf.ID, NChunks: uint32(len(sf.M.Chunks))}
+	if plan, err := sf.Plan(0, sf.Size()); err == nil {
+		for _, pc := range plan.Pieces {
+			if pc.Local() {
+				r.LocalChunks++
+			}
+		}
+		plan.Release()
+	} else {
+		return refuse(err)
+	}
+	return reply{fields: r.Append(nil)}
+}
+
+// opPacks hands out the file's whole-file pack if it passes the very check
+// passthrough opens pass (chunkstore.Store.OpenPassthrough): such a pack
+// holds nothing but this file's bytes, so the caller, who may read the
+// file, learns nothing else; and its bytes were proven against the
+// manifest since the pack last changed. Any other pack (shared with other
+// files, or failing its check) stays private: n = 0 and the caller reads
+// through the mount, where every chunk is verified.
+func (c *clientServer) opPacks(sf *chunkstore.File) reply {
+	pf, err := c.s.OpenPassthrough(c.ctx, sf)
+	switch {
+	case errors.Is(err, chunkstore.ErrNotWholeFile):
+		return reply{msg: "no whole-file pack: read through the mount", fields: clientproto.AppendPacks(nil, nil)}
+	case errors.Is(err, chunkstore.ErrCorrupt):
+		c.log.Warn("client asked for a pack that failed its check; not handed out", "file", sf.ID.Short(), "err", err)
+		return reply{msg: "the file's pack failed its check; read through the mount, which verifies every chunk", fields: clientproto.AppendPacks(nil, nil)}
+	case err != nil:
+		return refuse(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(pf.Fd()), &st); err != nil {
+		pf.Close()
+		return refuse(err)
+	}
+	e := clientproto.PackEntry{PackIndex: 0, Flags: clientproto.PackWholeFile | clientproto.PackChecked,
+		Generation: clientproto.Generation(st.Dev, st.Ino, uint64(st.Size), st.Mtim.Nano(), st.Ctim.Nano()), Size: uint64(st.Size)}
+	c.packFds.Add(1)
+	return reply{fields: clientproto.AppendPacks(nil, []clientproto.PackEntry{e}), fds: []*os.File{pf}}
+}

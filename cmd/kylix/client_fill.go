@@ -1,0 +1,372 @@
+package main
+
+// FILL: the node reads a file range into GPU memory of the caller's
+// (docs/design/client.md). One gpuio loader per device, made at the first
+// FILL for it and closed, with its CUDA context, after --gpu-idle without
+// one; the slices of all clients' FILLs share it round-robin.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/clientproto"
+	"github.com/kylix/kylix/cuda"
+	"github.com/kylix/kylix/gpuio"
+)
+
+const (
+	// defaultGPUIdle is how long the node keeps a device's context and
+	// loader after its last FILL.
+	defaultGPUIdle = 60 * time.Second
+	// fillSlice is the unit of fairness: a FILL is cut into slices of at
+	// most this size, and the device's slots go round-robin among clients
+	// slice by slice (256 MiB: ~6 ms at 40 GB/s).
+	fillSlice = 256 << 20
+	// fillSlots is how many slices run at once on one device: enough to
+	// keep a loader's buffers (32 x 16 MiB at most) all busy.
+	fillSlots = 4
+)
+
+// gpuHeld is one device context the node holds for FILL.
+type gpuHeld struct {
+	Device int `json:"device"`
+	// LoaderBytes is the device memory the loader took (cuMemGetInfo's
+	// free memory before and after it was made); the context's own
+	// overhead is not in it (the driver cannot measure before it exists).
+	LoaderBytes int64  `json:"loader_bytes"`
+	DeviceFree  int64  `json:"device_free"`
+	DeviceTotal int64  `json:"device_total"`
+	Fills       int64  `json:"fills"`
+	Active      int    `json:"active"`
+	Path        string `json:"path"`
+}
+
+// fillService runs FILL requests.
+type fillService struct {
+	s    *chunkstore.Store
+	log  *slog.Logger
+	idle time.Duration
+
+	mu     sync.Mutex
+	devs   map[int]*fillDev
+	closed bool
+}
+
+type fillDev struct {
+	ord         int
+	dev         *gpuio.CUDADevice
+	loader      *gpuio.Loader
+	loaderBytes int64
+	active      int // FILLs in flight (under fillService.mu)
+	timer       *time.Timer
+	fills       atomic.Int64
+	sched       *fairSched
+}
+
+func newFillService(s *chunkstore.Store, idle time.Duration, log *slog.Logger) *fillService {
+	if idle <= 0 {
+		idle = defaultGPUIdle
+	}
+	return &fillService{s: s, log: log, idle: idle, devs: map[int]*fillDev{}}
+}
+
+// acquire returns device ord's loader, making it on first use, and marks a
+// FILL in flight on it (release ends it).
+func (fs *fillService) acquire(ord int) (*fillDev, error) {
+	if err := cuda.Available(); err != nil {
+		return nil, fmt.Errorf("no GPU fill on this node: %v: %w", err, syscall.ENODEV)
+	}
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if fs.closed {
+		return nil, fmt.Errorf("the node is stopping: %w", syscall.ESHUTDOWN)
+	}
+	if d := fs.devs[ord]; d != nil {
+		d.active++
+		if d.timer != nil {
+			d.timer.Stop()
+			d.timer = nil
+		}
+		return d, nil
+	}
+	n, err := cuda.DeviceCount()
+	if err != nil {
+		return nil, fmt.Errorf("no GPU fill on this node: %v: %w", err, syscall.ENODEV)
+	}
+	if ord < 0 || ord >= n {
+		return nil, fmt.Errorf("no CUDA device %d here (%d devices): %w", ord, n, syscall.ENODEV)
+	}
+	// Made under the lock: concurrent first FILLs for one device wait for
+	// one loader rather than racing to make two.
+	dev, err := gpuio.NewCUDADevice(ord)
+	if err != nil {
+		return nil, fmt.Errorf("cuda:%d: %v: %w", ord, err, syscall.ENODEV)
+	}
+	free0, _, _ := dev.MemInfo()
+	l, err := gpuio.New(fs.s, dev, gpuio.Options{})
+	if err != nil {
+		dev.Close()
+		return nil, fmt.Errorf("cuda:%d: %w", ord, err)
+	}
+	free1, _, _ := dev.MemInfo()
+	d := &fillDev{ord: ord, dev: dev, loader: l, loaderBytes: max(0, int64(free0)-int64(free1)), active: 1, sched: newFairSched(fillSlots)}
+	path, note := l.Path()
+	fs.log.Info("GPU fill: took a CUDA context", "device", ord, "path", path, "note", note, "loader_bytes", d.loaderBytes)
+	fs.devs[ord] = d
+	return d, nil
+}
+
+// release ends a FILL on d; the last one arms the idle timer.
+func (fs *fillService) release(d *fillDev) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	d.active--
+	if d.active == 0 && !fs.closed {
+		d.timer = time.AfterFunc(fs.idle, func() { fs.expire(d) })
+	}
+}
+
+// expire gives d's loader and context back if it is still idle.
+func (fs *fillService) expire(d *fillDev) {
+	fs.mu.Lock()
+	if d.active != 0 || fs.devs[d.ord] != d {
+		fs.mu.Unlock()
+		return
+	}
+	delete(fs.devs, d.ord)
+	fs.mu.Unlock()
+	fs.closeDev(d)
+	fs.log.Info("GPU fill: gave the CUDA context back after the idle time", "device", d.ord, "idle", fs.idle)
+}
+
+func (fs *fillService) closeDev(d *fillDev) {
+	if err := errors.Join(d.loader.Close(), d.dev.Close()); err != nil {
+		fs.log.Warn("GPU fill: closing", "device", d.ord, "err", err)
+	}
+}
+
+// close ends the service at node stop (after the client connections).
+func (fs *fillService) close() {
+	fs.mu.Lock()
+	fs.closed = true
+	devs := fs.devs
+	fs.devs = map[int]*fillDev{}
+	fs.mu.Unlock()
+	for _, d := range devs {
+		if d.timer != nil {
+			d.timer.Stop()
+		}
+		fs.closeDev(d)
+	}
+}
+
+func (fs *fillService) held() []gpuHeld {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	var out []gpuHeld
+	for _, d := range fs.devs {
+		h := gpuHeld{Device: d.ord, LoaderBytes: d.loaderBytes, Fills: d.fills.Load(), Active: d.active}
+		if f, t, err := d.dev.MemInfo(); err == nil {
+			h.DeviceFree, h.DeviceTotal = int64(f), int64(t)
+		}
+		p, _ := d.loader.Path()
+		h.Path = string(p)
+		out = append(out, h)
+	}
+	return out
+}
+
+// opFill checks every range against the file and, once the caller's
+// allocation is mapped, against the allocation's real size, before a byte
+// is written; then runs the slices through the device's loader.
+func (c *clientServer) opFill(sf *chunkstore.File, body []byte, p peer) reply {
+	req, err := clientproto.ParseFill(body)
+	if err != nil {
+		return refuse(err)
+	}
+	ranges := req.List()
+	size := uint64(sf.Size())
+	for i, r := range ranges {
+		if r.FileOffset > size || r.Length > size-r.FileOffset {
+			return refuse(fmt.Errorf("range %d [%d, +%d) is outside the file's %d bytes: %w", i, r.FileOffset, r.Length, size, syscall.EINVAL))
+		}
+	}
+	if c.fill == nil {
+		return refuse(fmt.Errorf("this node serves no GPU fill: %w", syscall.ENODEV))
+	}
+	d, err := c.fill.acquire(int(req.Device))
+	if err != nil {
+		return refuse(err)
+	}
+	defer c.fill.release(d)
+	dst, err := d.dev.OpenIPC(req.IPCHandle)
+	if err != nil {
+		return refuse(fmt.Errorf("cannot open the CUDA IPC handle on cuda:%d (from cuIpcGetMemHandle of an allocation on that device, in another process): %v: %w", req.Device, err, syscall.EINVAL))
+	}
+	defer dst.Free()
+	alloc := uint64(dst.Size())
+	for i, r := range ranges {
+		if r.DstOffset > alloc || r.Length > alloc-r.DstOffset {
+			return refuse(fmt.Errorf("range %d: %d bytes at offset %d do not fit the allocation's %d bytes: %w", i, r.Length, r.DstOffset, alloc, syscall.EFAULT))
+		}
+	}
+	start := time.Now()
+	res, err := c.fillSlices(d, sf, dst, ranges, uint64(p.pid))
+	if err != nil {
+		return refuse(fmt.Errorf("fill: %w", errnoOr(err, syscall.EIO)))
+	}
+	d.fills.Add(1)
+	c.fills.Add(1)
+	c.fillBytes.Add(res.Bytes)
+	verified := "no"
+	if res.Verified {
+		verified = res.VerifyOn
+	}
+	out := clientproto.FillReply{Bytes: uint64(res.Bytes), Nanos: uint64(time.Since(start).Nanoseconds()), Path: string(res.Path), IO: res.IO, Verified: verified}
+	if req.Flags&clientproto.FillVerify != 0 && !(res.Verified && res.VerifyOn == "device") {
+		return reply{errno: syscall.EOPNOTSUPP, fields: out.Append(nil),
+			msg: fmt.Sprintf("verification on the GPU was required but the chunks were verified on %q (%s); the bytes are in place", verified, d.loader.VerifyNote())}
+	}
+	return reply{fields: out.Append(nil)}
+}
+
+// errnoOr keeps the errno err wraps, else wraps def.
+func errnoOr(err error, def syscall.Errno) error {
+	var e syscall.Errno
+	if errors.As(err, &e) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", err, def)
+}
+
+// fillSlices cuts the ranges into slices of at most fillSlice bytes and
+// runs each under one of the device's fair slots, all slices of the
+// request at once (the slots bound them).
+func (c *clientServer) fillSlices(d *fillDev, sf *chunkstore.File, dst gpuio.DeviceMem, ranges []clientproto.Range, client uint64) (gpuio.Result, error) {
+	ctx, cancel := context.WithCancel(c.ctx)
+	defer cancel()
+	var (
+		mu    sync.Mutex
+		total gpuio.Result
+		first error
+		wg    sync.WaitGroup
+	)
+	total.Verified = true
+	for _, r := range ranges {
+		for o := uint64(0); o < r.Length; o += fillSlice {
+			n := min(uint64(fillSlice), r.Length-o)
+			off, dstOff := int64(r.FileOffset+o), int64(r.DstOffset+o)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				d.sched.acquire(client)
+				defer d.sched.release()
+				if ctx.Err() != nil {
+					return
+				}
+				res, err := d.loader.ReadRange(ctx, sf, off, int64(n), dst, dstOff)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					if first == nil {
+						first = err
+						cancel()
+					}
+					return
+				}
+				total.Bytes += res.Bytes
+				total.Path, total.VerifyOn = res.Path, res.VerifyOn
+				total.Verified = total.Verified && res.Verified
+				if total.IO == "" {
+					total.IO = res.IO
+				} else if res.IO != total.IO && res.IO != "" {
+					total.IO = mergeIO(total.IO, res.IO)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	return total, first
+}
+
+func mergeIO(a, b string) string {
+	for _, s := range splitPlus(a) {
+		if s == b {
+			return a
+		}
+	}
+	return a + " + " + b
+}
+
+func splitPlus(s string) []string {
+	var out []string
+	for s != "" {
+		i := 0
+		for i < len(s) && !(i+3 <= len(s) && s[i:i+3] == " + ") {
+			i++
+		}
+		out = append(out, s[:i])
+		if i+3 > len(s) {
+			break
+		}
+		s = s[i+3:]
+	}
+	return out
+}
+
+// fairSched hands out n slots round-robin among clients: a client with
+// many slices waiting gets one slot, then every other waiting client gets
+// one, and so on, so that one big load cannot starve another.
+type fairSched struct {
+	mu     sync.Mutex
+	free   int
+	queues map[uint64][]chan struct{}
+	order  []uint64 // clients with waiters, in turn order
+}
+
+func newFairSched(n int) *fairSched {
+	return &fairSched{free: n, queues: map[uint64][]chan struct{}{}}
+}
+
+func (s *fairSched) acquire(client uint64) {
+	s.mu.Lock()
+	if s.free > 0 && len(s.order) == 0 {
+		s.free--
+		s.mu.Unlock()
+		return
+	}
+	ch := make(chan struct{})
+	if len(s.queues[client]) == 0 {
+		s.order = append(s.order, client)
+	}
+	s.queues[client] = append(s.queues[client], ch)
+	s.mu.Unlock()
+	<-ch
+}
+
+func (s *fairSched) release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.order) == 0 {
+		s.free++
+		return
+	}
+	c := s.order[0]
+	s.order = s.order[1:]
+	q := s.queues[c]
+	ch := q[0]
+	if len(q) > 1 {
+		s.queues[c] = q[1:]
+		s.order = append(s.order, c)
+	} else {
+		delete(s.queues, c)
+	}
+	close(ch)
+}

@@ -1,0 +1,113 @@
+package fs
+
+// The node's client socket (docs/design/client.md) authenticates every
+// request by a file descriptor the caller opened in the mount: the kernel
+// checked the caller's permission at that open (default_permissions), so
+// holding a readable fd of a file proves the caller may read it. This file
+// maps such a received fd back to the file's node and stored version.
+
+import (
+	"fmt"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"golang.org/x/sys/unix"
+
+	"github.com/kylix/kylix/chunkstore"
+)
+
+// FileOfFd returns the committed version of the file that fd (a descriptor
+// received from a client) is open on. It refuses, with an error wrapping
+// the errno the client is told:
+//   - EXDEV: fd is not on this mount (another file system, or another mount)
+//   - EISDIR / EINVAL: a directory / not a regular file
+//   - EBADF: fd is an O_PATH descriptor (no permission was checked to
+//     make it) or open for writing only
+//   - ESTALE: the file is no longer reachable in the mount (unlinked)
+//   - EBUSY: the file is being written (its bytes are in a working copy)
+//     or was never committed
+func (f *FS) FileOfFd(fd int) (*chunkstore.File, error) {
+	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	if err != nil {
+		return nil, fmt.Errorf("fs: client fd: %w", err)
+	}
+	// An O_PATH fd is made without any permission check: it proves nothing.
+	if fl&unix.O_PATH != 0 {
+		return nil, fmt.Errorf("fs: client fd is an O_PATH descriptor; open the file for reading: %w", syscall.EBADF)
+	}
+	if fl&unix.O_ACCMODE == unix.O_WRONLY {
+		return nil, fmt.Errorf("fs: client fd is open for writing only; open the file for reading: %w", syscall.EBADF)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("fs: client fd: %w", err)
+	}
+	dev, err := f.mountDev()
+	if err != nil {
+		return nil, err
+	}
+	if st.Dev != dev {
+		return nil, fmt.Errorf("fs: client fd is not a file in this node's mount %s: %w", f.mountDir, syscall.EXDEV)
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+	case unix.S_IFDIR:
+		return nil, fmt.Errorf("fs: client fd is a directory: %w", syscall.EISDIR)
+	default:
+		return nil, fmt.Errorf("fs: client fd is not a regular file: %w", syscall.EINVAL)
+	}
+	n := f.fileNodeByIno(st.Ino)
+	if n == nil {
+		return nil, fmt.Errorf("fs: the file of the client fd (inode %d) is no longer in the mount: %w", st.Ino, syscall.ESTALE)
+	}
+	sf, errno := n.committedFile()
+	if errno != 0 {
+		return nil, fmt.Errorf("fs: the file of the client fd is being written or was never committed: %w", errno)
+	}
+	return sf, nil
+}
+
+// mountDev returns the device number of the mount (the FUSE connection's
+// anonymous device), which every file in it reports as st_dev. A stat of
+// the mount's root is answered from the kernel's attribute cache mostly.
+func (f *FS) mountDev() (uint64, error) {
+	if f.mountDir == "" {
+		return 0, fmt.Errorf("fs: not mounted: %w", syscall.ENODEV)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(f.mountDir, &st); err != nil {
+		return 0, fmt.Errorf("fs: mount %s: %w", f.mountDir, err)
+	}
+	return st.Dev, nil
+}
+
+// fileNodeByIno finds the file node with inode number ino among the nodes
+// go-fuse knows (a file a client holds open is known: the kernel's open
+// keeps its inode referenced, so go-fuse cannot have forgotten it). The
+// walk visits the loaded tree once; it costs microseconds per thousand
+// loaded nodes, and keeps fs free of a second registry of inodes that
+// would have to follow go-fuse's forgets.
+func (f *FS) fileNodeByIno(ino uint64) *fileNode {
+	root := f.root.EmbeddedInode()
+	seen := map[*gofs.Inode]bool{root: true}
+	stack := []*gofs.Inode{root}
+	for len(stack) > 0 {
+		in := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		for _, c := range in.Children() {
+			if seen[c] {
+				continue
+			}
+			seen[c] = true
+			if c.StableAttr().Ino == ino {
+				if fn, ok := c.Operations().(*fileNode); ok {
+					return fn
+				}
+			}
+			if c.IsDir() {
+				stack = append(stack, c)
+			}
+		}
+	}
+	return nil
+}
