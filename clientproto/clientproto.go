@@ -326,21 +326,6 @@ func ParseFillReply(b []byte) (FillReply, error) {
 	return FillReply{Bytes: le.Uint64(b), Nanos: le.Uint64(b[8:]), Path: cstr(b[16:48]), IO: cstr(b[48:80]), Verified: cstr(b[80:112])}, nil
 }
 
-// Generation derives a pack's generation from its identity: it changes
-// whenever the pack file is replaced or changed (another device or inode,
-// size, mtime or ctime), so a reader holding an older fd or layout can
-// notice. FNV-1a over the fields.
-func Generation(dev, ino, size uint64, mtimeNs, ctimeNs int64) uint64 {
-	h := uint64(14695981039346656037)
-	for _, v := range []uint64{dev, ino, size, uint64(mtimeNs), uint64(ctimeNs)} {
-		for i := 0; i < 8; i++ {
-			h ^= v >> (8 * i) & 0xff
-			h *= 1099511628211
-		}
-	}
-	return h
-}
-
 // Errno returns the errno err wraps (EIO when none): the status a reply
 // carries is its negation.
 func Errno(err error) syscall.Errno {

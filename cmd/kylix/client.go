@@ -26,6 +26,7 @@ import (
 	"github.com/kylix/kylix/chunkstore"
 	"github.com/kylix/kylix/clientproto"
 	kfs "github.com/kylix/kylix/fs"
+	"github.com/kylix/kylix/fs/layout"
 )
 
 // defaultClientSocket is where a node serving mount listens: under
@@ -373,7 +374,7 @@ func (c *clientServer) opPacks(sf *chunkstore.File) reply {
 		return refuse(err)
 	}
 	e := clientproto.PackEntry{PackIndex: 0, Flags: clientproto.PackWholeFile | clientproto.PackChecked,
-		Generation: clientproto.Generation(st.Dev, st.Ino, uint64(st.Size), st.Mtim.Nano(), st.Ctim.Nano()), Size: uint64(st.Size)}
+		Generation: layout.Generation(st.Dev, st.Ino, st.Size, st.Mtim.Nano(), st.Ctim.Nano()), Size: uint64(st.Size)}
 	c.packFds.Add(1)
 	return reply{fields: clientproto.AppendPacks(nil, []clientproto.PackEntry{e}), fds: []*os.File{pf}}
 }
