@@ -1,7 +1,8 @@
-# Kylix build. giouring needs -checklinkname=0 on Go 1.26 (see DESIGN.md).
+# Kylix build. Plain `go build ./...`, `go test ./...` and `go install ./cmd/kylix`
+# work too; LDFLAGS (empty by default) is passed to every go command below.
 GO       ?= go
-LDFLAGS  := -checklinkname=0
-GOFLAGS_ := -ldflags=$(LDFLAGS)
+LDFLAGS  ?=
+GOFLAGS_ := $(if $(LDFLAGS),-ldflags='$(LDFLAGS)')
 BIN      := bin/kylix
 # Packages where the race detector is affordable on a 2-core machine.
 RACE_PKGS := ./chunkstore/... ./cuda/... ./gpuio/... ./fs/...

@@ -5,7 +5,6 @@ go 1.26.0
 require (
 	github.com/ebitengine/purego v0.11.3
 	github.com/hanwen/go-fuse/v2 v2.12.1
-	github.com/pawelgaczynski/giouring v0.0.0-20230826085535-69588b89acb9
 	github.com/zeebo/blake3 v0.2.4
 	go.etcd.io/bbolt v1.4.3
 	golang.org/x/sys v0.50.0

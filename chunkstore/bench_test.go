@@ -22,7 +22,7 @@ import (
 // under the repository's .bench, on the real disk rather than tmpfs), sized by
 // KYLIX_BENCH_SIZE (default 512MiB per version). Run: make bench, or
 //
-//	go test -ldflags=-checklinkname=0 ./chunkstore -run '^$' -bench Store -benchtime 3x -count 5
+//	go test ./chunkstore -run '^$' -bench Store -benchtime 3x -count 5
 var benchModel struct {
 	once sync.Once
 	dir  string

@@ -33,7 +33,7 @@ func runMain(m *testing.M) int {
 	defer os.RemoveAll(dir)
 	os.Chmod(dir, 0o755) // other users run it too (TestAdminSocketRefusesOtherUsers)
 	kylixBin = filepath.Join(dir, "kylix")
-	cmd := exec.Command("go", "build", "-ldflags=-checklinkname=0", "-o", kylixBin, "github.com/kylix/kylix/cmd/kylix")
+	cmd := exec.Command("go", "build", "-o", kylixBin, "github.com/kylix/kylix/cmd/kylix")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {

@@ -18,7 +18,7 @@ import (
 // size, issued as batches of benchBatchBytes; b.SetBytes makes the result
 // MB/s. Run with -benchtime 1x (each op is 1 GiB) and -count 3, e.g.
 //
-//	go test -ldflags=-checklinkname=0 -run '^$' -bench . -benchtime 1x -count 3 ./chunkstore/storeio/
+//	go test -run '^$' -bench . -benchtime 1x -count 3 ./chunkstore/storeio/
 const (
 	benchFileSize   = 1 << 30
 	benchBatchBytes = 256 << 20

@@ -2,9 +2,9 @@
 // reads submitted together so that many are in flight at once.
 //
 // Two implementations sit behind the one Reader interface: an io_uring reader
-// (giouring; deep queues, O_DIRECT-friendly) and a plain pread reader with a pool
-// of goroutines, for tests and for kernels without io_uring. io_uring is used only
-// inside this package. New picks one and never falls back silently: the reader's
+// (on a small binding of its own, ring_linux.go; deep queues, O_DIRECT-friendly)
+// and a plain pread reader with a pool of goroutines, for tests and for kernels
+// without io_uring. io_uring is used only inside this package. New picks one and never falls back silently: the reader's
 // Name says what runs, and FallbackReason (or Probe) says why io_uring does not.
 //
 // Buffers for O_DIRECT reads come from AlignedBuffer; files are opened for

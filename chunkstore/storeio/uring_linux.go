@@ -11,8 +11,6 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
-
-	"github.com/pawelgaczynski/giouring"
 )
 
 // UringOptions configures NewUring.
@@ -49,7 +47,7 @@ const (
 // a mutex around submit+reap would make it), and the reaper never needs waking
 // for new work because it only ever waits for completions.
 type uringReader struct {
-	ring   *giouring.Ring
+	ring   *ring
 	depth  int
 	maxLen int // longest single SQE: maxSQELen; lowered by tests
 	ops    []uringOp
@@ -116,16 +114,14 @@ func NewUring(opts UringOptions) (Reader, error) {
 // checks that IORING_OP_READ is supported, runs one NOP through it and tears
 // it down.
 func Probe() error {
-	ring, err := setupRing(2)
+	rg, err := setupRing(2)
 	if err != nil {
 		return err
 	}
-	defer ring.QueueExit()
-	sqe := ring.GetSQE()
-	sqe.PrepareNop()
-	sqe.SetData64(tagNop)
+	defer rg.close()
+	rg.getSQE().prepNop(tagNop)
 	for tries := 0; ; tries++ {
-		_, err = ring.SubmitAndWait(1)
+		_, err = rg.submit()
 		if err == nil || !retryable(err) || tries >= maxRetries {
 			break
 		}
@@ -133,30 +129,38 @@ func Probe() error {
 	if err != nil {
 		return unavailable("io_uring_enter", err)
 	}
-	cqe, err := ring.PeekCQE()
-	if err != nil || cqe == nil {
-		return fmt.Errorf("storeio: io_uring NOP did not complete (%v): %w", err, ErrUnavailable)
+	for tries := 0; ; tries++ {
+		var ud uint64
+		ud, _, err = rg.waitCQE()
+		if err == nil && ud != tagNop {
+			err = fmt.Errorf("unexpected completion %#x", ud)
+		}
+		if err == nil || !retryable(err) || tries >= maxRetries {
+			break
+		}
 	}
-	ring.CQESeen(cqe)
+	if err != nil {
+		return fmt.Errorf("storeio: io_uring NOP did not complete (%w): %w", err, ErrUnavailable)
+	}
 	return nil
 }
 
 // setupRing creates a ring with entries SQEs and checks it can read.
-func setupRing(entries uint32) (*giouring.Ring, error) {
-	ring := giouring.NewRing()
-	if err := ring.QueueInit(entries, 0); err != nil {
+func setupRing(entries uint32) (*ring, error) {
+	rg, err := newRing(entries)
+	if err != nil {
 		return nil, unavailable("io_uring_setup", err)
 	}
-	probe, err := ring.GetProbeRing()
-	if err != nil || !probe.IsSupported(giouring.OpRead) {
-		ring.QueueExit()
+	ok, err := rg.supports(opRead)
+	if err != nil || !ok {
+		rg.close()
 		why := "kernel lacks IORING_OP_READ (needs Linux 5.6)"
 		if err != nil {
 			why = fmt.Sprintf("io_uring probe: %v (Linux before 5.6?)", err)
 		}
 		return nil, fmt.Errorf("storeio: io_uring: %s: %w", why, ErrUnavailable)
 	}
-	return ring, nil
+	return rg, nil
 }
 
 // unavailable wraps an io_uring setup/enter failure: refusals by the kernel or
@@ -248,7 +252,7 @@ func (u *uringReader) stopped(ctx context.Context) error {
 func (u *uringReader) submit(b *batch, reqs []*Request, slots []uint32) {
 	u.sqMu.Lock()
 	defer u.sqMu.Unlock()
-	sqes := make([]*giouring.SubmissionQueueEntry, len(reqs))
+	sqes := make([]*sqe, len(reqs))
 	for i, r := range reqs {
 		op := &u.ops[slots[i]]
 		op.gen = (op.gen + 1) & 0x7fffffff
@@ -275,26 +279,20 @@ func (u *uringReader) submit(b *batch, reqs []*Request, slots []uint32) {
 // prepLocked fills an SQE for the rest of op's read. sqMu is held, and the SQ
 // has room: at most depth reads are in flight, every holder of sqMu flushes
 // before releasing it, and the ring has at least depth SQEs.
-func (u *uringReader) prepLocked(op *uringOp, ud uint64) *giouring.SubmissionQueueEntry {
+func (u *uringReader) prepLocked(op *uringOp, ud uint64) *sqe {
 	r := op.req
 	rest := r.Buf[op.done:]
 	n := min(len(rest), u.maxLen)
-	sqe := u.ring.GetSQE()
-	if sqe == nil {
+	s := u.ring.getSQE()
+	if s == nil {
 		panic("storeio: io_uring submission queue full") // invariant above broken
 	}
-	sqe.PrepareRead(r.Fd, uintptr(unsafe.Pointer(&rest[0])), uint32(n), uint64(r.Off)+uint64(op.done))
-	sqe.OpcodeFlags = 0 // rw_flags; giouring's prep leaves it as it was
-	sqe.Addr3 = 0
-	sqe.SetData64(ud)
-	return sqe
+	s.prepRead(r.Fd, unsafe.Pointer(&rest[0]), uint32(n), uint64(r.Off)+uint64(op.done), ud)
+	return s
 }
 
-func neutralise(sqe *giouring.SubmissionQueueEntry) {
-	sqe.PrepareNop()
-	sqe.OpcodeFlags = 0
-	sqe.SetData64(tagNop)
-}
+// neutralise turns an SQE the kernel has not taken into a NOP.
+func neutralise(s *sqe) { s.prepNop(tagNop) }
 
 // flushLocked submits the want SQEs queued since sqMu was taken, retrying
 // EINTR/EAGAIN/EBUSY. It returns how many the kernel took. On a hard error
@@ -302,8 +300,8 @@ func neutralise(sqe *giouring.SubmissionQueueEntry) {
 func (u *uringReader) flushLocked(want int) (int, error) {
 	got := 0
 	for tries := 0; got < want; {
-		n, err := u.ring.Submit()
-		got += int(n)
+		n, err := u.ring.submit()
+		got += n
 		if err == nil {
 			continue
 		}
@@ -323,7 +321,7 @@ func (u *uringReader) flushLocked(want int) (int, error) {
 func (u *uringReader) reap() {
 	defer close(u.reaperDone)
 	for {
-		cqe, err := u.ring.WaitCQE()
+		ud, res, err := u.ring.waitCQE()
 		if err != nil {
 			// EINTR from signals; nothing else is expected from a wait on a
 			// healthy ring, and giving up would strand the callers waiting
@@ -333,8 +331,6 @@ func (u *uringReader) reap() {
 			}
 			continue
 		}
-		ud, res := cqe.UserData, cqe.Res
-		u.ring.CQESeen(cqe)
 		switch ud {
 		case tagClose:
 			return
@@ -389,9 +385,9 @@ func (u *uringReader) complete(ud uint64, res int32) {
 func (u *uringReader) resubmit(op *uringOp, ud uint64, slot uint32) {
 	u.sqMu.Lock()
 	defer u.sqMu.Unlock()
-	sqe := u.prepLocked(op, ud)
+	s := u.prepLocked(op, ud)
 	if _, err := u.flushLocked(1); err != nil {
-		neutralise(sqe)
+		neutralise(s)
 		op.req.Err = readError(NameUring, op.req, op.done, err)
 		u.release(op, slot)
 	}
@@ -416,15 +412,12 @@ func (u *uringReader) Close() error {
 			<-u.free
 		}
 		u.sqMu.Lock()
-		sqe := u.ring.GetSQE()
-		sqe.PrepareNop()
-		sqe.OpcodeFlags = 0
-		sqe.SetData64(tagClose)
+		u.ring.getSQE().prepNop(tagClose)
 		_, err = u.flushLocked(1)
 		u.sqMu.Unlock()
 		if err == nil {
 			<-u.reaperDone
-			u.ring.QueueExit()
+			u.ring.close()
 		}
 		// Otherwise the reaper is left blocked on a ring that cannot be woken:
 		// keep the ring mapped rather than unmap memory it is reading.

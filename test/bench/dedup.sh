@@ -30,7 +30,7 @@ cp bin/kylix "$WORK/kylix-new"
 NAMES=new
 if [ -n "${BASELINE:-}" ]; then cp "$BASELINE" "$WORK/kylix-baseline"; NAMES="baseline new"; fi
 RB=$WORK/readbench
-go build -ldflags=-checklinkname=0 -o "$RB" ./test/bench/readbench
+go build -o "$RB" ./test/bench/readbench
 NODE=
 stop_node() { if [ -n "$NODE" ]; then kill "$NODE" 2>/dev/null || true; wait "$NODE" 2>/dev/null || true; NODE=; fi; }
 start_node() { # NAME

@@ -25,7 +25,7 @@ mkdir -p "$WORK"
 cp bin/kylix "$WORK/kylix" # a rebuild during the run does not change what runs
 K=$WORK/kylix
 RB=$WORK/readbench
-go build -ldflags=-checklinkname=0 -o "$RB" ./test/bench/readbench
+go build -o "$RB" ./test/bench/readbench
 
 DATA=$WORK/data MNT=$WORK/mnt
 NODE=

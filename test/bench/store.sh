@@ -12,7 +12,7 @@ out=$(mktemp -d /var/tmp/kylix-store-bench.XXXX)
 trap 'rm -rf "$out"' EXIT
 export KYLIX_BENCH_DIR=$out KYLIX_BENCH_SIZE_MIB=$size
 echo "== go test ./chunkstore -bench Store (model ${size} MiB per version, count $count)"
-go test -ldflags=-checklinkname=0 ./chunkstore -run '^$' -bench 'Store' -benchtime 1x -count "$count" | tee "$out/bench.txt" | grep -E '^Benchmark'
+go test ./chunkstore -run '^$' -bench 'Store' -benchtime 1x -count "$count" | tee "$out/bench.txt" | grep -E '^Benchmark'
 python3 - "$out/bench.txt" <<'PY'
 import re, statistics, sys
 runs = {}
