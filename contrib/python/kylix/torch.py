@@ -267,42 +267,47 @@ def _load_cuda_pinned(src: _Source, plans, device, threads):
 
 
 def _load_cuda_node(src: _Source, plans, device: torch.device, sock_path: str, flags=0):
-    """Allocates the tensors on the GPU and asks the node to fill them (op FILL):
-    grouped by the CUDA allocation (the caching allocator packs many tensors
-    into one segment, so one IPC handle covers many of them). The handle comes
-    from the driver (cuIpcGetMemHandle), not torch's _share_cuda_: see
-    kylix._node.ipc_handle for why."""
-    bufs, groups, known = {}, {}, []
+    """Allocates one GPU buffer for all the tensors and asks the node to fill
+    it (op FILL): one IPC handle and few requests. Measured on the H200
+    (docs/bench.md): a buffer per tensor meant a handle to open and a request
+    per cudaMalloc segment, and ran at 6.4 GB/s warm where one request per
+    file into one buffer ran at 28. The tensors returned are views of that
+    buffer (as fastsafetensors' are): its memory is freed when the last of
+    them is. The handle comes from the driver (cuIpcGetMemHandle), not
+    torch's _share_cuda_: see kylix._node.ipc_handle for why."""
+    layout, total = [], 0
     for p in plans:
-        buf = _alloc(p, device)
-        bufs[p.name] = (p, buf)
-        if not p.runs:
-            continue
-        ptr = buf.data_ptr()
-        # The caching allocator packs many tensors into one cudaMalloc segment:
-        # one handle per segment, found once.
-        seg = next((k for k in known if k[1] <= ptr < k[1] + k[2]), None)
-        if seg is None:
-            with torch.cuda.device(device):
-                seg = _node.ipc_handle(ptr)
-            known.append(seg)
-        handle, base, _size = seg
-        groups.setdefault(handle, []).extend((fo, ln, ptr - base + do) for fo, ln, do in p.runs)
+        layout.append((p, total))
+        total += -(-p.nbytes // _NODE_ALIGN) * _NODE_ALIGN
+    big = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
+    bufs, ranges = {}, []
+    for p, off in layout:
+        shape = p.block_shape if p.narrow is not None else p.shape
+        bufs[p.name] = (p, big[off:off + p.nbytes].view(torch_dtype(p.dtype)).view(shape))
+        ranges.extend((fo, ln, off + do) for fo, ln, do in p.runs)
     torch.cuda.synchronize(device)  # allocations are stream-ordered; nothing may be pending
-    client = _node.NodeClient(sock_path)
     last = None
-    try:
-        for handle, ranges in groups.items():
+    if ranges:
+        with torch.cuda.device(device):
+            handle, base, _size = _node.ipc_handle(big.data_ptr())
+        shift = big.data_ptr() - base
+        client = _node.NodeClient(sock_path)
+        try:
             for i in range(0, len(ranges), _node.MAX_RANGES):
-                part = ranges[i:i + _node.MAX_RANGES]
+                part = [(fo, ln, shift + do) for fo, ln, do in ranges[i:i + _node.MAX_RANGES]]
                 last = client.fill(src.fd, device.index or 0, handle, part, flags)
                 src.count("node-fill", sum(r[1] for r in part))
-    finally:
-        client.close()
+        finally:
+            client.close()
     return {name: _finish(p, buf) for name, (p, buf) in bufs.items()}, last
 
 
-def _load(src: _Source, plans, device, threads, info):
+# Tensors in the node-fill buffer start at multiples of this (every dtype's
+# size divides it; 256 is what cudaMalloc gives).
+_NODE_ALIGN = 256
+
+
+def _load(src: _Source, plans, device, threads, info, node_plans=None):
     dev = torch.device(device)
     if dev.type == "cpu":
         return _load_host(src, plans, threads)
@@ -319,7 +324,7 @@ def _load(src: _Source, plans, device, threads, info):
     info["node"] = pr
     if pr is not None and pr[2] and not os.environ.get("KYLIX_NO_NODE"):
         try:
-            out, res = _load_cuda_node(src, plans, dev, pr[2])
+            out, res = _load_cuda_node(src, node_plans() if node_plans else plans, dev, pr[2])
             if res is not None:
                 info["node_path"] = {"path": res.path, "io": res.io, "verified": res.verified}
             return out
@@ -354,7 +359,11 @@ def load_file(filename, device="cpu", *, tp_rank: Optional[int] = None, tp_size:
     try:
         names = sorted(src.header.tensors)
         plans = _rank_plans(src.header, names, tp_rank, tp_size, split)
-        out = _load(src, plans, device, threads or _default_threads(), info)
+        # The node fill takes few large ranges: a share split along a later
+        # dimension is read as its rows' block and narrowed on the GPU
+        # (one range per row ran at 0.1 GB/s on the H200: docs/bench.md).
+        node_plans = lambda: _rank_plans(src.header, names, tp_rank, tp_size, split, strided_min_run=math.inf)
+        out = _load(src, plans, device, threads or _default_threads(), info, node_plans)
     finally:
         src.close()
     info.update(tensors=len(names), bytes=dict(src.stats), seconds=time.perf_counter() - t0)
