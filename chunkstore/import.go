@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"syscall"
 	"time"
 	"unsafe"
@@ -24,14 +25,29 @@ type ImportOptions struct {
 	Progress func(done, total int64)
 	// OnFile is called after each file is stored.
 	OnFile func(path string, r PutResult)
+	// NoDereference stores every symlink as a link. By default a symlink
+	// that leads out of the imported tree to a regular file is followed and
+	// the file is stored under the link's name (rsync's
+	// --copy-unsafe-links): a Hugging Face cache snapshot is a directory of
+	// links into ../../blobs, which stored as links would dangle. Links
+	// that stay inside the tree are kept as links, so a tree exported and
+	// imported again is the same tree. Links out of the tree to
+	// directories (following them could loop) and dangling links are kept
+	// as links too, each listed in Notes.
+	NoDereference bool
+
+	root string // the imported tree, absolute (set by Import)
 }
 
 // ImportResult sums up an import.
 type ImportResult struct {
-	Root       ID    `json:"root"` // manifest of what DEST now names
-	Files      int   `json:"files"`
-	Dirs       int   `json:"dirs"`
-	Symlinks   int   `json:"symlinks"`
+	Root     ID  `json:"root"` // manifest of what DEST now names
+	Files    int `json:"files"`
+	Dirs     int `json:"dirs"`
+	Symlinks int `json:"symlinks"` // stored as links
+	// Followed counts symlinks to regular files stored as those files
+	// (ImportOptions.NoDereference off).
+	Followed   int   `json:"symlinks_followed"`
 	Bytes      int64 `json:"bytes"`
 	NewBytes   int64 `json:"new_bytes"`
 	DedupBytes int64 `json:"dedup_bytes"`
@@ -61,8 +77,18 @@ func (s *Store) Import(ctx context.Context, src, dest string, opts ImportOptions
 	if err != nil {
 		return res, fmt.Errorf("chunkstore: import %s: %w", src, err)
 	}
+	if st.Mode()&fs.ModeSymlink != 0 && !opts.NoDereference {
+		// SRC named as a link is followed, as cp and tar follow the
+		// operands they are given.
+		if st, err = os.Stat(src); err != nil {
+			return res, fmt.Errorf("chunkstore: import %s: %w", src, err)
+		}
+	}
+	if opts.root, err = filepath.Abs(src); err != nil {
+		return res, fmt.Errorf("chunkstore: import %s: %w", src, err)
+	}
 	var total int64
-	if err := scanSize(src, &total); err != nil {
+	if err := scanSize(src, !opts.NoDereference, &total); err != nil {
 		return res, fmt.Errorf("chunkstore: import %s: %w", src, err)
 	}
 	var done int64
@@ -91,17 +117,26 @@ func (s *Store) Import(ctx context.Context, src, dest string, opts ImportOptions
 	return res, nil
 }
 
-func scanSize(src string, total *int64) error {
+// scanSize adds up the bytes the import will read (for its progress), with
+// the files that followed symlinks name.
+func scanSize(src string, follow bool, total *int64) error {
 	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		if d.Type().IsRegular() {
+		switch {
+		case d.Type().IsRegular():
 			info, err := d.Info()
 			if err != nil {
 				return err
 			}
 			*total += info.Size()
+		case d.Type()&fs.ModeSymlink != 0 && follow:
+			// An estimate for the progress bar: links inside the tree
+			// are counted too, though they are not followed.
+			if info, err := os.Stat(p); err == nil && info.Mode().IsRegular() {
+				*total += info.Size()
+			}
 		}
 		return nil
 	})
@@ -139,6 +174,18 @@ func (s *Store) importEntry(ctx context.Context, im *Importer, src string, st fs
 		if opts.OnFile != nil {
 			opts.OnFile(rel, r)
 		}
+	case st.Mode()&fs.ModeSymlink != 0 && !opts.NoDereference && followable(src, opts.root, res):
+		target, err := os.Stat(src)
+		if err != nil {
+			return e, fmt.Errorf("chunkstore: import %s: %w", src, err)
+		}
+		// Stored as the file it names, under the link's name, with the
+		// file's owner and mode (the link's own are meaningless).
+		f, err := s.importEntry(ctx, im, src, namedInfo{target, st.Name()}, rel, res, opts, progress)
+		if err == nil {
+			res.Followed++
+		}
+		return f, err
 	case st.Mode()&fs.ModeSymlink != 0:
 		t, err := os.Readlink(src)
 		if err != nil {
@@ -186,6 +233,56 @@ func (s *Store) importEntry(ctx context.Context, im *Importer, src string, st fs
 	}
 	return e, nil
 }
+
+// followable reports whether the symlink at src is to be followed: it
+// leads out of the imported tree (root) to a regular file. A link to a
+// directory outside the tree or a dangling one is noted in res and kept as
+// a link; a link inside the tree is kept without a note.
+//
+// Inside or out is decided on the link's own target, as rsync decides which
+// links are "unsafe": an absolute target, or a relative one that climbs out
+// of the tree, leads out. A link inside the tree to a file that is itself a
+// link out (config.json -> ../../blobs/X, cfg -> config.json) is kept: its
+// target is imported in its own right.
+func followable(src, root string, res *ImportResult) bool {
+	t, err := os.Readlink(src)
+	if err != nil {
+		res.Notes = append(res.Notes, fmt.Sprintf("%s: kept as a symlink: %v", src, err))
+		return false
+	}
+	if !filepath.IsAbs(t) {
+		dir, err := filepath.Abs(filepath.Dir(src))
+		if err != nil {
+			res.Notes = append(res.Notes, fmt.Sprintf("%s: kept as a symlink: %v", src, err))
+			return false
+		}
+		t = filepath.Join(dir, t)
+		if t == root || strings.HasPrefix(t, root+string(filepath.Separator)) {
+			return false // inside the tree: the link is part of it
+		}
+	}
+	info, err := os.Stat(src)
+	switch {
+	case err != nil:
+		res.Notes = append(res.Notes, fmt.Sprintf("%s: kept as a symlink: its target cannot be read (%v)", src, err))
+		return false
+	case info.IsDir():
+		res.Notes = append(res.Notes, fmt.Sprintf("%s: kept as a symlink: it names a directory outside the tree, which is not followed", src))
+		return false
+	case !info.Mode().IsRegular():
+		res.Notes = append(res.Notes, fmt.Sprintf("%s: kept as a symlink: it names a %s", src, info.Mode().Type()))
+		return false
+	}
+	return true
+}
+
+// namedInfo is a file's FileInfo under another name (a followed link's).
+type namedInfo struct {
+	fs.FileInfo
+	name string
+}
+
+func (n namedInfo) Name() string { return n.name }
 
 // ExportOptions configure Store.Export.
 type ExportOptions struct {

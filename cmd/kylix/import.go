@@ -12,13 +12,22 @@ func init() {
 }
 
 func runImport(ctx context.Context, e *env, args []string) error {
-	f := newFlags(e, "import", "[--data DIR] [--json] SRC DEST", `
+	f := newFlags(e, "import", "[--data DIR] [--json] [--no-dereference] SRC DEST", `
 Stores SRC (a file or a directory tree) in the store under the namespace path
 DEST (for example models/tiny-llama), replacing what DEST named before. DEST
 changes only when everything is stored: an interrupted import leaves it as it
 was. safetensors files are cut at tensor boundaries, other files by content;
 chunks already in the store are not written again. At the end it prints the
-bytes written and the bytes found already stored (deduplicated).`).withJSON()
+bytes written and the bytes found already stored (deduplicated).
+
+A symlink that leads out of SRC to a regular file is followed: the file is
+stored under the link's name. So a Hugging Face cache snapshot
+(~/.cache/huggingface/hub/models--ORG--NAME/snapshots/REV), whose entries are
+links into ../../blobs, imports as the model's files. Links inside SRC are
+kept as links (a tree exported and imported again stays the same); links out
+of SRC to directories, and dangling links, are kept too, with a note.
+--no-dereference keeps every link as a link.`).withJSON()
+	noDeref := f.Bool("no-dereference", false, "store symlinks as links instead of the files they name")
 	if err := f.parse(args, 2, 2); err != nil {
 		return err
 	}
@@ -29,7 +38,7 @@ bytes written and the bytes found already stored (deduplicated).`).withJSON()
 	}
 	defer s.Close()
 	p := newProgress(e, "import")
-	res, err := s.Import(ctx, src, dest, chunkstore.ImportOptions{Progress: p.update})
+	res, err := s.Import(ctx, src, dest, chunkstore.ImportOptions{Progress: p.update, NoDereference: *noDeref})
 	p.finish()
 	if err != nil {
 		return err
@@ -48,6 +57,9 @@ bytes written and the bytes found already stored (deduplicated).`).withJSON()
 		pct = 100 * float64(res.DedupBytes) / float64(res.Bytes)
 	}
 	fmt.Fprintf(e.stdout, "imported %s -> %s: %d files, %s\n", src, dest, res.Files, human(res.Bytes))
+	if res.Followed > 0 || res.Symlinks > 0 {
+		fmt.Fprintf(e.stdout, "  symlinks:     %d followed (stored as the files they name), %d kept as links\n", res.Followed, res.Symlinks)
+	}
 	fmt.Fprintf(e.stdout, "  new:          %s\n  deduplicated: %s (%.1f%%)\n  root:         %s\n", human(res.NewBytes), human(res.DedupBytes), pct, res.Root)
 	return nil
 }
