@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"path/filepath"
+	"strconv"
 
 	"github.com/kylix/kylix/chunkstore"
 )
@@ -12,7 +14,7 @@ func init() {
 }
 
 func runImport(ctx context.Context, e *env, args []string) error {
-	f := newFlags(e, "import", "[--data DIR] [--json] [--no-dereference] SRC DEST", `
+	f := newFlags(e, "import", "[--data DIR] [--json] [--no-dereference] [--hf-cache [--hf-cache-dir DIR]] SRC DEST", `
 Stores SRC (a file or a directory tree) in the store under the namespace path
 DEST (for example models/tiny-llama), replacing what DEST named before. DEST
 changes only when everything is stored: an interrupted import leaves it as it
@@ -26,12 +28,36 @@ stored under the link's name. So a Hugging Face cache snapshot
 links into ../../blobs, imports as the model's files. Links inside SRC are
 kept as links (a tree exported and imported again stays the same); links out
 of SRC to directories, and dangling links, are kept too, with a note.
---no-dereference keeps every link as a link.`).withJSON()
+--no-dereference keeps every link as a link.
+
+With --hf-cache, SRC is a model id as on the Hugging Face Hub,
+ORG/NAME[@REVISION] (a branch or tag, default main, or a commit hash), and
+the model is imported from the local Hugging Face cache: --hf-cache-dir, else
+$HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub.`).withJSON()
 	noDeref := f.Bool("no-dereference", false, "store symlinks as links instead of the files they name")
+	hf := f.Bool("hf-cache", false, "SRC is a model id (ORG/NAME[@REVISION]) in the local Hugging Face cache")
+	hfDir := f.String("hf-cache-dir", e.defaultHFHub(), "the Hugging Face hub cache, for --hf-cache")
 	if err := f.parse(args, 2, 2); err != nil {
 		return err
 	}
 	src, dest := f.Arg(0), f.Arg(1)
+	if *hf {
+		snap, err := hfSnapshot(*hfDir, src)
+		if err != nil {
+			return err
+		}
+		if src, err = filepath.Abs(snap); err != nil {
+			return err
+		}
+		// Resolved here, with this user's environment ($HF_HOME, $HOME):
+		// a running node runs the command line with its own, so it gets
+		// the snapshot's path instead of the model id.
+		fwd := []string{"import", "--data", f.data, "--no-dereference=" + strconv.FormatBool(*noDeref)}
+		if f.jsonOut {
+			fwd = append(fwd, "--json")
+		}
+		e.args = append(fwd, src, dest)
+	}
 	s, err := f.open()
 	if err != nil {
 		return err

@@ -83,3 +83,48 @@ func TestImportHFSnapshot(t *testing.T) {
 	ls := mustKylix(t, data, "ls", "--json", "models/links").stdout
 	require.Equal(t, 5, strings.Count(ls, `"symlink"`), ls)
 }
+
+// TestImportHFCacheByID: --hf-cache takes a model id as on the Hub and finds
+// its snapshot in the local cache (--hf-cache-dir, or $HF_HUB_CACHE /
+// $HF_HOME/hub as huggingface_hub does), through refs/ for a branch or
+// directly for a commit hash; a model or revision not in the cache is a
+// clear error that says what is there.
+func TestImportHFCacheByID(t *testing.T) {
+	snap, want := hfCache(t)
+	repo := filepath.Dir(filepath.Dir(snap))
+	hub := filepath.Dir(repo)
+	commit := strings.Repeat("ab", 20)
+	require.NoError(t, os.Rename(snap, filepath.Join(repo, "snapshots", commit)))
+	require.NoError(t, os.MkdirAll(filepath.Join(repo, "refs"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(repo, "refs", "main"), []byte(commit+"\n"), 0o644))
+	data := t.TempDir()
+
+	r := mustKylix(t, data, "import", "--hf-cache", "--hf-cache-dir", hub, "org/tiny", "models/a")
+	require.Contains(t, r.stdout, "2 files")
+	mustKylix(t, data, "import", "--hf-cache", "--hf-cache-dir", hub, "org/tiny@"+commit, "models/b")
+
+	cmd := kylixCmd(data, "import", "--hf-cache", "org/tiny@main", "models/c")
+	cmd.Env = append(cmd.Env, "HF_HUB_CACHE=", "HF_HOME="+filepath.Dir(hub))
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, d := range []string{"a", "b", "c"} {
+		exp := filepath.Join(t.TempDir(), d)
+		mustKylix(t, data, "export", "models/"+d, exp)
+		for name, b := range want {
+			got, err := os.ReadFile(filepath.Join(exp, name))
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(got, b), "models/%s/%s", d, name)
+		}
+	}
+
+	r = kylix(t, data, "import", "--hf-cache", "--hf-cache-dir", hub, "org/other", "models/x")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "org/other is not in the Hugging Face cache "+hub)
+	r = kylix(t, data, "import", "--hf-cache", "--hf-cache-dir", hub, "org/tiny@v2", "models/x")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, `has no revision "v2"`)
+	require.Contains(t, r.stderr, "it has: "+commit+", main")
+	r = kylix(t, data, "import", "--hf-cache", "--hf-cache-dir", hub, "tiny", "models/x")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "is not a model id")
+}
