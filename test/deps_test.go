@@ -13,7 +13,7 @@ import (
 const module = "github.com/kylix/kylix"
 
 // forbidden lists, for each of our packages (by prefix), the packages it
-// must never import: the dependency arrows of DESIGN.md.
+// must never import: the dependency arrows of docs/design/overview.md.
 var forbidden = map[string][]string{
 	"/chunkstore": {"/fs", "/gpuio", "/cuda", "/peers", "/cmd"},
 	"/fs":         {"/peers", "/gpuio", "/cuda", "/cmd"},
