@@ -234,6 +234,19 @@ func (n *fileNode) ioctlPack(input, output []byte) syscall.Errno {
 	return 0
 }
 
+// clipRange returns the end of the range [off, off+length) of a file of
+// size bytes, clipped to the file (length 0: to the end), and false when off
+// is past the end. Both layout ioctls take ranges this way.
+func clipRange(off, length, size uint64) (uint64, bool) {
+	if off > size {
+		return 0, false
+	}
+	if length == 0 || length > size-off {
+		return size, true
+	}
+	return off + length, true
+}
+
 // ioctlMakeLocal answers KYLIX_IOC_MAKE_LOCAL: 0 when every chunk of the
 // range is stored here. Today nothing can bring a missing chunk and store
 // it (the peer layer will), so a missing chunk is EIO at once, logged with
@@ -247,15 +260,11 @@ func (n *fileNode) ioctlMakeLocal(ctx context.Context, input []byte) syscall.Err
 	if errno != 0 {
 		return errno
 	}
-	size := uint64(sf.Size())
-	if req.Offset > size {
+	end, ok := clipRange(req.Offset, req.Length, uint64(sf.Size()))
+	if !ok {
 		return syscall.EINVAL
 	}
-	length := size - req.Offset
-	if req.Length != 0 {
-		length = min(length, req.Length)
-	}
-	plan, err := sf.Plan(int64(req.Offset), int64(length))
+	plan, err := sf.Plan(int64(req.Offset), int64(end-req.Offset))
 	if err != nil {
 		return toErrno(err)
 	}
@@ -281,12 +290,9 @@ func (n *fileNode) ioctlLayout(input, output []byte) syscall.Errno {
 		return errno
 	}
 	size := uint64(sf.Size())
-	if req.Offset > size {
+	end, ok := clipRange(req.Offset, req.Length, size)
+	if !ok {
 		return syscall.EINVAL
-	}
-	end := size
-	if req.Length != 0 && req.Offset+req.Length < size {
-		end = req.Offset + req.Length
 	}
 	_, whole := sf.WholeFilePack()
 	rep := layout.Reply{FileSize: size, NextOffset: end, FileID: sf.ID}
