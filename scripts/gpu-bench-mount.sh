@@ -11,6 +11,7 @@
 # random weights and the norm weights at 1.0 as a fresh model has them.
 # Every tensor loaded through the mount is compared with the local one.
 set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-/tmp/kylix-bench-out}; mkdir -p "$out"
 k=$PWD/.gpu/kylix
 work=${WORK:-/var/tmp/kylix-mbench}; reps=${REPS:-3}
@@ -46,28 +47,16 @@ node=$!
 for _ in $(seq 1 300); do [ -f "$mnt/models/ckpt/config.json" ] && break; sleep 0.1; done
 [ -f "$mnt/models/ckpt/config.json" ] || { echo "node did not mount"; cat "$out/serve.log"; exit 1; }
 python3 -c 'import os,sys; [print(os.path.basename(f), os.getxattr(f, "user.kylix.path").decode()) for f in sys.argv[1:]]' "$mnt"/models/ckpt/*.safetensors
-cat > "$out/stm.py" <<'PY'
-import json, sys, time, torch
-from safetensors.torch import load_file
-torch.cuda.init(); torch.zeros(1, device="cuda:0"); torch.cuda.synchronize()
-n = 0; t = time.perf_counter()
-for f in sys.argv[1:]:
-    d = load_file(f, device="cuda:0")
-    n += sum(v.numel() * v.element_size() for v in d.values())
-    torch.cuda.synchronize(); del d
-el = time.perf_counter() - t
-print(json.dumps({"bytes": n, "seconds": el, "gb_per_s": n / el / 1e9}))
-PY
 loc=$(ls "$src"/*.safetensors); via=$(ls "$mnt"/models/ckpt/*.safetensors)
 rec() { echo "{\"what\":\"$1\",\"state\":\"$2\",\"r\":$3}" >> "$j"; }
 for i in $(seq 1 $reps); do
-  drop; rec local cold "$(python3 "$out/stm.py" $loc)"
-  drop; rec mount cold "$(python3 "$out/stm.py" $via)"
+  drop; rec local cold "$(python3 "$here/st_load.py" $loc)"
+  drop; rec mount cold "$(python3 "$here/st_load.py" $via)"
 done
 cat $loc $via > /dev/null
 for i in $(seq 1 $reps); do
-  rec local warm "$(python3 "$out/stm.py" $loc)"
-  rec mount warm "$(python3 "$out/stm.py" $via)"
+  rec local warm "$(python3 "$here/st_load.py" $loc)"
+  rec mount warm "$(python3 "$here/st_load.py" $via)"
 done
 python3 - "$src" "$mnt/models/ckpt" <<'PY'
 import sys, os, torch

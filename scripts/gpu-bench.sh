@@ -7,6 +7,7 @@
 #   the pinned host-to-device bandwidth (torch, 1 GiB, events)
 # Results: a table at the end and JSON lines in $OUT/bench.jsonl.
 set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
 size=${SIZE:-8GiB}; reps=${REPS:-3}; wreps=${WREPS:-5}
 out=${OUT:-/tmp/kylix-bench-out}; mkdir -p "$out"
 k=$PWD/.gpu/kylix
@@ -43,18 +44,6 @@ packs=$(for f in $($k ls --json models/big | python3 -c 'import json,sys; [print
   $k stat --json "models/big/$f" | python3 -c 'import json,sys; [print(e["pack_path"]) for e in json.load(sys.stdin)["extents"]]'; done | sort -u)
 srcs=$(ls $work/src/base/*.safetensors)
 echo "packs: $(echo $packs | wc -w), sources: $(echo $srcs | wc -w)"
-cat > "$out/st.py" <<'PY'
-import json, sys, time, torch
-from safetensors.torch import load_file
-torch.cuda.init(); torch.zeros(1, device="cuda:0"); torch.cuda.synchronize()
-n = 0; t = time.perf_counter()
-for f in sys.argv[1:]:
-    d = load_file(f, device="cuda:0")
-    n += sum(v.numel() * v.element_size() for v in d.values())
-    torch.cuda.synchronize(); del d
-el = time.perf_counter() - t
-print(json.dumps({"bytes": n, "seconds": el, "gb_per_s": n / el / 1e9}))
-PY
 cat > "$out/h2d.py" <<'PY'
 import json, statistics, torch
 x = torch.empty(1 << 30, dtype=torch.uint8).pin_memory(); y = torch.empty(1 << 30, dtype=torch.uint8, device="cuda:0")
@@ -68,7 +57,7 @@ PY
 for i in $(seq 1 $reps); do
   drop; r=$($k bench-read --json $packs); rec raw-odirect cold $i "$r"
   drop; kload kylix cold $i
-  drop; r=$(python3 "$out/st.py" $srcs); rec safetensors cold $i "$r"
+  drop; r=$(python3 "$here/st_load.py" $srcs); rec safetensors cold $i "$r"
   echo "cold run $i done"
 done
 echo "BLAKE3 on all cores (in memory):"; ./.gpu/chunkstore.test -test.run '^$' -test.bench SumParallel -test.benchtime 2s | grep Sum
@@ -81,7 +70,7 @@ done
 r=$(python3 "$out/h2d.py"); rec pinned-h2d warm 3 "$r"
 kload kylix-cpuverify warm 1 --verify-on cpu
 kload kylix-noverify warm 1 --no-verify
-for i in $(seq 1 3); do r=$(python3 "$out/st.py" $srcs); rec safetensors warm $i "$r"; done
+for i in $(seq 1 3); do r=$(python3 "$here/st_load.py" $srcs); rec safetensors warm $i "$r"; done
 python3 - "$j" <<'PY'
 import json, sys, statistics as st
 rows = {}
