@@ -36,19 +36,8 @@ func startStubGPUNode(t *testing.T, data, mnt string, extra ...string) (*node, s
 	}
 	sockDir := t.TempDir()
 	sock := filepath.Join(sockDir, "client.sock")
-	n := &node{t: t, data: data, mnt: mnt, log: &bytes.Buffer{}}
-	n.cmd = exec.Command(kylixBin, append([]string{"serve", "--data", data, "--mount", mnt, "--client-socket", sock}, extra...)...)
-	n.cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+lib, "CUFILE_ENV_PATH_JSON="+filepath.Join(lib, "none.json"))
-	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
-	if err := n.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if n.cmd.ProcessState == nil {
-			n.stop()
-		}
-	})
-	waitFor(t, 20*time.Second, "the node", func() bool { return isMounted(mnt) && clientAnswers(sock) })
+	n := launchNode(t, data, mnt, []string{"LD_LIBRARY_PATH=" + lib, "CUFILE_ENV_PATH_JSON=" + filepath.Join(lib, "none.json")},
+		func() bool { return clientAnswers(sock) }, append([]string{"--client-socket", sock}, extra...)...)
 	return n, sock
 }
 

@@ -29,25 +29,7 @@ func startClientNode(t *testing.T, data, mnt string) (*node, string) {
 	sockDir := t.TempDir()
 	os.Chmod(sockDir, 0o755)
 	sock := filepath.Join(sockDir, "client.sock")
-	n := &node{t: t, data: data, mnt: mnt, log: &bytes.Buffer{}}
-	n.cmd = exec.Command(kylixBin, "serve", "--data", data, "--mount", mnt, "--client-socket", sock)
-	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
-	if err := n.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for !isMounted(mnt) || !answers(filepath.Join(data, "kylix.sock")) || !clientAnswers(sock) {
-		if time.Now().After(deadline) {
-			n.cmd.Process.Kill()
-			t.Fatalf("node did not come up: %s", n.log)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Cleanup(func() {
-		if n.cmd.ProcessState == nil {
-			n.stop()
-		}
-	})
+	n := launchNode(t, data, mnt, nil, func() bool { return clientAnswers(sock) }, "--client-socket", sock)
 	return n, sock
 }
 
@@ -539,18 +521,7 @@ func TestClientSocketLifecycle(t *testing.T) {
 		t.Fatalf("a killed node's socket is gone (%v); the test needs it stale", err)
 	}
 	// The next node replaces the stale socket.
-	n2 := &node{t: t, data: data, mnt: mnt, log: &bytes.Buffer{}}
-	n2.cmd = exec.Command(kylixBin, "serve", "--data", data, "--mount", mnt, "--client-socket", sock)
-	n2.cmd.Stdout, n2.cmd.Stderr = n2.log, n2.log
-	if err := n2.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if n2.cmd.ProcessState == nil {
-			n2.stop()
-		}
-	})
-	waitFor(t, 20*time.Second, "the restarted node's client socket", func() bool { return isMounted(mnt) && clientAnswers(sock) })
+	n2 := launchNode(t, data, mnt, nil, func() bool { return clientAnswers(sock) }, "--client-socket", sock)
 	f := openRO(t, filepath.Join(mnt, "m/big"))
 	r := dialClient(t, sock).req(clientproto.OpPacks, nil, int(f.Fd()))
 	r.close()

@@ -64,25 +64,36 @@ type node struct {
 
 func startNode(t *testing.T, data, mnt string) *node {
 	t.Helper()
+	return launchNode(t, data, mnt, nil, nil)
+}
+
+// launchNode starts `kylix serve` on data at mnt with the extra arguments
+// and environment, and waits until the mount and the admin socket answer
+// (and ready, when given). The node is stopped at the end of the test.
+func launchNode(t *testing.T, data, mnt string, env []string, ready func() bool, extra ...string) *node {
+	t.Helper()
 	n := &node{t: t, data: data, mnt: mnt, log: &bytes.Buffer{}}
-	n.cmd = exec.Command(kylixBin, "serve", "--data", data, "--mount", mnt)
+	n.cmd = exec.Command(kylixBin, append([]string{"serve", "--data", data, "--mount", mnt}, extra...)...)
+	if env != nil {
+		n.cmd.Env = append(os.Environ(), env...)
+	}
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
 	if err := n.cmd.Start(); err != nil {
 		t.Fatal(err)
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for !isMounted(mnt) || !answers(filepath.Join(data, "kylix.sock")) {
-		if time.Now().After(deadline) {
-			n.cmd.Process.Kill()
-			t.Fatalf("node did not come up: %s", n.log)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 	t.Cleanup(func() {
 		if n.cmd.ProcessState == nil {
 			n.stop()
 		}
 	})
+	deadline := time.Now().Add(20 * time.Second)
+	for !isMounted(mnt) || !answers(filepath.Join(data, "kylix.sock")) || (ready != nil && !ready()) {
+		if time.Now().After(deadline) {
+			n.cmd.Process.Kill()
+			t.Fatalf("node did not come up: %s", n.log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	return n
 }
 
