@@ -387,3 +387,22 @@ func (tx *NSTx) PutDir(m *DirManifest) ID {
 	tx.objs = append(tx.objs, obj)
 	return Sum(obj)
 }
+
+// MergeNamespace moves the namespace root for a merge with another node's
+// namespace (the peer layer): fn is given the current root and returns the
+// new root and the objects it names that are not stored yet. They are
+// committed in one step, serialised with Update, under a fresh HLC. When fn
+// returns the root it was given, nothing is written.
+func (s *Store) MergeNamespace(fn func(root ID) (ID, [][]byte, error)) error {
+	s.nsMu.Lock()
+	defer s.nsMu.Unlock()
+	root, _, err := s.Root()
+	if err != nil {
+		return err
+	}
+	newRoot, objs, err := fn(root)
+	if err != nil || newRoot == root {
+		return err
+	}
+	return s.commitObjects(objs, &Head{Name: NamespaceHead, Root: newRoot, HLC: s.clock.Now()})
+}

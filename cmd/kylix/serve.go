@@ -51,7 +51,7 @@ var runningNode struct {
 }
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--client-socket PATH|none] [--gpu-idle D] [--reserve SIZE|PERCENT] [--no-passthrough] [--scrub-rate BYTES] [--debug] [--stop-timeout D]", `
+	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--client-socket PATH|none] [--gpu-idle D] [--reserve SIZE|PERCENT] [--no-passthrough] [--scrub-rate BYTES] [--debug] [--stop-timeout D] [--listen HOST:PORT --cluster-key FILE [--join HOST:PORT,...]]", `
 Runs a node: opens the store, mounts its namespace at the mount point, and
 serves the admin socket DATA/kylix.sock. While the node runs, the other
 commands (import, export, ls, stat, df, verify, gc, rm) given the same data
@@ -96,6 +96,7 @@ inside the mount point.`)
 	gpuIdle := f.Duration("gpu-idle", defaultGPUIdle, "give a GPU's CUDA context back after this long without a client's GPU fill")
 	reserveFlag := f.String("reserve", fmt.Sprintf("%d%%", kfs.DefaultReservePercent),
 		"free space kept from writers through the mount whose uid is not 0: a size (2GiB) or a share of the data file system (5%)")
+	pf := addPeerFlags(f)
 	if err := f.parse(args, 0, 0); err != nil {
 		return err
 	}
@@ -121,7 +122,11 @@ inside the mount point.`)
 	if err := checkMountOutsideData(f.data, mountDir); err != nil {
 		return err
 	}
-	s, err := chunkstore.Open(chunkstore.Options{Dir: f.data, Logger: log})
+	fetcher, err := pf.fetcher(f.data, log)
+	if err != nil {
+		return err
+	}
+	s, err := chunkstore.Open(chunkstore.Options{Dir: f.data, Logger: log, Fetcher: fetcher})
 	if errors.Is(err, chunkstore.ErrLocked) {
 		return fmt.Errorf("serve: %w (is a node already running? see %s)", err, filepath.Join(f.data, socketName))
 	}
@@ -184,6 +189,12 @@ inside the mount point.`)
 	scrubDone := make(chan struct{})
 	go func() { s.RunScrub(scrubCtx, *scrubRate); close(scrubDone) }()
 	defer func() { stopScrub(); <-scrubDone }() // before the store closes
+	stopPeers, err := pf.start(s, fsys)
+	if err != nil {
+		fsys.Unmount()
+		return err
+	}
+	defer stopPeers()
 	admin, err := listenAdmin(s, fsys, log)
 	if err != nil {
 		fsys.Unmount()

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kylix/kylix/chunkstore"
+	kfs "github.com/kylix/kylix/fs"
+	"github.com/kylix/kylix/peers"
+)
+
+func init() {
+	register(&command{name: "cluster-key", summary: "print a new cluster key (for serve --cluster-key FILE)", run: runClusterKey})
+	register(&command{name: "peers", summary: "show the cluster's members as the running node sees them", run: runPeers})
+}
+
+// runningPeers is the cluster membership of the node this process serves.
+var runningPeers *peers.Node
+
+// peerFlags are serve's cluster flags (docs/design/peers.md).
+type peerFlags struct {
+	listen, join, keyFile, name, zone, dataListen *string
+	node                                          *peers.Node
+}
+
+func addPeerFlags(f *flags) *peerFlags {
+	return &peerFlags{
+		listen:     f.String("listen", "", "join a cluster: gossip on HOST:PORT (TCP and UDP); needs --cluster-key"),
+		join:       f.String("join", "", "members to join at start: HOST:PORT[,HOST:PORT...] (their --listen)"),
+		keyFile:    f.String("cluster-key", "", "file holding the cluster key (kylix cluster-key > FILE; mode 0600)"),
+		name:       f.String("node-name", "", "this member's name in the cluster (default HOSTNAME/LISTEN)"),
+		zone:       f.String("zone", "", "this member's failure zone (a tag)"),
+		dataListen: f.String("data-listen", "", "data plane address (default: the --listen host, a port the kernel chooses)"),
+	}
+}
+
+// fetcher prepares the node (without --listen: none) and returns the
+// store's Fetcher.
+func (pf *peerFlags) fetcher(data string, log *slog.Logger) (chunkstore.Fetcher, error) {
+	if *pf.listen == "" {
+		if *pf.join != "" || *pf.keyFile != "" {
+			return nil, fmt.Errorf("serve: --join and --cluster-key need --listen HOST:PORT")
+		}
+		return chunkstore.LocalOnly{}, nil
+	}
+	if *pf.keyFile == "" {
+		return nil, fmt.Errorf("serve: --listen needs --cluster-key FILE (make one with: kylix cluster-key > FILE; chmod 600 FILE)")
+	}
+	key, err := peers.LoadKey(*pf.keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	var join []string
+	for _, a := range strings.Split(*pf.join, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			join = append(join, a)
+		}
+	}
+	var capacity int64
+	var st unix.Statfs_t
+	if unix.Statfs(data, &st) == nil {
+		capacity = int64(st.Blocks) * st.Bsize
+	}
+	pf.node, err = peers.New(peers.Config{Name: *pf.name, Listen: *pf.listen, DataListen: *pf.dataListen, Join: join, Key: key,
+		Capacity: capacity, Zone: *pf.zone, Version: "dev", Logger: log,
+		CorruptServed: os.Getenv("KYLIX_TEST_PEER_CORRUPT") == "1"})
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	return pf.node, nil
+}
+
+// start joins the cluster once the store is open and the mount up; stop
+// leaves it.
+func (pf *peerFlags) start(s *chunkstore.Store, fsys *kfs.FS) (stop func(), err error) {
+	if pf.node == nil {
+		return func() {}, nil
+	}
+	if err := pf.node.Start(s, fsys.Reconcile); err != nil {
+		return nil, err
+	}
+	runningPeers = pf.node
+	return func() { runningPeers = nil; pf.node.Close() }, nil
+}
+
+func runClusterKey(ctx context.Context, e *env, args []string) error {
+	f := newFlags(e, "cluster-key", "", `
+Prints a new random cluster key. Every member of a cluster is started with
+the same key (serve --cluster-key FILE): gossip is encrypted with a key
+derived from it, and the data plane's certificates are signed by an
+authority derived from it. Keep the file private (mode 0600).`)
+	if err := f.parse(args, 0, 0); err != nil {
+		return err
+	}
+	k, err := peers.NewKey()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(e.stdout, k.String())
+	return nil
+}
+
+func runPeers(ctx context.Context, e *env, args []string) error {
+	f := newFlags(e, "peers", "[--data DIR] [--json]", `
+Shows the members of the cluster the node serving --data belongs to: state
+(alive, leaving, left, failed), addresses, capacity, when last seen (now for
+alive members), namespace root, and this node's exchanges with each: chunks
+and bytes fetched, bad chunks (bytes that failed their hash: never served to
+a reader) and failed requests. Fails when no node runs, or when it was
+started without --listen.`).withJSON()
+	if err := f.parse(args, 0, 0); err != nil {
+		return err
+	}
+	s, err := f.open()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if e.store == nil {
+		return fmt.Errorf("peers: no node serves %s (start one with kylix serve --listen)", s.Dir())
+	}
+	if runningPeers == nil {
+		return fmt.Errorf("peers: the node serving %s is not in a cluster (started without --listen)", s.Dir())
+	}
+	ms := runningPeers.Members()
+	if f.jsonOut {
+		return f.printJSON(ms)
+	}
+	for _, m := range ms {
+		self := ""
+		if m.Self {
+			self = " (this node)"
+		}
+		fmt.Fprintf(e.stdout, "%s%s: %s, gossip %s, data %s, capacity %s, last seen %s\n  fetched %d chunks (%s), bad chunks %d, errors %d",
+			m.Name, self, m.State, m.Addr, m.DataAddr, human(m.Capacity), m.LastSeen.UTC().Format(time.RFC3339), m.Fetched, human(m.FetchedBytes), m.BadChunks, m.Errors)
+		if m.Self {
+			fmt.Fprintf(e.stdout, ", served %d chunks (%s)", m.Served, human(m.ServedBytes))
+		}
+		fmt.Fprintln(e.stdout)
+	}
+	return nil
+}

@@ -1,0 +1,406 @@
+package peers
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/hashicorp/serf/serf"
+
+	"github.com/kylix/kylix/chunkstore"
+)
+
+// Config configures a Node.
+type Config struct {
+	// Name is the member's name, unique in the cluster. Default: the host
+	// name and the gossip address.
+	Name string
+	// Listen is the gossip address (TCP and UDP), host:port.
+	Listen string
+	// DataListen is the data plane's address; default the host of Listen
+	// with a port the kernel chooses (members learn it from the tags).
+	DataListen string
+	// Join lists members to join at start (host:port of their gossip).
+	Join []string
+	// Key is the cluster key.
+	Key Key
+	// Capacity is the bytes this member offers (a tag; placement weight).
+	Capacity int64
+	// Zone is the failure zone (a tag), may be empty.
+	Zone string
+	// Version is the software version (a tag).
+	Version string
+	// Logger receives what the node does (default: discard).
+	Logger *slog.Logger
+	// CorruptServed makes the data plane flip the first byte of every
+	// chunk it serves. Tests only: a member that serves wrong bytes.
+	CorruptServed bool
+	// FetchTimeout bounds one attempt to fetch a chunk from one member.
+	// Default 30 s.
+	FetchTimeout time.Duration
+}
+
+// Tag names (serf tags hold at most 512 bytes in all: only small facts).
+const (
+	tagRole     = "role"
+	tagData     = "dp"  // data plane address; host empty: the gossip host
+	tagCapacity = "cap" // bytes offered
+	tagZone     = "zone"
+	tagVersion  = "ver"
+	tagNS       = "ns" // namespace root id (hex)
+)
+
+// Node is this process's membership in a cluster: gossip, the data plane
+// and the fetcher. Create it with New (before the store opens, since the
+// store takes its Fetcher), then Start it with the open store.
+type Node struct {
+	cfg       Config
+	log       *slog.Logger
+	serverTLS *tls.Config
+	clientTLS *tls.Config
+
+	s      *chunkstore.Store
+	serf   *serf.Serf
+	events chan serf.Event
+	srv    *server
+	dataLn net.Listener
+	self   string
+	// onNS is called after a merge changed the local namespace.
+	onNS func()
+
+	mu       sync.Mutex
+	pools    map[string]*pool  // by data plane address
+	stats    map[string]*Stats // by member name
+	seen     map[string]time.Time
+	nsMerged map[string]string // member -> the root of theirs merged last
+	nsTag    string
+
+	nsKick  chan struct{}
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	started atomic.Bool
+}
+
+// Stats counts what one member did for or to this node.
+type Stats struct {
+	Fetched      atomic.Int64 // chunks fetched from the member
+	FetchedBytes atomic.Int64
+	BadChunks    atomic.Int64 // chunks that failed their hash
+	Errors       atomic.Int64 // requests that failed (connection, error answer)
+	Served       atomic.Int64 // chunks this node served (own stats only)
+	ServedBytes  atomic.Int64
+}
+
+func (s *Stats) served(n int64) { s.Served.Add(1); s.ServedBytes.Add(n) }
+
+// New prepares a node; nothing listens until Start.
+func New(cfg Config) (*Node, error) {
+	if cfg.Listen == "" {
+		return nil, errors.New("peers: no gossip address (--listen HOST:PORT)")
+	}
+	if _, _, err := net.SplitHostPort(cfg.Listen); err != nil {
+		return nil, fmt.Errorf("peers: --listen %s: %w", cfg.Listen, err)
+	}
+	if cfg.Name == "" {
+		h, _ := os.Hostname()
+		cfg.Name = h + "/" + cfg.Listen
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.FetchTimeout <= 0 {
+		cfg.FetchTimeout = 30 * time.Second
+	}
+	st, ct, err := tlsConfigs(cfg.Key)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{cfg: cfg, log: cfg.Logger, serverTLS: st, clientTLS: ct, self: cfg.Name,
+		pools: map[string]*pool{}, stats: map[string]*Stats{}, seen: map[string]time.Time{},
+		nsMerged: map[string]string{}, nsKick: make(chan struct{}, 1)}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	return n, nil
+}
+
+// Start listens (data plane, then gossip), joins cfg.Join and starts
+// spreading and merging namespaces; onNamespaceChange (may be nil) is
+// called after a merge changed the local namespace (the mount refreshes
+// what it shows). A join that reaches no member fails (the usual cause is a
+// different cluster key).
+func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
+	n.s, n.onNS = s, onNamespaceChange
+	host, _, _ := net.SplitHostPort(n.cfg.Listen)
+	dl := n.cfg.DataListen
+	if dl == "" {
+		dl = net.JoinHostPort(host, "0")
+	}
+	ln, err := net.Listen("tcp", dl)
+	if err != nil {
+		return fmt.Errorf("peers: data plane listen %s: %w", dl, err)
+	}
+	n.dataLn = ln
+	n.srv = newServer(s, ln, n.serverTLS, n.log, n.statsFor(n.self), n.cfg.CorruptServed)
+	dpTag := ln.Addr().String()
+	if h, p, _ := net.SplitHostPort(dpTag); net.ParseIP(h).IsUnspecified() {
+		dpTag = ":" + p // peers use the gossip address's host
+	}
+	root, _, err := s.Root()
+	if err != nil {
+		n.srv.close()
+		return err
+	}
+	n.nsTag = root.String()
+	conf := serf.DefaultConfig()
+	conf.NodeName = n.self
+	conf.Tags = map[string]string{tagRole: "node", tagData: dpTag, tagCapacity: strconv.FormatInt(n.cfg.Capacity, 10),
+		tagVersion: n.cfg.Version, tagNS: n.nsTag}
+	if n.cfg.Zone != "" {
+		conf.Tags[tagZone] = n.cfg.Zone
+	}
+	lw := &logWriter{log: n.log}
+	conf.Logger = log.New(lw, "", 0)
+	ml := memberlist.DefaultLANConfig()
+	ml.Logger = conf.Logger
+	ml.Name = n.self
+	gh, gp, _ := net.SplitHostPort(n.cfg.Listen)
+	ml.BindAddr = gh
+	ml.BindPort, _ = strconv.Atoi(gp)
+	ml.Keyring, err = memberlist.NewKeyring(nil, n.cfg.Key.gossipKey())
+	if err != nil {
+		n.srv.close()
+		return fmt.Errorf("peers: gossip keyring: %w", err)
+	}
+	ml.GossipVerifyIncoming, ml.GossipVerifyOutgoing = true, true
+	conf.MemberlistConfig = ml
+	n.events = make(chan serf.Event, 256)
+	conf.EventCh = n.events
+	n.serf, err = serf.Create(conf)
+	if err != nil {
+		n.srv.close()
+		return fmt.Errorf("peers: gossip on %s: %w", n.cfg.Listen, err)
+	}
+	n.started.Store(true)
+	n.wg.Add(3)
+	go n.eventLoop()
+	go n.watchRoot()
+	go n.nsLoop()
+	if len(n.cfg.Join) > 0 {
+		if _, err := n.serf.Join(n.cfg.Join, true); err != nil {
+			n.Close()
+			return fmt.Errorf("peers: join %s: %w (every member must use the same cluster key)", strings.Join(n.cfg.Join, ","), err)
+		}
+	}
+	return nil
+}
+
+// Close leaves the cluster and stops serving.
+func (n *Node) Close() error {
+	if !n.started.Swap(false) {
+		return nil
+	}
+	n.serf.Leave()
+	n.serf.Shutdown()
+	n.cancel()
+	n.srv.close()
+	n.wg.Wait()
+	n.mu.Lock()
+	for _, p := range n.pools {
+		p.close()
+	}
+	n.mu.Unlock()
+	return nil
+}
+
+// Name is this member's name.
+func (n *Node) Name() string { return n.self }
+
+// DataAddr is the data plane's listening address.
+func (n *Node) DataAddr() string { return n.dataLn.Addr().String() }
+
+func (n *Node) statsFor(name string) *Stats {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	s, ok := n.stats[name]
+	if !ok {
+		s = &Stats{}
+		n.stats[name] = s
+	}
+	return s
+}
+
+// eventLoop records when members were last seen changing state and asks
+// for a namespace merge when a member's namespace root moved.
+func (n *Node) eventLoop() {
+	defer n.wg.Done()
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case ev := <-n.events:
+			me, ok := ev.(serf.MemberEvent)
+			if !ok {
+				continue
+			}
+			n.mu.Lock()
+			for _, m := range me.Members {
+				n.seen[m.Name] = time.Now()
+			}
+			n.mu.Unlock()
+			n.log.Info("cluster", "event", me.Type.String(), "members", memberNames(me.Members))
+			n.kickNS()
+		}
+	}
+}
+
+func memberNames(ms []serf.Member) string {
+	var s []string
+	for _, m := range ms {
+		s = append(s, m.Name)
+	}
+	return strings.Join(s, ",")
+}
+
+// Member is one member as `kylix peers` shows it.
+type Member struct {
+	Name     string    `json:"name"`
+	Self     bool      `json:"self"`
+	Addr     string    `json:"addr"`      // gossip address
+	DataAddr string    `json:"data_addr"` // data plane address
+	State    string    `json:"state"`     // alive, leaving, left, failed
+	Capacity int64     `json:"capacity_bytes"`
+	Zone     string    `json:"zone,omitempty"`
+	Version  string    `json:"version,omitempty"`
+	LastSeen time.Time `json:"last_seen"` // now for alive members; else when its state last changed
+	// NSRoot is the member's namespace root.
+	NSRoot string `json:"namespace_root"`
+	// Counters of this node's exchanges with the member.
+	Fetched      int64 `json:"chunks_fetched"`
+	FetchedBytes int64 `json:"bytes_fetched"`
+	BadChunks    int64 `json:"bad_chunks"`
+	Errors       int64 `json:"errors"`
+	Served       int64 `json:"chunks_served,omitempty"` // self only
+	ServedBytes  int64 `json:"bytes_served,omitempty"`  // self only
+}
+
+// Members lists the cluster as this node sees it, by name.
+func (n *Node) Members() []Member {
+	var out []Member
+	now := time.Now()
+	for _, m := range n.serf.Members() {
+		cap, _ := strconv.ParseInt(m.Tags[tagCapacity], 10, 64)
+		mm := Member{Name: m.Name, Self: m.Name == n.self, Addr: net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port))),
+			DataAddr: dataAddr(m), State: m.Status.String(), Capacity: cap, Zone: m.Tags[tagZone], Version: m.Tags[tagVersion], NSRoot: m.Tags[tagNS]}
+		n.mu.Lock()
+		mm.LastSeen = n.seen[m.Name]
+		n.mu.Unlock()
+		if m.Status == serf.StatusAlive {
+			mm.LastSeen = now
+		}
+		st := n.statsFor(m.Name)
+		mm.Fetched, mm.FetchedBytes, mm.BadChunks, mm.Errors = st.Fetched.Load(), st.FetchedBytes.Load(), st.BadChunks.Load(), st.Errors.Load()
+		mm.Served, mm.ServedBytes = st.Served.Load(), st.ServedBytes.Load()
+		out = append(out, mm)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// dataAddr is a member's data plane address.
+func dataAddr(m serf.Member) string {
+	dp := m.Tags[tagData]
+	h, p, err := net.SplitHostPort(dp)
+	if err != nil {
+		return ""
+	}
+	if h == "" {
+		h = m.Addr.String()
+	}
+	return net.JoinHostPort(h, p)
+}
+
+// peer is a live member other than this node, as the fetcher uses it.
+type peer struct {
+	name     string
+	addr     string
+	capacity int64
+}
+
+// livePeers lists the alive members other than this node that have a data
+// plane.
+func (n *Node) livePeers() []peer {
+	var ps []peer
+	for _, m := range n.serf.Members() {
+		if m.Name == n.self || m.Status != serf.StatusAlive {
+			continue
+		}
+		a := dataAddr(m)
+		if a == "" {
+			continue
+		}
+		cap, _ := strconv.ParseInt(m.Tags[tagCapacity], 10, 64)
+		ps = append(ps, peer{name: m.Name, addr: a, capacity: cap})
+	}
+	return ps
+}
+
+func (n *Node) poolFor(addr string) *pool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	p, ok := n.pools[addr]
+	if !ok {
+		p = &pool{addr: addr, cfg: n.clientTLS}
+		n.pools[addr] = p
+	}
+	return p
+}
+
+// request asks one peer for something and returns its answer's bytes;
+// (nil, nil) means the peer does not hold it.
+func (n *Node) request(ctx context.Context, p peer, rq request, max uint32) ([]byte, error) {
+	cc, err := n.poolFor(p.addr).get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st, data, err := cc.roundTrip(ctx, rq, max)
+	switch {
+	case err != nil:
+		return nil, err
+	case st == stNotFound:
+		return nil, nil
+	case st == stError:
+		return nil, fmt.Errorf("member %s: %s", p.name, data)
+	}
+	return data, nil
+}
+
+// logWriter passes serf's and memberlist's warnings and errors to the
+// node's log; their debug and info lines are dropped.
+type logWriter struct{ log *slog.Logger }
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	line := string(bytes.TrimSpace(p))
+	switch {
+	case strings.Contains(line, "[ERR]"):
+		w.log.Error("gossip: " + line)
+	case strings.Contains(line, "[WARN]"):
+		w.log.Warn("gossip: " + line)
+	}
+	return len(p), nil
+}
+
+var _ io.Writer = (*logWriter)(nil)

@@ -1,0 +1,189 @@
+package peers
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kylix/kylix/chunkstore"
+)
+
+// freeAddr returns a loopback address with a port free for TCP and UDP.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	for range 50 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		addr := l.Addr().String()
+		u, err := net.ListenPacket("udp", addr)
+		l.Close()
+		if err == nil {
+			u.Close()
+			return addr
+		}
+	}
+	t.Fatal("no free port")
+	return ""
+}
+
+type testNode struct {
+	*Node
+	s *chunkstore.Store
+}
+
+// startNode opens a store in a temporary directory and starts a node on
+// it, joining join.
+func startNode(t *testing.T, name string, key Key, corrupt bool, join ...string) (*testNode, error) {
+	t.Helper()
+	n, err := New(Config{Name: name, Listen: freeAddr(t), Key: key, Join: join, Capacity: 1 << 30, CorruptServed: corrupt, FetchTimeout: 5 * time.Second})
+	require.NoError(t, err)
+	s, err := chunkstore.Open(chunkstore.Options{Dir: t.TempDir(), Fetcher: n, CacheBytes: 1 << 20})
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	if err := n.Start(s, nil); err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { n.Close() })
+	return &testNode{n, s}, nil
+}
+
+func mustStart(t *testing.T, name string, key Key, corrupt bool, join ...string) *testNode {
+	t.Helper()
+	n, err := startNode(t, name, key, corrupt, join...)
+	require.NoError(t, err)
+	return n
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// importBytes stores data at path on n.
+func importBytes(t *testing.T, n *testNode, path string, data []byte) {
+	t.Helper()
+	src := filepath.Join(t.TempDir(), "src")
+	require.NoError(t, os.WriteFile(src, data, 0o644))
+	_, err := n.s.Import(context.Background(), src, path, chunkstore.ImportOptions{})
+	require.NoError(t, err)
+}
+
+func readAll(n *testNode, path string) ([]byte, error) {
+	f, _, err := n.s.OpenPath(path)
+	if err != nil {
+		return nil, err
+	}
+	buf := make([]byte, f.Size())
+	_, err = f.ReadAt(buf, 0)
+	return buf, err
+}
+
+func randBytes(n int) []byte {
+	b := make([]byte, n)
+	rand.Read(b)
+	return b
+}
+
+// TestClusterReadsAndMerges: a file imported on one member appears in the
+// others' namespaces and reads there byte for byte from the member holding
+// it; files imported on different members are all kept.
+func TestClusterReadsAndMerges(t *testing.T) {
+	key, _ := NewKey()
+	a := mustStart(t, "a", key, false)
+	b := mustStart(t, "b", key, false, a.cfg.Listen)
+	eventually(t, "two alive members", func() bool { return len(b.livePeers()) == 1 && len(a.livePeers()) == 1 })
+
+	data := randBytes(3<<20 + 12345)
+	importBytes(t, a, "models/x.bin", data)
+	importBytes(t, b, "models/y.bin", []byte("from b"))
+	for _, n := range []*testNode{a, b} {
+		eventually(t, "both files on "+n.self, func() bool {
+			_, e1 := n.s.Lookup("models/x.bin")
+			_, e2 := n.s.Lookup("models/y.bin")
+			return e1 == nil && e2 == nil
+		})
+	}
+	got, err := readAll(b, "models/x.bin")
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(got, data), "bytes read on b differ from the source")
+	got, err = readAll(a, "models/y.bin")
+	require.NoError(t, err)
+	require.Equal(t, "from b", string(got))
+	require.Positive(t, b.statsFor("a").Fetched.Load())
+	// The two namespaces converge to one root.
+	eventually(t, "one root", func() bool {
+		ra, _, _ := a.s.Root()
+		rb, _, _ := b.s.Root()
+		return ra == rb
+	})
+}
+
+// TestWrongChunkNeverReachesReader: a member that serves flipped bytes is
+// counted and skipped; with no other holder the read fails (EIO in the
+// mount), never returning its bytes.
+func TestWrongChunkNeverReachesReader(t *testing.T) {
+	key, _ := NewKey()
+	good := mustStart(t, "good", key, false)
+	bad := mustStart(t, "bad", key, true, good.cfg.Listen)
+	rd := mustStart(t, "reader", key, false, good.cfg.Listen)
+	eventually(t, "three alive members", func() bool { return len(rd.livePeers()) == 2 })
+
+	data := randBytes(4 << 20)
+	importBytes(t, good, "f", data)
+	importBytes(t, bad, "f", data) // same content: same chunks, same manifest
+	eventually(t, "f on reader", func() bool { _, err := rd.s.Lookup("f"); return err == nil })
+	f, _, err := rd.s.OpenPath("f")
+	require.NoError(t, err)
+	// The test needs a chunk for which the bad member ranks first.
+	badFirst := 0
+	for _, c := range f.M.Chunks {
+		if rank(c.ID, rd.livePeers())[0].name == "bad" {
+			badFirst++
+		}
+	}
+	require.Positive(t, badFirst, "no chunk ranks the bad member first; use more chunks")
+	got, err := readAll(rd, "f")
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(got, data))
+	require.EqualValues(t, badFirst, rd.statsFor("bad").BadChunks.Load())
+
+	// Only the bad member holds this one: the read fails.
+	only := randBytes(1 << 20)
+	importBytes(t, bad, "g", only)
+	eventually(t, "g on reader", func() bool { _, err := rd.s.Lookup("g"); return err == nil })
+	_, err = readAll(rd, "g")
+	require.Error(t, err)
+	require.True(t, errors.Is(err, chunkstore.ErrNotLocal) || errors.Is(err, chunkstore.ErrCorrupt), "err: %v", err)
+}
+
+// TestWrongKeyRefused: a node with another cluster key cannot join.
+func TestWrongKeyRefused(t *testing.T) {
+	k1, _ := NewKey()
+	k2, _ := NewKey()
+	a := mustStart(t, "a", k1, false)
+	_, err := startNode(t, "intruder", k2, false, a.cfg.Listen)
+	require.Error(t, err)
+	require.Len(t, a.serf.Members(), 1)
+	// Nor can it use the data plane: its certificate is not the cluster's.
+	_, ct, err := tlsConfigs(k2)
+	require.NoError(t, err)
+	cc, err := dialPeer(context.Background(), a.DataAddr(), ct)
+	if err == nil {
+		_, _, err = cc.roundTrip(context.Background(), request{op: opObject}, maxObject)
+	}
+	require.Error(t, err)
+}

@@ -1,0 +1,183 @@
+package peers
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+
+	"github.com/kylix/kylix/chunkstore"
+)
+
+// maxInFlightPerConn bounds the requests one connection has served at once.
+const maxInFlightPerConn = 16
+
+// server answers other members' data plane requests from the local store.
+type server struct {
+	s   *chunkstore.Store
+	ln  net.Listener
+	log *slog.Logger
+	// corrupt flips the first byte of every chunk served: a test hook for
+	// a member that serves wrong bytes (docs/design/peers.md).
+	corrupt bool
+	stats   *Stats
+
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+	wg    sync.WaitGroup
+	ctx   context.Context
+	stop  context.CancelFunc
+}
+
+// servingPeer marks the context of a request served for a peer: the store
+// must not go on to fetch from peers for it (no request loops).
+type servingPeer struct{}
+
+func newServer(s *chunkstore.Store, ln net.Listener, cfg *tls.Config, log *slog.Logger, stats *Stats, corrupt bool) *server {
+	sv := &server{s: s, ln: tls.NewListener(ln, cfg), log: log, stats: stats, corrupt: corrupt, conns: map[net.Conn]struct{}{}}
+	sv.ctx, sv.stop = context.WithCancel(context.WithValue(context.Background(), servingPeer{}, true))
+	sv.wg.Add(1)
+	go sv.accept()
+	return sv
+}
+
+func (sv *server) close() {
+	sv.stop()
+	sv.ln.Close()
+	sv.mu.Lock()
+	for c := range sv.conns {
+		c.Close()
+	}
+	sv.mu.Unlock()
+	sv.wg.Wait()
+}
+
+func (sv *server) accept() {
+	defer sv.wg.Done()
+	for {
+		c, err := sv.ln.Accept()
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				sv.log.Warn("data plane: accept", "err", err)
+			}
+			return
+		}
+		sv.mu.Lock()
+		sv.conns[c] = struct{}{}
+		sv.mu.Unlock()
+		sv.wg.Add(1)
+		go func() {
+			defer sv.wg.Done()
+			sv.serveConn(c)
+			sv.mu.Lock()
+			delete(sv.conns, c)
+			sv.mu.Unlock()
+			c.Close()
+		}()
+	}
+}
+
+func (sv *server) serveConn(c net.Conn) {
+	r := bufio.NewReaderSize(c, 16<<10)
+	var magic [len(wireMagic)]byte
+	if _, err := io.ReadFull(r, magic[:]); err != nil {
+		if tc, ok := c.(*tls.Conn); ok && err != io.EOF {
+			// A handshake refused (no certificate from this cluster)
+			// shows here first.
+			sv.log.Warn("data plane: refused a connection", "remote", tc.RemoteAddr().String(), "err", err)
+		}
+		return
+	}
+	if string(magic[:]) != wireMagic {
+		sv.log.Warn("data plane: not a kylix peer", "remote", c.RemoteAddr().String())
+		return
+	}
+	var wmu sync.Mutex
+	bw := bufio.NewWriterSize(c, 256<<10)
+	sem := make(chan struct{}, maxInFlightPerConn)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		f, err := readFrame(r, maxRequest)
+		if err != nil {
+			if err != io.EOF && !errors.Is(err, net.ErrClosed) {
+				sv.log.Warn("data plane: bad request; closing the connection", "remote", c.RemoteAddr().String(), "err", err)
+			}
+			return
+		}
+		rq, err := decodeRequest(f)
+		if err != nil {
+			sv.log.Warn("data plane: bad request; closing the connection", "remote", c.RemoteAddr().String(), "err", err)
+			return
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			st, p := sv.answer(rq)
+			wmu.Lock()
+			defer wmu.Unlock()
+			if _, err := bw.Write(header(st, f.id, len(p))); err != nil {
+				c.Close()
+				return
+			}
+			if _, err := bw.Write(p); err != nil {
+				c.Close()
+				return
+			}
+			// Flush when nothing else is about to be written.
+			if len(sem) == 1 {
+				if err := bw.Flush(); err != nil {
+					c.Close()
+				}
+			}
+		}()
+	}
+}
+
+// answer serves one request from the local store.
+func (sv *server) answer(rq request) (byte, []byte) {
+	id := chunkstore.ID(rq.id)
+	switch rq.op {
+	case opChunk:
+		data, err := sv.s.ReadChunk(sv.ctx, id)
+		switch {
+		case errors.Is(err, chunkstore.ErrNotLocal) || errors.Is(err, chunkstore.ErrNotFound):
+			return stNotFound, nil
+		case err != nil:
+			return stError, errMsg(err)
+		case uint32(len(data)) != rq.len:
+			return stError, errMsg(errors.New("chunk length differs from the one asked for"))
+		}
+		sv.stats.served(int64(len(data)))
+		if sv.corrupt {
+			data = append([]byte(nil), data...)
+			data[0] ^= 0xff
+		}
+		return stOK, data
+	case opObject:
+		obj, err := sv.s.GetObject(id)
+		switch {
+		case errors.Is(err, chunkstore.ErrNotFound):
+			return stNotFound, nil
+		case err != nil:
+			return stError, errMsg(err)
+		case len(obj) > maxObject:
+			return stError, errMsg(errors.New("object too large for the data plane"))
+		}
+		return stOK, obj
+	}
+	return stError, errMsg(errors.New("unknown op"))
+}
+
+func errMsg(err error) []byte {
+	m := err.Error()
+	if len(m) > maxErrorLen {
+		m = m[:maxErrorLen]
+	}
+	return []byte(m)
+}

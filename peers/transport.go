@@ -1,0 +1,197 @@
+package peers
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// connsPerPeer is how many data plane connections a node keeps to each
+// peer; requests are spread over them round-robin and pipelined on each.
+const connsPerPeer = 4
+
+// dialTimeout bounds connecting (TCP and TLS handshake) to a peer.
+const dialTimeout = 5 * time.Second
+
+// clientConn is one pipelined data plane connection to a peer.
+type clientConn struct {
+	c   net.Conn
+	wmu sync.Mutex
+	bw  *bufio.Writer
+
+	mu      sync.Mutex
+	next    uint32
+	pending map[uint32]*call
+	err     error // set once the connection is dead
+}
+
+type call struct {
+	max    uint32 // the longest payload the answer may have
+	done   chan struct{}
+	status byte
+	data   []byte
+	err    error
+}
+
+func dialPeer(ctx context.Context, addr string, cfg *tls.Config) (*clientConn, error) {
+	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	d := tls.Dialer{Config: cfg}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("data plane %s: %w", addr, err)
+	}
+	cc := &clientConn{c: c, bw: bufio.NewWriterSize(c, 64<<10), pending: map[uint32]*call{}}
+	cc.bw.WriteString(wireMagic)
+	go cc.readLoop()
+	return cc, nil
+}
+
+func (cc *clientConn) dead() bool {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return cc.err != nil
+}
+
+func (cc *clientConn) close(err error) {
+	cc.mu.Lock()
+	if cc.err == nil {
+		cc.err = err
+	}
+	pend := cc.pending
+	cc.pending = map[uint32]*call{}
+	cc.mu.Unlock()
+	cc.c.Close()
+	for _, cl := range pend {
+		cl.err = err
+		close(cl.done)
+	}
+}
+
+func (cc *clientConn) readLoop() {
+	r := bufio.NewReaderSize(cc.c, 256<<10)
+	var hdr [frameHeader]byte
+	for {
+		kind, id, n, err := readHeader(r, &hdr)
+		if err != nil {
+			cc.close(fmt.Errorf("data plane connection to %s: %w", cc.c.RemoteAddr(), err))
+			return
+		}
+		cc.mu.Lock()
+		cl := cc.pending[id]
+		delete(cc.pending, id)
+		cc.mu.Unlock()
+		if cl == nil { // the caller gave up: skip the answer
+			if _, err := io.CopyN(io.Discard, r, int64(n)); err != nil {
+				cc.close(fmt.Errorf("data plane connection to %s: %w", cc.c.RemoteAddr(), noEOF(err)))
+				return
+			}
+			continue
+		}
+		max := cl.max
+		if kind == stError {
+			max = maxErrorLen
+		}
+		if n > max || kind > stError || (kind == stNotFound && n != 0) {
+			err := fmt.Errorf("answer of kind %d with %d bytes (at most %d): %w", kind, n, max, errProtocol)
+			cl.err = err
+			close(cl.done)
+			cc.close(err)
+			return
+		}
+		buf := make([]byte, n)
+		if _, err := io.ReadFull(r, buf); err != nil {
+			err = fmt.Errorf("data plane connection to %s: %w", cc.c.RemoteAddr(), noEOF(err))
+			cl.err = err
+			close(cl.done)
+			cc.close(err)
+			return
+		}
+		cl.status, cl.data = kind, buf
+		close(cl.done)
+	}
+}
+
+// roundTrip sends one request and waits for its answer.
+func (cc *clientConn) roundTrip(ctx context.Context, rq request, max uint32) (byte, []byte, error) {
+	cl := &call{max: max, done: make(chan struct{})}
+	cc.mu.Lock()
+	if cc.err != nil {
+		err := cc.err
+		cc.mu.Unlock()
+		return 0, nil, err
+	}
+	cc.next++
+	id := cc.next
+	cc.pending[id] = cl
+	cc.mu.Unlock()
+
+	cc.wmu.Lock()
+	_, err := cc.bw.Write(appendFrame(make([]byte, 0, frameHeader+36), rq.op, id, encodeRequest(rq)))
+	if err == nil {
+		err = cc.bw.Flush()
+	}
+	cc.wmu.Unlock()
+	if err != nil {
+		cc.close(fmt.Errorf("data plane connection to %s: %w", cc.c.RemoteAddr(), err))
+	}
+	select {
+	case <-cl.done:
+		return cl.status, cl.data, cl.err
+	case <-ctx.Done():
+		cc.mu.Lock()
+		delete(cc.pending, id)
+		cc.mu.Unlock()
+		return 0, nil, ctx.Err()
+	}
+}
+
+// pool holds the connections to one peer.
+type pool struct {
+	addr string
+	cfg  *tls.Config
+	mu   sync.Mutex
+	cs   [connsPerPeer]*clientConn
+	rr   atomic.Uint32
+}
+
+// get returns a live connection, dialing one when its slot is empty or dead.
+func (p *pool) get(ctx context.Context) (*clientConn, error) {
+	i := int(p.rr.Add(1) % connsPerPeer)
+	p.mu.Lock()
+	cc := p.cs[i]
+	p.mu.Unlock()
+	if cc != nil && !cc.dead() {
+		return cc, nil
+	}
+	cc, err := dialPeer(ctx, p.addr, p.cfg)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	old := p.cs[i]
+	p.cs[i] = cc
+	p.mu.Unlock()
+	if old != nil {
+		old.close(errors.New("replaced"))
+	}
+	return cc, nil
+}
+
+func (p *pool) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, cc := range p.cs {
+		if cc != nil {
+			cc.close(net.ErrClosed)
+			p.cs[i] = nil
+		}
+	}
+}

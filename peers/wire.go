@@ -1,0 +1,143 @@
+package peers
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// The data plane's wire format (docs/design/peers.md). A connection starts
+// with the client's 4-byte magic; then both sides send frames:
+//
+//	kind   1 byte   request: an op; response: a status
+//	id     4 bytes  big-endian request id, chosen by the client, echoed back
+//	length 4 bytes  big-endian payload length
+//	payload
+//
+// Requests are pipelined: a client sends many before the first answer, and
+// the server answers in any order (by id).
+const wireMagic = "KXP1"
+
+// Ops (request kinds).
+const (
+	// opChunk asks for a chunk: payload = 32-byte id, 4-byte length.
+	opChunk byte = 1
+	// opObject asks for a manifest: payload = 32-byte id.
+	opObject byte = 2
+)
+
+// Statuses (response kinds).
+const (
+	stOK       byte = 0 // payload: the bytes asked for
+	stNotFound byte = 1 // the member does not hold it; empty payload
+	stError    byte = 2 // payload: a message (at most maxErrorLen bytes)
+)
+
+const (
+	frameHeader = 9
+	// maxRequest bounds a request's payload.
+	maxRequest = 64
+	// maxErrorLen bounds an error message in a response.
+	maxErrorLen = 1024
+	// maxObject bounds a manifest sent over the data plane.
+	maxObject = 256 << 20
+)
+
+// errProtocol marks a peer that broke the wire format.
+var errProtocol = errors.New("peer broke the data plane protocol")
+
+type frame struct {
+	kind    byte
+	id      uint32
+	payload []byte
+}
+
+func appendFrame(b []byte, kind byte, id uint32, payload []byte) []byte {
+	b = append(b, kind)
+	b = binary.BigEndian.AppendUint32(b, id)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(payload)))
+	return append(b, payload...)
+}
+
+// header encodes a frame header for a payload of n bytes.
+func header(kind byte, id uint32, n int) []byte {
+	b := make([]byte, frameHeader)
+	b[0] = kind
+	binary.BigEndian.PutUint32(b[1:5], id)
+	binary.BigEndian.PutUint32(b[5:9], uint32(n))
+	return b
+}
+
+// readHeader reads one frame header.
+func readHeader(r io.Reader, hdr *[frameHeader]byte) (kind byte, id, n uint32, err error) {
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return 0, 0, 0, err
+	}
+	return hdr[0], binary.BigEndian.Uint32(hdr[1:5]), binary.BigEndian.Uint32(hdr[5:9]), nil
+}
+
+// readFrame reads one whole frame whose payload may be at most max bytes:
+// a longer one is a protocol error, found before anything is allocated.
+func readFrame(r io.Reader, max uint32) (frame, error) {
+	var hdr [frameHeader]byte
+	kind, id, n, err := readHeader(r, &hdr)
+	if err != nil {
+		return frame{}, err
+	}
+	if n > max {
+		return frame{}, fmt.Errorf("frame of %d bytes (at most %d): %w", n, max, errProtocol)
+	}
+	f := frame{kind: kind, id: id, payload: make([]byte, n)}
+	if _, err := io.ReadFull(r, f.payload); err != nil {
+		return frame{}, noEOF(err)
+	}
+	return f, nil
+}
+
+// noEOF turns an EOF inside a frame into ErrUnexpectedEOF.
+func noEOF(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// request is a decoded request payload.
+type request struct {
+	op  byte
+	id  [32]byte
+	len uint32 // opChunk only
+}
+
+// decodeRequest checks a request frame's op and payload.
+func decodeRequest(f frame) (request, error) {
+	rq := request{op: f.kind}
+	switch f.kind {
+	case opChunk:
+		if len(f.payload) != 36 {
+			return rq, fmt.Errorf("chunk request of %d bytes: %w", len(f.payload), errProtocol)
+		}
+		copy(rq.id[:], f.payload)
+		rq.len = binary.BigEndian.Uint32(f.payload[32:])
+		if rq.len == 0 || rq.len > 1<<30 {
+			return rq, fmt.Errorf("chunk request for %d bytes: %w", rq.len, errProtocol)
+		}
+	case opObject:
+		if len(f.payload) != 32 {
+			return rq, fmt.Errorf("object request of %d bytes: %w", len(f.payload), errProtocol)
+		}
+		copy(rq.id[:], f.payload)
+	default:
+		return rq, fmt.Errorf("unknown op %d: %w", f.kind, errProtocol)
+	}
+	return rq, nil
+}
+
+func encodeRequest(rq request) []byte {
+	p := append([]byte(nil), rq.id[:]...)
+	if rq.op == opChunk {
+		p = binary.BigEndian.AppendUint32(p, rq.len)
+	}
+	return p
+}
