@@ -372,11 +372,19 @@ func (n *Node) poolFor(addr string) *pool {
 // request asks one peer for something and returns its answer's bytes;
 // (nil, nil) means the peer does not hold it.
 func (n *Node) request(ctx context.Context, p peer, rq request, max uint32) ([]byte, error) {
-	cc, err := n.poolFor(p.addr).get(ctx)
+	pl := n.poolFor(p.addr)
+	cc, err := pl.get(ctx)
 	if err != nil {
 		return nil, err
 	}
 	st, data, err := cc.roundTrip(ctx, rq, max)
+	if err != nil && ctx.Err() == nil && cc.dead() && !errors.Is(err, errProtocol) {
+		// A connection that broke (the peer restarted, or closed an idle
+		// connection) is dialed again, once.
+		if cc, err = pl.get(ctx); err == nil {
+			st, data, err = cc.roundTrip(ctx, rq, max)
+		}
+	}
 	switch {
 	case err != nil:
 		return nil, err

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kylix/kylix/chunkstore"
 )
@@ -97,6 +98,7 @@ func (sv *server) serveConn(c net.Conn) {
 		return
 	}
 	var wmu sync.Mutex
+	var writers atomic.Int32 // answers waiting to be written
 	bw := bufio.NewWriterSize(c, 256<<10)
 	sem := make(chan struct{}, maxInFlightPerConn)
 	var wg sync.WaitGroup
@@ -119,21 +121,20 @@ func (sv *server) serveConn(c net.Conn) {
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			st, p := sv.answer(rq)
+			writers.Add(1)
 			wmu.Lock()
 			defer wmu.Unlock()
-			if _, err := bw.Write(header(st, f.id, len(p))); err != nil {
-				c.Close()
-				return
+			_, err := bw.Write(header(st, f.id, len(p)))
+			if err == nil {
+				_, err = bw.Write(p)
 			}
-			if _, err := bw.Write(p); err != nil {
-				c.Close()
-				return
+			// The last of the writers waiting flushes: answers ready
+			// together go out in one write.
+			if writers.Add(-1) == 0 && err == nil {
+				err = bw.Flush()
 			}
-			// Flush when nothing else is about to be written.
-			if len(sem) == 1 {
-				if err := bw.Flush(); err != nil {
-					c.Close()
-				}
+			if err != nil {
+				c.Close()
 			}
 		}()
 	}

@@ -177,11 +177,14 @@ func (p *pool) get(ctx context.Context) (*clientConn, error) {
 	}
 	p.mu.Lock()
 	old := p.cs[i]
+	if old != nil && old != cc && !old.dead() {
+		// Another caller dialed this slot meanwhile: use theirs.
+		p.mu.Unlock()
+		cc.close(errors.New("not needed"))
+		return old, nil
+	}
 	p.cs[i] = cc
 	p.mu.Unlock()
-	if old != nil {
-		old.close(errors.New("replaced"))
-	}
 	return cc, nil
 }
 

@@ -1,0 +1,243 @@
+package test
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/json"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Clusters of real `kylix serve` processes on loopback: each member on its
+// own 127.0.0.x address (docs/design/peers.md).
+
+// clusterKey writes a new cluster key file.
+func clusterKey(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "cluster.key")
+	if err := os.WriteFile(p, []byte(mustKylix(t, "/", "cluster-key")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// gossipAddr returns ip:port with the port free for TCP and UDP.
+func gossipAddr(t *testing.T, ip string) string {
+	t.Helper()
+	for range 50 {
+		l, err := net.Listen("tcp", ip+":0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		u, err := net.ListenPacket("udp", addr)
+		l.Close()
+		if err == nil {
+			u.Close()
+			return addr
+		}
+	}
+	t.Fatalf("no free port on %s", ip)
+	return ""
+}
+
+type member struct {
+	*node
+	addr string
+}
+
+// startMember starts a node of the cluster on ip, joining join (may be
+// empty), with the extra environment.
+func startMember(t *testing.T, ip, key string, env []string, join ...string) *member {
+	t.Helper()
+	data, mnt := dirs(t)
+	addr := gossipAddr(t, ip)
+	args := []string{"--listen", addr, "--cluster-key", key, "--node-name", ip}
+	if len(join) > 0 {
+		args = append(args, "--join", strings.Join(join, ","))
+	}
+	return &member{node: launchNode(t, data, mnt, env, nil, args...), addr: addr}
+}
+
+type peerOut struct {
+	Name      string `json:"name"`
+	State     string `json:"state"`
+	Fetched   int64  `json:"chunks_fetched"`
+	BadChunks int64  `json:"bad_chunks"`
+}
+
+func peersOf(t *testing.T, m *member) map[string]peerOut {
+	t.Helper()
+	var ps []peerOut
+	if err := json.Unmarshal([]byte(mustKylix(t, "/", "peers", "--data", m.data, "--json")), &ps); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]peerOut{}
+	for _, p := range ps {
+		out[p.Name] = p
+	}
+	return out
+}
+
+func aliveCount(t *testing.T, m *member) int {
+	n := 0
+	for _, p := range peersOf(t, m) {
+		if p.State == "alive" {
+			n++
+		}
+	}
+	return n
+}
+
+// randomFile writes n random bytes and returns the path and its SHA-256.
+func randomFile(t *testing.T, n int) (string, [32]byte) {
+	t.Helper()
+	b := make([]byte, n)
+	rand.Read(b)
+	p := filepath.Join(t.TempDir(), "src.bin")
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p, sha256.Sum256(b)
+}
+
+// shaOn returns the SHA-256 of a file in m's mount, failing the test with
+// m's log when it cannot be read.
+func shaOn(t *testing.T, m *member, p string) [32]byte {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatalf("%v\nnode log:\n%s", err, m.log)
+	}
+	return sha256.Sum256(b)
+}
+
+func visible(p string) func() bool {
+	return func() bool { _, err := os.Stat(p); return err == nil }
+}
+
+// TestClusterReadElsewhere: three members; a file imported on A reads
+// byte-equal through B's mount; a file imported on C shows on A too; with
+// the file also on C, a kill -9 of A in the middle of B's read leaves B
+// reading the rest from C.
+func TestClusterReadElsewhere(t *testing.T) {
+	requireFUSE(t)
+	key := clusterKey(t)
+	a := startMember(t, "127.0.0.2", key, nil)
+	b := startMember(t, "127.0.0.3", key, nil, a.addr)
+	c := startMember(t, "127.0.0.4", key, nil, a.addr)
+	waitFor(t, 20*time.Second, "three alive members seen by B", func() bool { return aliveCount(t, b) == 3 })
+
+	src, sum := randomFile(t, 24<<20+4321)
+	mustKylix(t, "/", "import", "--data", a.data, src, "models/m.bin")
+	onB := filepath.Join(b.mnt, "models", "m.bin")
+	waitFor(t, 20*time.Second, "models/m.bin in B's mount", visible(onB))
+	if shaOn(t, b, onB) != sum {
+		t.Fatal("bytes read through B's mount differ from the source")
+	}
+	if p := peersOf(t, b)["127.0.0.2"]; p.Fetched == 0 {
+		t.Errorf("B fetched nothing from A: %+v", p)
+	}
+
+	other, _ := randomFile(t, 1000)
+	mustKylix(t, "/", "import", "--data", c.data, other, "from-c")
+	waitFor(t, 20*time.Second, "from-c in A's mount", visible(filepath.Join(a.mnt, "from-c")))
+
+	// A second file, held by A and C (the same content imported on both).
+	src2, sum2 := randomFile(t, 32<<20)
+	mustKylix(t, "/", "import", "--data", a.data, src2, "big.bin")
+	mustKylix(t, "/", "import", "--data", c.data, src2, "big.bin")
+	onB2 := filepath.Join(b.mnt, "big.bin")
+	waitFor(t, 20*time.Second, "big.bin in B's mount", visible(onB2))
+	f, err := os.Open(onB2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.CopyN(h, f, 4<<20); err != nil {
+		t.Fatal(err)
+	}
+	a.kill9()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatalf("read after A was killed: %v\n%s", err, b.log)
+	}
+	if [32]byte(h.Sum(nil)) != sum2 {
+		t.Fatal("bytes read through B's mount after A was killed differ from the source")
+	}
+	syscall.Unmount(a.mnt, syscall.MNT_DETACH)
+}
+
+// TestClusterBadPeer: a member that serves flipped bytes never reaches a
+// reader: B reads the right bytes from A, counts C's bad chunks, and gets
+// EIO for a file only C holds.
+func TestClusterBadPeer(t *testing.T) {
+	requireFUSE(t)
+	key := clusterKey(t)
+	a := startMember(t, "127.0.0.5", key, nil)
+	c := startMember(t, "127.0.0.6", key, []string{"KYLIX_TEST_PEER_CORRUPT=1"}, a.addr)
+	b := startMember(t, "127.0.0.7", key, nil, a.addr)
+	waitFor(t, 20*time.Second, "three alive members seen by B", func() bool { return aliveCount(t, b) == 3 })
+
+	// Random bytes are cut into chunks of about 1 MiB: with 32 of them, C
+	// ranks first for some (all but certainly: 2^-32 that it does not).
+	src, sum := randomFile(t, 32<<20)
+	mustKylix(t, "/", "import", "--data", a.data, src, "f.bin")
+	mustKylix(t, "/", "import", "--data", c.data, src, "f.bin")
+	onB := filepath.Join(b.mnt, "f.bin")
+	waitFor(t, 20*time.Second, "f.bin in B's mount", visible(onB))
+	if shaOn(t, b, onB) != sum {
+		t.Fatal("bytes read through B's mount differ from the source")
+	}
+	if p := peersOf(t, b)["127.0.0.6"]; p.BadChunks == 0 {
+		t.Errorf("kylix peers shows no bad chunk from C: %+v", p)
+	}
+
+	only, _ := randomFile(t, 2<<20)
+	mustKylix(t, "/", "import", "--data", c.data, only, "only-c.bin")
+	onB = filepath.Join(b.mnt, "only-c.bin")
+	waitFor(t, 20*time.Second, "only-c.bin in B's mount", visible(onB))
+	_, err := os.ReadFile(onB)
+	if err == nil || !strings.Contains(err.Error(), "input/output error") {
+		t.Fatalf("read of a file only the bad member holds: %v, want EIO", err)
+	}
+}
+
+// TestClusterWrongKey: a node with another cluster key is refused: its
+// serve exits with an error naming the key, and the cluster does not list
+// it.
+func TestClusterWrongKey(t *testing.T) {
+	requireFUSE(t)
+	a := startMember(t, "127.0.0.8", clusterKey(t), nil)
+	data, mnt := dirs(t)
+	cmd := exec.Command(kylixBin, "serve", "--data", data, "--mount", mnt, "--listen", gossipAddr(t, "127.0.0.9"),
+		"--cluster-key", clusterKey(t), "--join", a.addr)
+	done := make(chan struct{})
+	var out []byte
+	var err error
+	go func() { out, err = cmd.CombinedOutput(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("serve with a wrong key did not exit: %s", out)
+	}
+	if err == nil || !strings.Contains(string(out), "cluster key") {
+		t.Fatalf("serve with a wrong key: %v: %s", err, out)
+	}
+	if isMounted(mnt) {
+		syscall.Unmount(mnt, syscall.MNT_DETACH)
+		t.Error("the refused node left its mount")
+	}
+	if n := len(peersOf(t, a)); n != 1 {
+		t.Errorf("A lists %d members, want itself only", n)
+	}
+}
