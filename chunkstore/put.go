@@ -768,3 +768,38 @@ func produceChunks(ctx context.Context, f *os.File, size int64, plan chunkPlan, 
 	}
 	return nil
 }
+
+// PutChunk stores a chunk that came from elsewhere (a replica the peer
+// layer places here), after checking it against id, in the shared packs;
+// it is committed with the next Flush. A chunk already stored is skipped.
+func (im *Importer) PutChunk(id ID, data []byte) error {
+	if im.closed {
+		return fmt.Errorf("chunkstore: put chunk %s: importer closed", id.Short())
+	}
+	if Sum(data) != id {
+		return &CorruptError{Chunk: id, Reason: "bytes to store fail their hash"}
+	}
+	if have, err := im.has(id); err != nil || have {
+		return err
+	}
+	w := &sharedSink{im: im}
+	w.write(id, data)
+	if err := w.finish(); err != nil {
+		return fmt.Errorf("chunkstore: put chunk %s: %w", id.Short(), err)
+	}
+	im.pendingBytes += int64(len(data))
+	return nil
+}
+
+// PendingBytes is the bytes written and not yet committed (Flush).
+func (im *Importer) PendingBytes() int64 { return im.pendingBytes }
+
+// HasChunk reports whether chunk id is in the index (stored here).
+func (s *Store) HasChunk(id ID) bool {
+	found := false
+	s.db.View(func(tx *bolt.Tx) error {
+		found = tx.Bucket(bucketChunks).Get(id[:]) != nil
+		return nil
+	})
+	return found
+}

@@ -61,6 +61,7 @@ func (n *Node) updateTag() {
 	}
 	n.nsTag = root.String()
 	n.mu.Unlock()
+	n.kickPlace()
 	tags := maps.Clone(n.serf.LocalMember().Tags)
 	tags[tagNS] = root.String()
 	if err := n.serf.SetTags(tags); err != nil {

@@ -49,6 +49,9 @@ type Config struct {
 	// CorruptServed makes the data plane flip the first byte of every
 	// chunk it serves. Tests only: a member that serves wrong bytes.
 	CorruptServed bool
+	// Replicas is the number of members that keep each chunk (placement).
+	// Default DefaultReplicas.
+	Replicas int
 	// FetchTimeout bounds one attempt to fetch a chunk from one member.
 	// Default 30 s.
 	FetchTimeout time.Duration
@@ -90,6 +93,7 @@ type Node struct {
 	nsTag    string
 
 	nsKick  chan struct{}
+	place   placement
 	ctx     context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -123,6 +127,9 @@ func New(cfg Config) (*Node, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Replicas <= 0 {
+		cfg.Replicas = DefaultReplicas
+	}
 	if cfg.FetchTimeout <= 0 {
 		cfg.FetchTimeout = 30 * time.Second
 	}
@@ -132,7 +139,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger, serverTLS: st, clientTLS: ct, self: cfg.Name,
 		pools: map[string]*pool{}, stats: map[string]*Stats{}, seen: map[string]time.Time{},
-		nsMerged: map[string]string{}, nsKick: make(chan struct{}, 1)}
+		nsMerged: map[string]string{}, nsKick: make(chan struct{}, 1), place: placement{kick: make(chan struct{}, 1)}}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	return n, nil
 }
@@ -195,10 +202,11 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 		return fmt.Errorf("peers: gossip on %s: %w", n.cfg.Listen, err)
 	}
 	n.started.Store(true)
-	n.wg.Add(3)
+	n.wg.Add(4)
 	go n.eventLoop()
 	go n.watchRoot()
 	go n.nsLoop()
+	go n.placeLoop()
 	if len(n.cfg.Join) > 0 {
 		if _, err := n.serf.Join(n.cfg.Join, true); err != nil {
 			n.Close()
@@ -263,6 +271,7 @@ func (n *Node) eventLoop() {
 			n.mu.Unlock()
 			n.log.Info("cluster", "event", me.Type.String(), "members", memberNames(me.Members))
 			n.kickNS()
+			n.kickPlace()
 		}
 	}
 }
@@ -302,9 +311,8 @@ func (n *Node) Members() []Member {
 	var out []Member
 	now := time.Now()
 	for _, m := range n.serf.Members() {
-		cap, _ := strconv.ParseInt(m.Tags[tagCapacity], 10, 64)
 		mm := Member{Name: m.Name, Self: m.Name == n.self, Addr: net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port))),
-			DataAddr: dataAddr(m), State: m.Status.String(), Capacity: cap, Zone: m.Tags[tagZone], Version: m.Tags[tagVersion], NSRoot: m.Tags[tagNS]}
+			DataAddr: dataAddr(m), State: m.Status.String(), Capacity: parseCap(m.Tags[tagCapacity]), Zone: m.Tags[tagZone], Version: m.Tags[tagVersion], NSRoot: m.Tags[tagNS]}
 		n.mu.Lock()
 		mm.LastSeen = n.seen[m.Name]
 		n.mu.Unlock()
@@ -318,6 +326,11 @@ func (n *Node) Members() []Member {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
+}
+
+func parseCap(s string) int64 {
+	c, _ := strconv.ParseInt(s, 10, 64)
+	return c
 }
 
 // dataAddr is a member's data plane address.
@@ -352,8 +365,7 @@ func (n *Node) livePeers() []peer {
 		if a == "" {
 			continue
 		}
-		cap, _ := strconv.ParseInt(m.Tags[tagCapacity], 10, 64)
-		ps = append(ps, peer{name: m.Name, addr: a, capacity: cap})
+		ps = append(ps, peer{name: m.Name, addr: a, capacity: parseCap(m.Tags[tagCapacity])})
 	}
 	return ps
 }

@@ -73,17 +73,33 @@ type peerOut struct {
 	BadChunks int64  `json:"bad_chunks"`
 }
 
-func peersOf(t *testing.T, m *member) map[string]peerOut {
+type placementOut struct {
+	Passes       int64 `json:"passes"`
+	OwnedChunks  int64 `json:"owned_chunks"`
+	OwnedMissing int64 `json:"owned_missing"`
+	PulledChunks int64 `json:"pulled_chunks"`
+}
+
+func peersJSON(t *testing.T, m *member) (map[string]peerOut, placementOut) {
 	t.Helper()
-	var ps []peerOut
-	if err := json.Unmarshal([]byte(mustKylix(t, "/", "peers", "--data", m.data, "--json")), &ps); err != nil {
+	var out struct {
+		Placement placementOut `json:"placement"`
+		Members   []peerOut    `json:"members"`
+	}
+	if err := json.Unmarshal([]byte(mustKylix(t, "/", "peers", "--data", m.data, "--json")), &out); err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]peerOut{}
-	for _, p := range ps {
-		out[p.Name] = p
+	ps := map[string]peerOut{}
+	for _, p := range out.Members {
+		ps[p.Name] = p
 	}
-	return out
+	return ps, out.Placement
+}
+
+func peersOf(t *testing.T, m *member) map[string]peerOut {
+	t.Helper()
+	ps, _ := peersJSON(t, m)
+	return ps
 }
 
 func aliveCount(t *testing.T, m *member) int {
@@ -239,5 +255,30 @@ func TestClusterWrongKey(t *testing.T) {
 	}
 	if n := len(peersOf(t, a)); n != 1 {
 		t.Errorf("A lists %d members, want itself only", n)
+	}
+}
+
+// TestClusterPlacement: a file imported on A reaches the owners of its
+// chunks (R=2 of 3 members), so after a kill -9 of A it still reads
+// byte-equal through B's mount.
+func TestClusterPlacement(t *testing.T) {
+	requireFUSE(t)
+	key := clusterKey(t)
+	a := startMember(t, "127.0.0.10", key, nil)
+	b := startMember(t, "127.0.0.11", key, nil, a.addr)
+	c := startMember(t, "127.0.0.12", key, nil, a.addr)
+	waitFor(t, 20*time.Second, "three alive members seen by B and C", func() bool { return aliveCount(t, b) == 3 && aliveCount(t, c) == 3 })
+	src, sum := randomFile(t, 24<<20)
+	mustKylix(t, "/", "import", "--data", a.data, src, "m.bin")
+	for _, m := range []*member{b, c} {
+		waitFor(t, 30*time.Second, "the chunks B and C own pulled", func() bool {
+			_, pl := peersJSON(t, m)
+			return pl.OwnedChunks > 0 && pl.OwnedMissing == 0
+		})
+	}
+	a.kill9()
+	syscall.Unmount(a.mnt, syscall.MNT_DETACH)
+	if shaOn(t, b, filepath.Join(b.mnt, "m.bin")) != sum {
+		t.Fatal("bytes read through B's mount after A was killed differ from the source")
 	}
 }

@@ -26,6 +26,7 @@ var runningPeers *peers.Node
 // peerFlags are serve's cluster flags (docs/design/peers.md).
 type peerFlags struct {
 	listen, join, keyFile, name, zone, dataListen *string
+	replicas                                      *int
 	node                                          *peers.Node
 }
 
@@ -37,6 +38,7 @@ func addPeerFlags(f *flags) *peerFlags {
 		name:       f.String("node-name", "", "this member's name in the cluster (default HOSTNAME/LISTEN)"),
 		zone:       f.String("zone", "", "this member's failure zone (a tag)"),
 		dataListen: f.String("data-listen", "", "data plane address (default: the --listen host, a port the kernel chooses)"),
+		replicas:   f.Int("replicas", peers.DefaultReplicas, "members that keep each chunk (placement by rendezvous hashing)"),
 	}
 }
 
@@ -68,7 +70,7 @@ func (pf *peerFlags) fetcher(data string, log *slog.Logger) (chunkstore.Fetcher,
 		capacity = int64(st.Blocks) * st.Bsize
 	}
 	pf.node, err = peers.New(peers.Config{Name: *pf.name, Listen: *pf.listen, DataListen: *pf.dataListen, Join: join, Key: key,
-		Capacity: capacity, Zone: *pf.zone, Version: "dev", Logger: log,
+		Capacity: capacity, Zone: *pf.zone, Replicas: *pf.replicas, Version: "dev", Logger: log,
 		CorruptServed: os.Getenv("KYLIX_TEST_PEER_CORRUPT") == "1"})
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
@@ -87,6 +89,13 @@ func (pf *peerFlags) start(s *chunkstore.Store, fsys *kfs.FS) (stop func(), err 
 	}
 	runningPeers = pf.node
 	return func() { runningPeers = nil; pf.node.Close() }, nil
+}
+
+type peersOut struct {
+	Self      string               `json:"self"`
+	Replicas  int                  `json:"replicas"`
+	Placement peers.PlacementStats `json:"placement"`
+	Members   []peers.Member       `json:"members"`
 }
 
 func runClusterKey(ctx context.Context, e *env, args []string) error {
@@ -128,11 +137,14 @@ started without --listen.`).withJSON()
 	if runningPeers == nil {
 		return fmt.Errorf("peers: the node serving %s is not in a cluster (started without --listen)", s.Dir())
 	}
-	ms := runningPeers.Members()
+	out := peersOut{Self: runningPeers.Name(), Replicas: runningPeers.Replicas(), Placement: runningPeers.Placement(), Members: runningPeers.Members()}
 	if f.jsonOut {
-		return f.printJSON(ms)
+		return f.printJSON(out)
 	}
-	for _, m := range ms {
+	pl := out.Placement
+	fmt.Fprintf(e.stdout, "placement: %d replicas; %d chunks owned here, %d of them missing after the last pass (%d passes); pulled %d chunks (%s)\n",
+		out.Replicas, pl.OwnedChunks, pl.OwnedMissing, pl.Passes, pl.PulledChunks, human(pl.PulledBytes))
+	for _, m := range out.Members {
 		self := ""
 		if m.Self {
 			self = " (this node)"

@@ -1,0 +1,203 @@
+package peers
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/serf/serf"
+
+	"github.com/kylix/kylix/chunkstore"
+)
+
+// Placement: every chunk named by the namespace has R owners, the first R
+// live members in rendezvous order (rank, weighted by capacity). Each
+// member finds the chunks it owns and does not hold, and pulls them from
+// the others (verified, then written into its own packs). So an import on
+// any member reaches its owners without a coordinator, and after a member
+// is lost the new owners of its chunks copy them from the survivors.
+
+// DefaultReplicas is the number of owners of each chunk.
+const DefaultReplicas = 2
+
+// placeEvery is how often placement runs without a namespace or membership
+// change.
+const placeEvery = 30 * time.Second
+
+// placeWorkers is the number of chunks pulled at once.
+const placeWorkers = 8
+
+// flushBytes is how much pulled data is committed at a time.
+const flushBytes = 64 << 20
+
+// PlacementStats is what the last placement pass found.
+type PlacementStats struct {
+	Passes       int64     `json:"passes"`
+	LastPass     time.Time `json:"last_pass"`
+	OwnedChunks  int64     `json:"owned_chunks"`  // chunks this member owns
+	OwnedMissing int64     `json:"owned_missing"` // of those, not stored here after the pass
+	PulledChunks int64     `json:"pulled_chunks"` // since start
+	PulledBytes  int64     `json:"pulled_bytes"`
+}
+
+type placement struct {
+	mu    sync.Mutex
+	stats PlacementStats
+	kick  chan struct{}
+}
+
+func (n *Node) kickPlace() {
+	select {
+	case n.place.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Replicas is the number of members that keep each chunk.
+func (n *Node) Replicas() int { return n.cfg.Replicas }
+
+// Placement returns what the last placement pass found.
+func (n *Node) Placement() PlacementStats {
+	n.place.mu.Lock()
+	defer n.place.mu.Unlock()
+	return n.place.stats
+}
+
+func (n *Node) placeLoop() {
+	defer n.wg.Done()
+	t := time.NewTicker(placeEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-t.C:
+		case <-n.place.kick:
+		}
+		if err := n.placePass(n.ctx); err != nil && n.ctx.Err() == nil {
+			n.log.Warn("placement: pass failed; will retry", "err", err)
+		}
+	}
+}
+
+// members lists the alive members, this node included, for placement.
+func (n *Node) members() []peer {
+	var ps []peer
+	for _, m := range n.serf.Members() {
+		if m.Status != serf.StatusAlive {
+			continue
+		}
+		ps = append(ps, peer{name: m.Name, addr: dataAddr(m), capacity: parseCap(m.Tags[tagCapacity])})
+	}
+	return ps
+}
+
+// placePass pulls the chunks this member owns and lacks.
+func (n *Node) placePass(ctx context.Context) error {
+	members := n.members()
+	r := n.cfg.Replicas
+	seen := map[chunkstore.ID]bool{}
+	var want []chunkstore.ChunkRef
+	var owned int64
+	err := n.s.Walk("", func(p string, e chunkstore.Entry) error {
+		if e.Kind != chunkstore.KindFile {
+			return nil
+		}
+		m, err := n.s.FileManifest(e.ID)
+		if err != nil {
+			return nil // a manifest not here yet: the next pass
+		}
+		for _, c := range m.Chunks {
+			if seen[c.ID] {
+				continue
+			}
+			seen[c.ID] = true
+			if !owns(c.ID, members, n.self, r) {
+				continue
+			}
+			owned++
+			if !n.s.HasChunk(c.ID) {
+				want = append(want, c)
+			}
+		}
+		return ctx.Err()
+	})
+	if err != nil {
+		return err
+	}
+	var missing atomic.Int64
+	if len(want) > 0 {
+		missing.Store(int64(len(want)))
+		if err := n.pull(ctx, want, &missing); err != nil {
+			return err
+		}
+	}
+	n.place.mu.Lock()
+	n.place.stats.Passes++
+	n.place.stats.LastPass = time.Now()
+	n.place.stats.OwnedChunks = owned
+	n.place.stats.OwnedMissing = missing.Load()
+	n.place.mu.Unlock()
+	return nil
+}
+
+// owns reports whether self is among the first r members for id.
+func owns(id chunkstore.ID, members []peer, self string, r int) bool {
+	for i, p := range rank(id, members) {
+		if i >= r {
+			return false
+		}
+		if p.name == self {
+			return true
+		}
+	}
+	return false
+}
+
+// pull fetches chunks from the other members and stores them here.
+func (n *Node) pull(ctx context.Context, want []chunkstore.ChunkRef, missing *atomic.Int64) error {
+	im := n.s.NewImporter()
+	var mu sync.Mutex // the importer is used by one goroutine at a time
+	var ferr error
+	next := atomic.Int64{}
+	var wg sync.WaitGroup
+	for range min(placeWorkers, len(want)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := next.Add(1) - 1; i < int64(len(want)) && ctx.Err() == nil; i = next.Add(1) - 1 {
+				c := want[i]
+				data, err := n.Fetch(ctx, c.ID, c.Len)
+				if err != nil {
+					if !errors.Is(err, chunkstore.ErrNotLocal) {
+						n.log.Warn("placement: could not pull a chunk", "chunk", c.ID.String(), "err", err)
+					}
+					continue
+				}
+				mu.Lock()
+				err = im.PutChunk(c.ID, data)
+				if err == nil && im.PendingBytes() >= flushBytes {
+					err = im.Flush()
+				}
+				if err != nil && ferr == nil {
+					ferr = err
+				}
+				mu.Unlock()
+				if err == nil {
+					missing.Add(-1)
+					n.place.mu.Lock()
+					n.place.stats.PulledChunks++
+					n.place.stats.PulledBytes += int64(len(data))
+					n.place.mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := im.Close(); err != nil && ferr == nil {
+		ferr = err
+	}
+	return ferr
+}
