@@ -213,6 +213,8 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 			return fmt.Errorf("peers: join %s: %w (every member must use the same cluster key)", strings.Join(n.cfg.Join, ","), err)
 		}
 	}
+	n.log.Info("cluster: member", "name", n.self, "gossip", n.cfg.Listen, "data_plane", ln.Addr().String(),
+		"members", n.serf.NumNodes(), "replicas", n.cfg.Replicas)
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -64,10 +65,18 @@ func (pf *peerFlags) fetcher(data string, log *slog.Logger) (chunkstore.Fetcher,
 			join = append(join, a)
 		}
 	}
+	// Capacity: the size of the data directory's file system (the
+	// directory may not exist yet: the nearest existing parent).
 	var capacity int64
-	var st unix.Statfs_t
-	if unix.Statfs(data, &st) == nil {
-		capacity = int64(st.Blocks) * st.Bsize
+	for dir := data; ; dir = filepath.Dir(dir) {
+		var st unix.Statfs_t
+		if unix.Statfs(dir, &st) == nil {
+			capacity = int64(st.Blocks) * st.Bsize
+			break
+		}
+		if dir == filepath.Dir(dir) {
+			break
+		}
 	}
 	pf.node, err = peers.New(peers.Config{Name: *pf.name, Listen: *pf.listen, DataListen: *pf.dataListen, Join: join, Key: key,
 		Capacity: capacity, Zone: *pf.zone, Replicas: *pf.replicas, Version: "dev", Logger: log,
