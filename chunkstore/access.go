@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
 
 	"github.com/kylix/kylix/chunkstore/storeio"
 )
@@ -171,9 +172,10 @@ func (s *Store) load(ctx context.Context, refs []ChunkRef, locs []Location, entr
 		rq *storeio.Request
 	}
 	var (
-		reqs   []*storeio.Request
-		pend   []pending
-		leases = map[uint64]*Lease{}
+		reqs    []*storeio.Request
+		pend    []pending
+		fetches []int // chunks not stored here: for the Fetcher
+		leases  = map[uint64]*Lease{}
 	)
 	defer func() {
 		for _, l := range leases {
@@ -203,18 +205,39 @@ func (s *Store) load(ctx context.Context, refs []ChunkRef, locs []Location, entr
 			}
 		}
 		if ls == nil {
-			data, err := s.fetch(ctx, refs[i], l)
-			if err != nil {
-				fail(i, err)
-			} else {
-				s.cache.finish(entries[i], data, nil, keep)
-			}
+			fetches = append(fetches, i)
 			continue
 		}
 		rq := &storeio.Request{Fd: ls.Fd(), Off: l.Off, Buf: make([]byte, l.Len)}
 		reqs = append(reqs, rq)
 		pend = append(pend, pending{i, rq})
 	}
+	// Missing chunks are fetched in parallel (at most fetchInFlight at
+	// once), while the local ones are read.
+	var fetched sync.WaitGroup
+	if len(fetches) > 0 {
+		fetched.Add(1)
+		go func() {
+			defer fetched.Done()
+			sem := make(chan struct{}, fetchInFlight)
+			var wg sync.WaitGroup
+			for _, i := range fetches {
+				sem <- struct{}{}
+				wg.Add(1)
+				go func() {
+					defer func() { <-sem; wg.Done() }()
+					data, err := s.fetch(ctx, refs[i], locs[i])
+					if err != nil {
+						fail(i, err)
+					} else {
+						s.cache.finish(entries[i], data, nil, keep)
+					}
+				}()
+			}
+			wg.Wait()
+		}()
+	}
+	defer fetched.Wait() // before the leases are released
 	if len(reqs) == 0 {
 		return
 	}
@@ -272,6 +295,9 @@ func (s *Store) logChunkFailure(id ID, l Location, err error) {
 	}
 	s.log.Error("chunk cannot be read; readers get EIO (run kylix verify to list the files affected)", args...)
 }
+
+// fetchInFlight bounds the chunks one batch asks the Fetcher for at once.
+const fetchInFlight = 8
 
 // prefetchInFlight bounds the background prefetches of the store.
 const prefetchInFlight = 4
