@@ -19,10 +19,8 @@ import (
 // bad chunk, shown by `kylix peers`). It implements chunkstore.Fetcher; the
 // store verifies again before anyone sees the bytes.
 func (n *Node) Fetch(ctx context.Context, id chunkstore.ID, size uint32) ([]byte, error) {
-	if !n.started.Load() || ctx.Value(servingPeer{}) != nil {
-		// A node serving a peer answers from what it holds, never by
-		// asking further (no request loops).
-		return nil, fmt.Errorf("chunk %s: %w", id.Short(), chunkstore.ErrNotLocal)
+	if !n.started.Load() {
+		return nil, fmt.Errorf("chunk %s: not in a cluster: %w", id.Short(), chunkstore.ErrNotLocal)
 	}
 	ps := rank(id, n.livePeers())
 	var lastErr error

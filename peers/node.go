@@ -52,6 +52,9 @@ type Config struct {
 	// Replicas is the number of members that keep each chunk (placement).
 	// Default DefaultReplicas.
 	Replicas int
+	// NoPlacement: this member pulls nothing for placement (a member that
+	// only reads; benchmarks use it). It still counts as an owner.
+	NoPlacement bool
 	// FetchTimeout bounds one attempt to fetch a chunk from one member.
 	// Default 30 s.
 	FetchTimeout time.Duration
@@ -202,11 +205,14 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 		return fmt.Errorf("peers: gossip on %s: %w", n.cfg.Listen, err)
 	}
 	n.started.Store(true)
-	n.wg.Add(4)
+	n.wg.Add(3)
 	go n.eventLoop()
 	go n.watchRoot()
 	go n.nsLoop()
-	go n.placeLoop()
+	if !n.cfg.NoPlacement {
+		n.wg.Add(1)
+		go n.placeLoop()
+	}
 	if len(n.cfg.Join) > 0 {
 		if _, err := n.serf.Join(n.cfg.Join, true); err != nil {
 			n.Close()

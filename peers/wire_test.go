@@ -1,9 +1,11 @@
 package peers
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"io"
+	"net"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -60,6 +62,48 @@ func FuzzReadRequest(f *testing.F) {
 			if !bytes.Equal(encodeRequest(rq), fr.payload) {
 				t.Fatalf("request %+v does not encode back to %x", rq, fr.payload)
 			}
+		}
+	})
+}
+
+// FuzzReadAnswers feeds arbitrary bytes to the client's answer decoder as
+// if a peer sent them: it must never panic, never hand a caller more than
+// it asked for, and always complete the caller's request.
+func FuzzReadAnswers(f *testing.F) {
+	f.Add(appendFrame(nil, stOK, 1, []byte("chunk")))
+	f.Add(appendFrame(nil, stNotFound, 1, nil))
+	f.Add(appendFrame(nil, stError, 1, []byte("no")))
+	f.Add(append(appendFrame(nil, stOK, 7, make([]byte, 10)), appendFrame(nil, stOK, 1, make([]byte, 64))...))
+	f.Add(appendFrame(nil, stOK, 1, make([]byte, 65)))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c1, c2 := net.Pipe()
+		cc := &clientConn{c: c1, bw: bufio.NewWriter(c1), pending: map[uint32]*call{}}
+		cl := &call{max: 64, done: make(chan struct{})}
+		cc.pending[1] = cl
+		done := make(chan struct{})
+		go func() { cc.readLoop(); close(done) }()
+		c2.Write(b) // fails once the client closed its end: fine
+		c2.Close()
+		<-done
+		<-cl.done
+		if cl.err != nil {
+			return
+		}
+		switch cl.status {
+		case stOK:
+			if len(cl.data) > 64 {
+				t.Fatalf("answer of %d bytes passed a limit of 64", len(cl.data))
+			}
+		case stNotFound:
+			if len(cl.data) != 0 {
+				t.Fatalf("not-found answer with %d bytes", len(cl.data))
+			}
+		case stError:
+			if len(cl.data) > maxErrorLen {
+				t.Fatalf("error answer of %d bytes", len(cl.data))
+			}
+		default:
+			t.Fatalf("status %d accepted", cl.status)
 		}
 	})
 }
