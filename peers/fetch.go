@@ -12,9 +12,8 @@ import (
 	"github.com/kylix/kylix/chunkstore"
 )
 
-// Fetch brings chunk id (n bytes) from the members: it asks them in
-// rendezvous order (the owners placement would choose first, then the
-// rest), verifies what each sends against the id, and moves on when a
+// Fetch brings chunk id (n bytes) from the members: it asks the chunk's
+// owners first (placement), then the rest in rendezvous order, verifies what each sends against the id, and moves on when a
 // member does not hold the chunk, fails, or sends wrong bytes (counted as a
 // bad chunk, shown by `kylix peers`). It implements chunkstore.Fetcher; the
 // store verifies again before anyone sees the bytes.
@@ -22,7 +21,7 @@ func (n *Node) Fetch(ctx context.Context, id chunkstore.ID, size uint32) ([]byte
 	if !n.started.Load() {
 		return nil, fmt.Errorf("chunk %s: not in a cluster: %w", id.Short(), chunkstore.ErrNotLocal)
 	}
-	ps := rank(id, n.livePeers())
+	ps := n.fetchOrder(id)
 	var lastErr error
 	asked := 0
 	for _, p := range ps {
@@ -56,6 +55,27 @@ func (n *Node) Fetch(ctx context.Context, id chunkstore.ID, size uint32) ([]byte
 		return nil, fmt.Errorf("chunk %s: no member of %d asked sent it (last: %v): %w", id.Short(), asked, lastErr, chunkstore.ErrNotLocal)
 	}
 	return nil, fmt.Errorf("chunk %s: none of the %d other members holds it: %w", id.Short(), asked, chunkstore.ErrNotLocal)
+}
+
+// fetchOrder lists the other live members to ask for chunk id: its
+// owners first (where placement puts it), then the rest in rendezvous
+// order.
+func (n *Node) fetchOrder(id chunkstore.ID) []peer {
+	others := n.livePeers()
+	var out []peer
+	first := map[string]bool{}
+	for _, p := range owners(id, n.members(), n.cfg.Replicas) {
+		if p.name != n.self && p.addr != "" {
+			out = append(out, p)
+			first[p.name] = true
+		}
+	}
+	for _, p := range rank(id, others) {
+		if !first[p.name] {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // rank orders peers for chunk id by weighted rendezvous hashing (HRW): each

@@ -95,3 +95,22 @@ func TestMergeRule(t *testing.T) {
 	sub, _ := m.get(r.Entries[i].ID)
 	require.Equal(t, []string{"same", "x", "y"}, names(sub), "same content twice is no conflict")
 }
+
+// TestOwnersZones: owners are the first members in rendezvous order on
+// distinct zones; with fewer zones than replicas the rest come in order.
+func TestOwnersZones(t *testing.T) {
+	ms := []peer{{name: "a1", zone: "a", capacity: 1}, {name: "a2", zone: "a", capacity: 1}, {name: "a3", zone: "a", capacity: 1},
+		{name: "b1", zone: "b", capacity: 1}, {name: "nz", capacity: 1}}
+	for i := range 200 {
+		id := chunkstore.Sum([]byte(fmt.Sprint(i)))
+		own := owners(id, ms, 3)
+		require.Len(t, own, 3)
+		zones := map[string]bool{}
+		for _, p := range own {
+			zones[p.zone] = true
+		}
+		require.Len(t, zones, 3, "owners %v do not span the zones a, b and none", own)
+		own = owners(id, ms[:3], 2)
+		require.Equal(t, rank(id, ms[:3])[:2], own, "one zone: rendezvous order")
+	}
+}

@@ -224,6 +224,16 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 	return nil
 }
 
+// Join joins the members at addrs (their gossip addresses) after Start:
+// two clusters, or the two sides of a partition, become one and their
+// namespaces merge.
+func (n *Node) Join(addrs []string) error {
+	if _, err := n.serf.Join(addrs, true); err != nil {
+		return fmt.Errorf("peers: join %s: %w (every member must use the same cluster key)", strings.Join(addrs, ","), err)
+	}
+	return nil
+}
+
 // Close leaves the cluster and stops serving.
 func (n *Node) Close() error {
 	if !n.started.Swap(false) {
@@ -359,6 +369,7 @@ type peer struct {
 	name     string
 	addr     string
 	capacity int64
+	zone     string
 }
 
 // livePeers lists the alive members other than this node that have a data
@@ -373,7 +384,7 @@ func (n *Node) livePeers() []peer {
 		if a == "" {
 			continue
 		}
-		ps = append(ps, peer{name: m.Name, addr: a, capacity: parseCap(m.Tags[tagCapacity])})
+		ps = append(ps, peer{name: m.Name, addr: a, capacity: parseCap(m.Tags[tagCapacity]), zone: m.Tags[tagZone]})
 	}
 	return ps
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -224,4 +225,48 @@ func TestPlacement(t *testing.T) {
 	got, err := readAll(b, "f")
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(got, data))
+}
+
+// TestHealedSplitMerges: two members written apart (two clusters, as the
+// sides of a partition are) and then joined: files of both are kept, and
+// the path both wrote keeps the newer write with the other kept as a
+// conflict version, on both members.
+func TestHealedSplitMerges(t *testing.T) {
+	key, _ := NewKey()
+	a := mustStart(t, "a", key, false)
+	b := mustStart(t, "b", key, false)
+	importBytes(t, a, "only-a", []byte("a"))
+	importBytes(t, a, "p", []byte("written on a"))
+	importBytes(t, b, "only-b", []byte("b"))
+	importBytes(t, b, "p", []byte("written on b"))
+	ea, err := a.s.Lookup("p")
+	require.NoError(t, err)
+	eb, err := b.s.Lookup("p")
+	require.NoError(t, err)
+	win, lose := "written on a", "written on b"
+	if winner(ea, eb) == eb {
+		win, lose = lose, win
+	}
+	loser := ea
+	if win == "written on a" {
+		loser = eb
+	}
+	conflict := fmt.Sprintf("p.conflict-%x", uint64(loser.HLC))
+
+	require.NoError(t, b.Join([]string{a.cfg.Listen}))
+	for _, n := range []*testNode{a, b} {
+		eventually(t, "both sides' files on "+n.self, func() bool {
+			for _, p := range []string{"only-a", "only-b", conflict} {
+				if _, err := n.s.Lookup(p); err != nil {
+					return false
+				}
+			}
+			return true
+		})
+		for p, want := range map[string]string{"only-a": "a", "only-b": "b", "p": win, conflict: lose} {
+			got, err := readAll(n, p)
+			require.NoError(t, err, "%s on %s", p, n.self)
+			require.Equal(t, want, string(got), "%s on %s", p, n.self)
+		}
+	}
 }

@@ -89,7 +89,7 @@ func (n *Node) members() []peer {
 		if m.Status != serf.StatusAlive {
 			continue
 		}
-		ps = append(ps, peer{name: m.Name, addr: dataAddr(m), capacity: parseCap(m.Tags[tagCapacity])})
+		ps = append(ps, peer{name: m.Name, addr: dataAddr(m), capacity: parseCap(m.Tags[tagCapacity]), zone: m.Tags[tagZone]})
 	}
 	return ps
 }
@@ -143,17 +143,48 @@ func (n *Node) placePass(ctx context.Context) error {
 	return nil
 }
 
-// owns reports whether self is among the first r members for id.
+// owns reports whether self is among the owners of id.
 func owns(id chunkstore.ID, members []peer, self string, r int) bool {
-	for i, p := range rank(id, members) {
-		if i >= r {
-			return false
-		}
+	for _, p := range owners(id, members, r) {
 		if p.name == self {
 			return true
 		}
 	}
 	return false
+}
+
+// owners returns the r owners of chunk id: the first members in rendezvous
+// order, taking at most one per zone while members of unused zones remain
+// (a member without a zone tag is a zone of its own), then the next in
+// order if fewer than r zones are alive.
+func owners(id chunkstore.ID, members []peer, r int) []peer {
+	ranked := rank(id, members)
+	if r >= len(ranked) {
+		return ranked
+	}
+	var out []peer
+	picked := make([]bool, len(ranked))
+	used := map[string]bool{}
+	for i, p := range ranked {
+		if len(out) == r {
+			break
+		}
+		if p.zone != "" && used[p.zone] {
+			continue
+		}
+		used[p.zone] = p.zone != ""
+		picked[i] = true
+		out = append(out, p)
+	}
+	for i, p := range ranked {
+		if len(out) == r {
+			break
+		}
+		if !picked[i] {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // pull fetches chunks from the other members and stores them here.
