@@ -333,3 +333,65 @@ func (f *File) Prefetch(off, n int64) {
 func (f *File) chunkIndex(off int64) int {
 	return sort.Search(len(f.M.Chunks), func(i int) bool { return f.offs[i+1] > off })
 }
+
+// MakeLocal stores here every chunk of [off, off+n) of f that is not stored
+// here: each is brought by the Fetcher (fetchInFlight at once), verified,
+// and written into the shared packs; what arrived is committed before it
+// returns, even on failure. It returns the number of chunks stored. f's own
+// locations are not updated: open the file again to see the new ones. A
+// chunk the Fetcher cannot bring fails with ErrNotLocal (always, alone:
+// LocalOnly).
+func (f *File) MakeLocal(ctx context.Context, off, n int64) (int, error) {
+	p, err := f.Plan(off, n)
+	if err != nil {
+		return 0, err
+	}
+	var miss []Piece
+	seen := map[ID]bool{}
+	for _, pc := range p.Missing() {
+		if !seen[pc.ID] {
+			seen[pc.ID] = true
+			miss = append(miss, pc)
+		}
+	}
+	p.Release()
+	if len(miss) == 0 {
+		return 0, nil
+	}
+	im := f.s.NewImporter()
+	var (
+		mu     sync.Mutex // the importer, stored and firstErr
+		stored int
+		first  error
+		wg     sync.WaitGroup
+		sem    = make(chan struct{}, fetchInFlight)
+	)
+	for _, pc := range miss {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			data, err := f.s.fetch(ctx, ChunkRef{ID: pc.ID, Len: uint32(pc.Len)}, Location{})
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil {
+				err = im.PutChunk(pc.ID, data)
+			}
+			if err != nil {
+				if first == nil {
+					first = err
+				}
+				return
+			}
+			stored++
+		}()
+	}
+	wg.Wait()
+	if err := im.Close(); err != nil && first == nil {
+		first = err
+	}
+	if first != nil {
+		return stored, fmt.Errorf("chunkstore: make file %s local: %d of %d chunks stored: %w", f.ID.Short(), stored, len(miss), first)
+	}
+	return stored, nil
+}

@@ -248,9 +248,10 @@ func clipRange(off, length, size uint64) (uint64, bool) {
 }
 
 // ioctlMakeLocal answers KYLIX_IOC_MAKE_LOCAL: 0 when every chunk of the
-// range is stored here. Today nothing can bring a missing chunk and store
-// it (the peer layer will), so a missing chunk is EIO at once, logged with
-// the chunk and the file.
+// range is stored here. Missing chunks are brought by the store's Fetcher
+// (the cluster, docs/design/peers.md), verified and stored; one that
+// cannot be brought (always, on a node alone) is EIO, logged with the
+// chunk and the file.
 func (n *fileNode) ioctlMakeLocal(ctx context.Context, input []byte) syscall.Errno {
 	req, err := layout.DecodeMakeLocal(input)
 	if err != nil {
@@ -268,12 +269,22 @@ func (n *fileNode) ioctlMakeLocal(ctx context.Context, input []byte) syscall.Err
 	if err != nil {
 		return toErrno(err)
 	}
-	defer plan.Release()
-	if miss := plan.Missing(); len(miss) > 0 {
-		n.fsys.log.Warn("KYLIX_IOC_MAKE_LOCAL: chunks are not stored here and nothing can fetch them",
-			"file", sf.ID.Short(), "missing", len(miss), "first", miss[0].ID.Short(), "file_offset", miss[0].FileOff)
+	miss := plan.Missing()
+	plan.Release()
+	if len(miss) == 0 {
+		return 0
+	}
+	if _, err := sf.MakeLocal(ctx, int64(req.Offset), int64(end-req.Offset)); err != nil {
+		n.fsys.log.Warn("KYLIX_IOC_MAKE_LOCAL: chunks are not stored here and could not be fetched",
+			"file", sf.ID.Short(), "missing", len(miss), "first", miss[0].ID.Short(), "file_offset", miss[0].FileOff, "err", err)
 		return syscall.EIO
 	}
+	// The open file's locations predate the new chunks: open it again.
+	n.mu.Lock()
+	if n.st != nil && n.st.file == sf {
+		n.st.file = nil
+	}
+	n.mu.Unlock()
 	return 0
 }
 

@@ -44,7 +44,13 @@ type testNode struct {
 // it, joining join.
 func startNode(t *testing.T, name string, key Key, corrupt bool, join ...string) (*testNode, error) {
 	t.Helper()
-	n, err := New(Config{Name: name, Listen: freeAddr(t), Key: key, Join: join, Capacity: 1 << 30, CorruptServed: corrupt, FetchTimeout: 5 * time.Second})
+	return startNodeCfg(t, Config{Name: name, Key: key, Join: join, CorruptServed: corrupt})
+}
+
+func startNodeCfg(t *testing.T, cfg Config) (*testNode, error) {
+	t.Helper()
+	cfg.Listen, cfg.Capacity, cfg.FetchTimeout = freeAddr(t), 1<<30, 5*time.Second
+	n, err := New(cfg)
 	require.NoError(t, err)
 	s, err := chunkstore.Open(chunkstore.Options{Dir: t.TempDir(), Fetcher: n, CacheBytes: 1 << 20})
 	require.NoError(t, err)
@@ -269,4 +275,36 @@ func TestHealedSplitMerges(t *testing.T) {
 			require.Equal(t, want, string(got), "%s on %s", p, n.self)
 		}
 	}
+}
+
+// TestMakeLocal: File.MakeLocal (KYLIX_IOC_MAKE_LOCAL) brings a file's
+// chunks from the member holding them and stores them, so the file reads
+// after that member is gone.
+func TestMakeLocal(t *testing.T) {
+	key, _ := NewKey()
+	a := mustStart(t, "a", key, false)
+	b, err := startNodeCfg(t, Config{Name: "b", Key: key, Join: []string{a.cfg.Listen}, NoPlacement: true})
+	require.NoError(t, err)
+	data := randBytes(5 << 20)
+	importBytes(t, a, "f", data)
+	eventually(t, "f on b", func() bool { _, err := b.s.Lookup("f"); return err == nil })
+	f, _, err := b.s.OpenPath("f")
+	require.NoError(t, err)
+	p, err := f.Plan(0, f.Size())
+	require.NoError(t, err)
+	require.Len(t, p.Missing(), len(f.M.Chunks), "b holds nothing before")
+	p.Release()
+	n, err := f.MakeLocal(context.Background(), 0, f.Size())
+	require.NoError(t, err)
+	require.Equal(t, len(f.M.Chunks), n)
+	f, _, err = b.s.OpenPath("f")
+	require.NoError(t, err)
+	p, err = f.Plan(0, f.Size())
+	require.NoError(t, err)
+	require.Empty(t, p.Missing())
+	p.Release()
+	require.NoError(t, a.Close())
+	got, err := readAll(b, "f")
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(got, data))
 }
