@@ -35,7 +35,8 @@ const flushBytes = 64 << 20
 // PlacementStats is what the last placement pass found.
 type PlacementStats struct {
 	Passes       int64     `json:"passes"`
-	LastPass     time.Time `json:"last_pass"`
+	LastPass     time.Time `json:"last_pass"`     // when the last completed pass began
+	Members      int       `json:"members"`       // alive members it placed over
 	OwnedChunks  int64     `json:"owned_chunks"`  // chunks this member owns
 	OwnedMissing int64     `json:"owned_missing"` // of those, not stored here after the pass
 	PulledChunks int64     `json:"pulled_chunks"` // since start
@@ -96,6 +97,7 @@ func (n *Node) members() []peer {
 
 // placePass pulls the chunks this member owns and lacks.
 func (n *Node) placePass(ctx context.Context) error {
+	start := time.Now()
 	members := n.members()
 	r := n.cfg.Replicas
 	seen := map[chunkstore.ID]bool{}
@@ -136,7 +138,8 @@ func (n *Node) placePass(ctx context.Context) error {
 	}
 	n.place.mu.Lock()
 	n.place.stats.Passes++
-	n.place.stats.LastPass = time.Now()
+	n.place.stats.LastPass = start
+	n.place.stats.Members = len(members)
 	n.place.stats.OwnedChunks = owned
 	n.place.stats.OwnedMissing = missing.Load()
 	n.place.mu.Unlock()

@@ -75,6 +75,7 @@ type peerOut struct {
 
 type placementOut struct {
 	Passes       int64 `json:"passes"`
+	Members      int   `json:"members"`
 	OwnedChunks  int64 `json:"owned_chunks"`
 	OwnedMissing int64 `json:"owned_missing"`
 	PulledChunks int64 `json:"pulled_chunks"`
@@ -258,27 +259,68 @@ func TestClusterWrongKey(t *testing.T) {
 	}
 }
 
-// TestClusterPlacement: a file imported on A reaches the owners of its
-// chunks (R=2 of 3 members), so after a kill -9 of A it still reads
-// byte-equal through B's mount.
+// TestClusterPlacement: five members. A file imported on A reaches the
+// owners of its chunks (R=2); after a kill -9 of A the survivors repair
+// (the new owners of A's chunks pull them), so after a kill -9 of B too the
+// file still reads byte-equal through C's mount. Without the repair, a
+// chunk whose two owners were A and B (one in ten) would be lost.
 func TestClusterPlacement(t *testing.T) {
 	requireFUSE(t)
 	key := clusterKey(t)
 	a := startMember(t, "127.0.0.10", key, nil)
-	b := startMember(t, "127.0.0.11", key, nil, a.addr)
-	c := startMember(t, "127.0.0.12", key, nil, a.addr)
-	waitFor(t, 20*time.Second, "three alive members seen by B and C", func() bool { return aliveCount(t, b) == 3 && aliveCount(t, c) == 3 })
+	ms := []*member{a}
+	for _, ip := range []string{"127.0.0.11", "127.0.0.12", "127.0.0.13", "127.0.0.14"} {
+		ms = append(ms, startMember(t, ip, key, nil, a.addr))
+	}
+	b, c := ms[1], ms[2]
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, m := range ms {
+				t.Logf("log of %s:\n%s", m.addr, m.log)
+			}
+		}
+	})
+	waitFor(t, 30*time.Second, "five alive members seen by each", func() bool {
+		for _, m := range ms {
+			if aliveCount(t, m) != 5 {
+				return false
+			}
+		}
+		return true
+	})
 	src, sum := randomFile(t, 24<<20)
 	mustKylix(t, "/", "import", "--data", a.data, src, "m.bin")
-	for _, m := range []*member{b, c} {
-		waitFor(t, 30*time.Second, "the chunks B and C own pulled", func() bool {
-			_, pl := peersJSON(t, m)
-			return pl.OwnedChunks > 0 && pl.OwnedMissing == 0
-		})
+	placed := func(members int, ms []*member) func() bool {
+		return func() bool {
+			for _, m := range ms {
+				if _, err := os.Stat(filepath.Join(m.mnt, "m.bin")); err != nil {
+					return false
+				}
+				_, pl := peersJSON(t, m)
+				if pl.OwnedMissing != 0 || pl.Members != members {
+					return false
+				}
+			}
+			return true
+		}
 	}
+	waitFor(t, 30*time.Second, "the chunks B..E own pulled", placed(5, ms[1:]))
+
 	a.kill9()
 	syscall.Unmount(a.mnt, syscall.MNT_DETACH)
-	if shaOn(t, b, filepath.Join(b.mnt, "m.bin")) != sum {
-		t.Fatal("bytes read through B's mount after A was killed differ from the source")
+	waitFor(t, 60*time.Second, "A seen failed by B..E", func() bool {
+		for _, m := range ms[1:] {
+			if peersOf(t, m)["127.0.0.10"].State != "failed" {
+				return false
+			}
+		}
+		return true
+	})
+	waitFor(t, 60*time.Second, "B..E repaired: no owned chunk missing after a pass over the four left", placed(4, ms[1:]))
+
+	b.kill9()
+	syscall.Unmount(b.mnt, syscall.MNT_DETACH)
+	if shaOn(t, c, filepath.Join(c.mnt, "m.bin")) != sum {
+		t.Fatal("bytes read through C's mount after A and B were killed differ from the source")
 	}
 }
