@@ -33,8 +33,10 @@ func BenchmarkFetch(b *testing.B) {
 	key, _ := NewKey()
 	holder := benchNode(b, "holder", key, false)
 	reader := benchNode(b, "reader", key, true, holder.cfg.Listen)
-	for len(reader.livePeers()) != 1 {
-		time.Sleep(10 * time.Millisecond)
+	for deadline := time.Now().Add(20 * time.Second); len(reader.livePeers()) != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			b.Fatal("the two members did not see each other")
+		}
 	}
 	src := filepath.Join(b.TempDir(), "src")
 	require.NoError(b, os.WriteFile(src, randBytes(benchSize()), 0o644))
