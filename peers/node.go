@@ -118,10 +118,10 @@ func (s *Stats) served(n int64) { s.Served.Add(1); s.ServedBytes.Add(n) }
 // New prepares a node; nothing listens until Start.
 func New(cfg Config) (*Node, error) {
 	if cfg.Listen == "" {
-		return nil, errors.New("peers: no gossip address (--listen HOST:PORT)")
+		return nil, errors.New("cluster: no gossip address (--listen HOST:PORT)")
 	}
 	if _, _, err := net.SplitHostPort(cfg.Listen); err != nil {
-		return nil, fmt.Errorf("peers: --listen %s: %w", cfg.Listen, err)
+		return nil, fmt.Errorf("cluster: --listen %s: %w", cfg.Listen, err)
 	}
 	if cfg.Name == "" {
 		h, _ := os.Hostname()
@@ -161,7 +161,7 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 	}
 	ln, err := net.Listen("tcp", dl)
 	if err != nil {
-		return fmt.Errorf("peers: data plane listen %s: %w", dl, err)
+		return fmt.Errorf("cluster: data plane listen %s: %w", dl, err)
 	}
 	n.dataLn = ln
 	n.srv = newServer(s, ln, n.serverTLS, n.log, n.statsFor(n.self), n.cfg.CorruptServed)
@@ -193,7 +193,7 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 	ml.Keyring, err = memberlist.NewKeyring(nil, n.cfg.Key.gossipKey())
 	if err != nil {
 		n.srv.close()
-		return fmt.Errorf("peers: gossip keyring: %w", err)
+		return fmt.Errorf("cluster: gossip keyring: %w", err)
 	}
 	ml.GossipVerifyIncoming, ml.GossipVerifyOutgoing = true, true
 	conf.MemberlistConfig = ml
@@ -202,7 +202,7 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 	n.serf, err = serf.Create(conf)
 	if err != nil {
 		n.srv.close()
-		return fmt.Errorf("peers: gossip on %s: %w", n.cfg.Listen, err)
+		return fmt.Errorf("cluster: gossip on %s: %w", n.cfg.Listen, err)
 	}
 	n.started.Store(true)
 	n.wg.Add(3)
@@ -216,7 +216,7 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 	if len(n.cfg.Join) > 0 {
 		if _, err := n.serf.Join(n.cfg.Join, true); err != nil {
 			n.Close()
-			return fmt.Errorf("peers: join %s: %w (every member must use the same cluster key)", strings.Join(n.cfg.Join, ","), err)
+			return fmt.Errorf("cluster: join %s: %w (every member must use the same cluster key)", strings.Join(n.cfg.Join, ","), err)
 		}
 	}
 	n.log.Info("cluster: member", "name", n.self, "gossip", n.cfg.Listen, "data_plane", ln.Addr().String(),
@@ -229,7 +229,7 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 // namespaces merge.
 func (n *Node) Join(addrs []string) error {
 	if _, err := n.serf.Join(addrs, true); err != nil {
-		return fmt.Errorf("peers: join %s: %w (every member must use the same cluster key)", strings.Join(addrs, ","), err)
+		return fmt.Errorf("cluster: join %s: %w (every member must use the same cluster key)", strings.Join(addrs, ","), err)
 	}
 	return nil
 }
