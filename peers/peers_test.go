@@ -308,3 +308,45 @@ func TestMakeLocal(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(got, data))
 }
+
+// TestJoinMovesOneNth: a member joining a placed cluster pulls only the
+// chunks it now owns, about R/N of them (1/N of the replica bytes), and
+// no other member pulls anything.
+func TestJoinMovesOneNth(t *testing.T) {
+	key, _ := NewKey()
+	a := mustStart(t, "a", key, false)
+	b := mustStart(t, "b", key, false, a.cfg.Listen)
+	c := mustStart(t, "c", key, false, a.cfg.Listen)
+	old := []*testNode{a, b, c}
+	placedOver := func(n int, ns ...*testNode) func() bool {
+		return func() bool {
+			for _, x := range ns {
+				pl := x.Placement()
+				if pl.Members != n || pl.OwnedMissing != 0 || pl.OwnedChunks == 0 {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	eventually(t, "three alive members", func() bool { return len(a.members()) == 3 && len(b.members()) == 3 && len(c.members()) == 3 })
+	data := randBytes(48 << 20)
+	importBytes(t, a, "f", data)
+	f, _, err := a.s.OpenPath("f")
+	require.NoError(t, err)
+	eventually(t, "placed over 3", placedOver(3, old...))
+	before := map[string]int64{}
+	for _, x := range old {
+		before[x.self] = x.Placement().PulledChunks
+	}
+
+	d := mustStart(t, "d", key, false, a.cfg.Listen)
+	eventually(t, "placed over 4", placedOver(4, append(old, d)...))
+	for _, x := range old {
+		require.Equal(t, before[x.self], x.Placement().PulledChunks, "%s pulled after the join", x.self)
+	}
+	chunks := len(f.M.Chunks)
+	moved := float64(d.Placement().PulledChunks) / float64(DefaultReplicas*chunks)
+	t.Logf("%d chunks; the new member pulled %d: %.2f of the replicas (1/N = 0.25)", chunks, d.Placement().PulledChunks, moved)
+	require.InDelta(t, 0.25, moved, 0.15)
+}

@@ -162,6 +162,10 @@ func TestClusterReadElsewhere(t *testing.T) {
 	if p := peersOf(t, b)["127.0.0.2"]; p.Fetched == 0 {
 		t.Errorf("B fetched nothing from A: %+v", p)
 	}
+	if out := mustKylix(t, "/", "peers", "--data", b.data); !strings.Contains(out, "127.0.0.3 (this node): alive") ||
+		!strings.Contains(out, "127.0.0.2: alive") || !strings.Contains(out, "placement: 2 replicas") {
+		t.Errorf("kylix peers:\n%s", out)
+	}
 
 	other, _ := randomFile(t, 1000)
 	mustKylix(t, "/", "import", "--data", c.data, other, "from-c")
