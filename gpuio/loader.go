@@ -91,6 +91,10 @@ type Options struct {
 	// Reader is the storage reader (default: a pread pool with one worker
 	// per buffer; pass the store's Reader() for io_uring).
 	Reader storeio.Reader
+	// Pinned, when set, is a node's locked pack ranges: the loader
+	// registers them with its device (New) and copies bytes inside them
+	// straight from there; Close unregisters them.
+	Pinned *PinnedHost
 }
 
 // Result reports one load.
@@ -232,6 +236,9 @@ func New(st *chunkstore.Store, dev Device, opts Options) (*Loader, error) {
 			l.stage <- m
 		}
 	}
+	if opts.Pinned != nil {
+		opts.Pinned.attach(l)
+	}
 	return l, nil
 }
 
@@ -294,6 +301,9 @@ func (l *Loader) Device() Device { return l.dev }
 // Close frees the buffers and closes files. Loads must have finished.
 func (l *Loader) Close() error {
 	var errs []error
+	if l.opts.Pinned != nil {
+		errs = append(errs, l.opts.Pinned.detach(l))
+	}
 	for _, p := range l.all {
 		errs = append(errs, p.Free())
 	}

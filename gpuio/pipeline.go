@@ -214,10 +214,11 @@ const (
 	ioMapped                 // straight from the registered page cache
 	ioCuFile                 // cuFile into device staging memory
 	ioUnified                // straight into unified memory
+	ioPinned                 // straight from a node's pinned, registered pages
 	nIOKinds
 )
 
-var ioKindNames = [nIOKinds]string{"page cache", "O_DIRECT", "page cache (mapped)", "cufile", "unified"}
+var ioKindNames = [nIOKinds]string{"page cache", "O_DIRECT", "page cache (mapped)", "cufile", "unified", "page cache (pinned)"}
 
 // source is where a group's bytes are once read: host memory (a pinned
 // buffer, or the registered page cache) or device staging memory (cuFile).
@@ -228,6 +229,7 @@ type source struct {
 	onDev   bool      // bytes are in stage already (cuFile)
 	devOff  int64     // offset of the first data byte in stage
 	kind    ioKind
+	done    func() // called once the group's copies completed (pinned sources)
 }
 
 // doJob reads, verifies and places one group. It returns only when every copy
@@ -243,6 +245,9 @@ func (l *Loader) doJob(ctx context.Context, j job, buf PinnedMem, s Stream, stag
 	src, err := l.read(ctx, g, buf, stage)
 	if err != nil {
 		return 0, src.kind, err
+	}
+	if src.done != nil {
+		defer src.done() // after the waits below
 	}
 	var ts []Transfer
 	var vw VerifyWait
@@ -332,6 +337,11 @@ func (l *Loader) read(ctx context.Context, g group, buf PinnedMem, stage DeviceM
 	if l.path == PathGDS || l.path == PathGDSCompat {
 		src := source{onDev: true, devOff: g.dataOff - g.readOff, kind: ioCuFile}
 		return src, l.readGDS(g, stage)
+	}
+	if l.opts.Pinned != nil {
+		if src, ok := l.opts.Pinned.source(l, g); ok {
+			return src, nil
+		}
 	}
 	pf, err := l.pack(g.pack)
 	if err != nil {

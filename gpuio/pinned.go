@@ -1,0 +1,390 @@
+package gpuio
+
+// Pinned host memory: a node's pins (docs/design/pin.md). PinnedHost holds
+// read-only mappings of pack ranges locked in memory (mlock), and registers
+// each with the device of every loader made with Options.Pinned, so a load
+// of bytes inside a pinned range copies straight from the locked page cache
+// ("page cache (pinned)") with no CPU copy and no per-load registration.
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kylix/kylix/chunkstore/storeio"
+)
+
+// ErrMemlock reports that the kernel refused to lock a range in memory
+// (RLIMIT_MEMLOCK, or not enough memory).
+var ErrMemlock = errors.New("cannot lock the pages in memory")
+
+// PackSpan is a byte range of a pack file.
+type PackSpan struct {
+	Pack uint64
+	Path string // the pack file
+	Off  int64
+	Len  int64
+}
+
+// aligned returns the span widened to whole pages.
+func (s PackSpan) aligned() (int64, int64) {
+	a := s.Off &^ (storeio.BlockSize - 1)
+	b := storeio.AlignUp(s.Off + s.Len)
+	return a, b
+}
+
+// PinnedHost is the set of locked pack ranges of a node. Safe for concurrent
+// use.
+type PinnedHost struct {
+	mu      sync.Mutex
+	ranges  map[uint64][]*PinnedRange
+	loaders map[*Loader]struct{}
+}
+
+// PinnedRange is one locked mapping of a pack range (page aligned).
+type PinnedRange struct {
+	h    *PinnedHost
+	pack uint64
+	off  int64
+	b    []byte
+	// Under h.mu:
+	refs   int
+	users  int           // loads copying from it now
+	idle   chan struct{} // closed when users drops to 0 while closing
+	closed bool
+	regs   map[*Loader]PinnedMem
+	regErr map[*Loader]error
+}
+
+// NewPinnedHost returns an empty set.
+func NewPinnedHost() *PinnedHost {
+	return &PinnedHost{ranges: map[uint64][]*PinnedRange{}, loaders: map[*Loader]struct{}{}}
+}
+
+// Size is the number of bytes the range locks.
+func (r *PinnedRange) Size() int64 { return int64(len(r.b)) }
+
+// Lock maps span (widened to whole pages) and locks it in memory, reading
+// what is not in the page cache from disk, and registers it with the device
+// of every attached loader. Locking the same span twice shares one mapping
+// (Release once per Lock).
+func (h *PinnedHost) Lock(span PackSpan) (*PinnedRange, error) {
+	a, b := span.aligned()
+	if b <= a {
+		return nil, fmt.Errorf("pin: empty range of %s", span.Path)
+	}
+	if r := h.find(span.Pack, a, b, true); r != nil {
+		return r, nil
+	}
+	f, err := os.Open(span.Path)
+	if err != nil {
+		return nil, fmt.Errorf("pin: %w", err)
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil {
+		return nil, fmt.Errorf("pin: %w", err)
+	} else if st.Size() < span.Off+span.Len {
+		return nil, fmt.Errorf("pin: %s is %d bytes, the range ends at %d: the pack is damaged (kylix verify)", span.Path, st.Size(), span.Off+span.Len)
+	}
+	m, err := unix.Mmap(int(f.Fd()), a, int(b-a), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("pin: map %d bytes of %s: %w", b-a, span.Path, err)
+	}
+	if err := unix.Mlock(m); err != nil {
+		unix.Munmap(m)
+		return nil, fmt.Errorf("pin: locking %d bytes of %s in memory: %w: %w (%s)", b-a, span.Path, ErrMemlock, err, MemlockLimit())
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if r := h.findLocked(span.Pack, a, b, true); r != nil { // locked meanwhile
+		unix.Munmap(m)
+		return r, nil
+	}
+	r := &PinnedRange{h: h, pack: span.Pack, off: a, b: m, refs: 1, regs: map[*Loader]PinnedMem{}, regErr: map[*Loader]error{}}
+	h.ranges[span.Pack] = append(h.ranges[span.Pack], r)
+	for l := range h.loaders {
+		r.register(l)
+	}
+	return r, nil
+}
+
+// MemlockLimit describes this process's RLIMIT_MEMLOCK for error messages.
+func MemlockLimit() string {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl); err != nil {
+		return "RLIMIT_MEMLOCK unknown"
+	}
+	if rl.Cur == unix.RLIM_INFINITY {
+		return "RLIMIT_MEMLOCK is unlimited: the machine is short of memory"
+	}
+	return fmt.Sprintf("RLIMIT_MEMLOCK is %d bytes and applies unless the node runs as root (CAP_IPC_LOCK): raise it with `ulimit -l`, LimitMEMLOCK= in a systemd unit or memlock in limits.conf", rl.Cur)
+}
+
+func (h *PinnedHost) find(pack uint64, a, b int64, exact bool) *PinnedRange {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.findLocked(pack, a, b, exact)
+}
+
+// findLocked returns the range of pack that is [a, b) (exact; its count of
+// Locks is raised) or that contains [a, b).
+func (h *PinnedHost) findLocked(pack uint64, a, b int64, exact bool) *PinnedRange {
+	for _, r := range h.ranges[pack] {
+		end := r.off + int64(len(r.b))
+		if exact && r.off == a && end == b {
+			r.refs++
+			return r
+		}
+		if !exact && r.off <= a && b <= end {
+			return r
+		}
+	}
+	return nil
+}
+
+// Release undoes one Lock. The last one waits for loads copying from the
+// range, unregisters it from every device, unlocks and unmaps it.
+func (r *PinnedRange) Release() error {
+	h := r.h
+	h.mu.Lock()
+	r.refs--
+	if r.refs > 0 {
+		h.mu.Unlock()
+		return nil
+	}
+	h.ranges[r.pack] = slices.DeleteFunc(h.ranges[r.pack], func(x *PinnedRange) bool { return x == r })
+	if len(h.ranges[r.pack]) == 0 {
+		delete(h.ranges, r.pack)
+	}
+	r.closed = true
+	var idle chan struct{}
+	if r.users > 0 {
+		idle = make(chan struct{})
+		r.idle = idle
+	}
+	h.mu.Unlock()
+	if idle != nil {
+		<-idle
+	}
+	h.mu.Lock()
+	var errs []error
+	for l, p := range r.regs {
+		errs = append(errs, p.Free())
+		delete(r.regs, l)
+	}
+	h.mu.Unlock()
+	errs = append(errs, unix.Munlock(r.b), unix.Munmap(r.b))
+	return errors.Join(errs...)
+}
+
+// register registers r with l's device (under h.mu).
+func (r *PinnedRange) register(l *Loader) {
+	hr, ok := l.dev.(HostRegisterer)
+	if !ok {
+		r.regErr[l] = fmt.Errorf("%s cannot register host memory", l.dev)
+		return
+	}
+	p, err := hr.RegisterReadOnly(r.b)
+	if err != nil {
+		r.regErr[l] = err
+		return
+	}
+	r.regs[l] = p
+}
+
+// attach registers every range with l's device (New, with Options.Pinned).
+func (h *PinnedHost) attach(l *Loader) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.loaders[l] = struct{}{}
+	for _, rs := range h.ranges {
+		for _, r := range rs {
+			r.register(l)
+		}
+	}
+}
+
+// detach unregisters every range from l's device (Loader.Close; no load
+// runs then).
+func (h *PinnedHost) detach(l *Loader) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.loaders, l)
+	var errs []error
+	for _, rs := range h.ranges {
+		for _, r := range rs {
+			if p, ok := r.regs[l]; ok {
+				errs = append(errs, p.Free())
+				delete(r.regs, l)
+			}
+			delete(r.regErr, l)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// source returns the pinned, registered bytes of group g for l, marking the
+// range in use until done is called; ok is false when g is not inside one
+// range registered with l's device.
+func (h *PinnedHost) source(l *Loader, g group) (source, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r := h.findLocked(g.pack, g.dataOff, g.dataOff+g.dataLen, false)
+	if r == nil || r.closed {
+		return source{}, false
+	}
+	p, ok := r.regs[l]
+	if !ok {
+		return source{}, false
+	}
+	r.users++
+	done := func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		r.users--
+		if r.users == 0 && r.idle != nil {
+			close(r.idle)
+			r.idle = nil
+		}
+	}
+	return source{host: r.b, pinned: p, hostOff: g.dataOff - r.off, kind: ioPinned, done: done}, true
+}
+
+// Locked is the number of bytes locked: the union of the ranges of each pack.
+func (h *PinnedHost) Locked() int64 {
+	return h.Added(nil)
+}
+
+// Added is how many bytes Locked would grow by if spans were locked too.
+func (h *PinnedHost) Added(spans []PackSpan) int64 {
+	h.mu.Lock()
+	cur := map[uint64][][2]int64{}
+	for p, rs := range h.ranges {
+		for _, r := range rs {
+			cur[p] = append(cur[p], [2]int64{r.off, r.off + int64(len(r.b))})
+		}
+	}
+	h.mu.Unlock()
+	before := unionLen(cur)
+	if spans == nil {
+		return before
+	}
+	for _, s := range spans {
+		a, b := s.aligned()
+		cur[s.Pack] = append(cur[s.Pack], [2]int64{a, b})
+	}
+	return unionLen(cur) - before
+}
+
+func unionLen(m map[uint64][][2]int64) int64 {
+	var n int64
+	for _, iv := range m {
+		slices.SortFunc(iv, func(x, y [2]int64) int {
+			if x[0] != y[0] {
+				if x[0] < y[0] {
+					return -1
+				}
+				return 1
+			}
+			return 0
+		})
+		end := int64(-1)
+		for _, x := range iv {
+			switch {
+			case x[0] >= end:
+				n += x[1] - x[0]
+				end = x[1]
+			case x[1] > end:
+				n += x[1] - end
+				end = x[1]
+			}
+		}
+	}
+	return n
+}
+
+// PinRegistration says how much of the pinned memory one loader's device
+// has registered.
+type PinRegistration struct {
+	Device     string `json:"device"`
+	Bytes      int64  `json:"registered_bytes"`
+	Ranges     int    `json:"registered_ranges"`
+	Failed     int    `json:"failed_ranges"`
+	FailedWhy  string `json:"failed_why,omitempty"`
+	TotalBytes int64  `json:"pinned_bytes"`
+}
+
+// Registrations reports, per attached loader, what is registered.
+func (h *PinnedHost) Registrations() []PinRegistration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []PinRegistration
+	for l := range h.loaders {
+		pr := PinRegistration{Device: l.dev.String()}
+		for _, rs := range h.ranges {
+			for _, r := range rs {
+				pr.TotalBytes += int64(len(r.b))
+				if _, ok := r.regs[l]; ok {
+					pr.Bytes += int64(len(r.b))
+					pr.Ranges++
+				} else if err := r.regErr[l]; err != nil {
+					pr.Failed++
+					pr.FailedWhy = err.Error()
+				}
+			}
+		}
+		out = append(out, pr)
+	}
+	slices.SortFunc(out, func(a, b PinRegistration) int {
+		if a.Device < b.Device {
+			return -1
+		}
+		return 1
+	})
+	return out
+}
+
+// ResidentBytes reports how many bytes of [off, off+n) of the file at path
+// are in the page cache (mincore over a temporary mapping).
+func ResidentBytes(path string, off, n int64) (int64, error) {
+	if n <= 0 {
+		return 0, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	end := min(off+n, st.Size())
+	if end <= off {
+		return 0, nil
+	}
+	a, b := off&^(storeio.BlockSize-1), storeio.AlignUp(end)
+	m, err := unix.Mmap(int(f.Fd()), a, int(b-a), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Munmap(m)
+	vec := make([]byte, (b-a)/storeio.BlockSize)
+	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+		return 0, errno
+	}
+	var in int64
+	for i, v := range vec {
+		if v&1 == 0 {
+			continue
+		}
+		p0 := a + int64(i)*storeio.BlockSize
+		in += min(p0+storeio.BlockSize, end) - max(p0, off)
+	}
+	return in, nil
+}
