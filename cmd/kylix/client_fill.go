@@ -110,7 +110,7 @@ func (fs *fillService) acquire(ord int) (*fillDev, error) {
 		return nil, fmt.Errorf("cuda:%d: %v: %w", ord, err, syscall.ENODEV)
 	}
 	free0, _, _ := dev.MemInfo()
-	l, err := gpuio.New(fs.s, dev, gpuio.Options{})
+	l, err := gpuio.New(fs.s, dev, gpuio.Options{Pinned: runningNode.pins.hostOrNil()}) // pinned packs registered (pin.go)
 	if err != nil {
 		dev.Close()
 		return nil, fmt.Errorf("cuda:%d: %w", ord, err)

@@ -48,10 +48,11 @@ var runningNode struct {
 	mount  string
 	start  time.Time
 	client *clientServer
+	pins   *nodePins
 }
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--client-socket PATH|none] [--gpu-idle D] [--reserve SIZE|PERCENT] [--no-passthrough] [--scrub-rate BYTES] [--debug] [--stop-timeout D]", `
+	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--client-socket PATH|none] [--gpu-idle D] [--reserve SIZE|PERCENT] [--no-passthrough] [--scrub-rate BYTES] [--pin-budget SIZE|PERCENT] [--debug] [--stop-timeout D]", `
 Runs a node: opens the store, mounts its namespace at the mount point, and
 serves the admin socket DATA/kylix.sock. While the node runs, the other
 commands (import, export, ls, stat, df, verify, gc, rm) given the same data
@@ -78,6 +79,10 @@ fds of the file's verified whole-file pack, or reads the file into the
 process's GPU memory (CUDA IPC); the GPU context is given back after
 --gpu-idle without such a fill (docs/design/client.md).
 
+Paths pinned with kylix pin stay locked in memory, within --pin-budget
+(default 50% of physical memory), registered with the node's GPU loaders, and
+are pinned again when the node restarts (docs/design/pin.md).
+
 Default mount point: `+strings.ReplaceAll(defaultMountDoc, "\n", " ")+`.
 Stop the node with Ctrl-C or SIGTERM: it commits open writes and unmounts.
 If that takes longer than --stop-timeout (a commit or a request that does not
@@ -96,6 +101,7 @@ inside the mount point.`)
 	gpuIdle := f.Duration("gpu-idle", defaultGPUIdle, "give a GPU's CUDA context back after this long without a client's GPU fill")
 	reserveFlag := f.String("reserve", fmt.Sprintf("%d%%", kfs.DefaultReservePercent),
 		"free space kept from writers through the mount whose uid is not 0: a size (2GiB) or a share of the data file system (5%)")
+	pinBudget := pinBudgetFlag(f)
 	if err := f.parse(args, 0, 0); err != nil {
 		return err
 	}
@@ -133,6 +139,10 @@ inside the mount point.`)
 	stopped := make(chan struct{})
 	defer close(stopped)
 	defer s.Close()
+	if runningNode.pins, err = startPins(s, *pinBudget, log); err != nil {
+		return err
+	}
+	defer runningNode.pins.close()
 	sockPath := *clientSock
 	switch sockPath {
 	case "":
@@ -232,6 +242,8 @@ type nodeOut struct {
 	PackChecks chunkstore.PackVerifyStats `json:"pack_checks"`
 	// Clients is the client socket's activity (nil without one).
 	Clients *clientStats `json:"clients,omitempty"`
+	// Pins is the node's pins (docs/design/pin.md).
+	Pins *pinsStatus `json:"pins,omitempty"`
 }
 
 func runNode(ctx context.Context, e *env, args []string) error {
@@ -262,6 +274,7 @@ passthrough and by the node. Fails when no node runs.`).withJSON()
 	if runningNode.client != nil {
 		out.Clients = runningNode.client.stats()
 	}
+	out.Pins = runningNode.pins.status()
 	if f.jsonOut {
 		return f.printJSON(out)
 	}
@@ -283,6 +296,7 @@ passthrough and by the node. Fails when no node runs.`).withJSON()
 				g.Device, g.Path, human(g.LoaderBytes), human(g.DeviceFree), human(g.DeviceTotal), g.Fills, g.Active)
 		}
 	}
+	printPins(e.stdout, out.Pins)
 	return nil
 }
 
