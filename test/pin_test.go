@@ -326,3 +326,33 @@ func TestPinnedFillStubGPU(t *testing.T) {
 	mustKylix(t, data, "unpin", "--data", data, "m/a")
 	require.NotContains(t, fill("a", a).IO, "pinned")
 }
+
+// TestPinMemlockLimit: a node without CAP_IPC_LOCK under a small
+// RLIMIT_MEMLOCK refuses a pin past the limit with a message that names the
+// limit and how to raise it, and unlocks what it had locked of the pin.
+func TestPinMemlockLimit(t *testing.T) {
+	requireFUSE(t)
+	for _, tool := range []string{"prlimit", "setpriv"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s", tool)
+		}
+	}
+	data, mnt := dirs(t)
+	importFiles(t, data, map[string][]byte{"a": randomBytes(2<<20, 11), "b": randomBytes(9<<20, 12)})
+	// The node runs under a wrapper: 4 MiB RLIMIT_MEMLOCK, no CAP_IPC_LOCK.
+	wrap := filepath.Join(t.TempDir(), "kylix-memlock")
+	require.NoError(t, os.WriteFile(wrap, []byte("#!/bin/sh\nexec prlimit --memlock=4194304:4194304 setpriv --bounding-set=-ipc_lock --inh-caps=-ipc_lock "+kylixBin+" \"$@\"\n"), 0o755))
+	real := kylixBin
+	kylixBin = wrap
+	n := launchNode(t, data, mnt, nil, nil, "--client-socket", "none")
+	kylixBin = real
+	_, errs, code := kylix(t, data, "pin", "--data", data, "m")
+	require.NotZero(t, code)
+	for _, want := range []string{"pin m:", "cannot lock the pages in memory", "RLIMIT_MEMLOCK is 4194304 bytes", "ulimit -l"} {
+		require.Contains(t, errs, want)
+	}
+	require.Zero(t, vmLocked(t, n), "nothing of the refused pin stays locked")
+	require.Empty(t, nodePins(t, data).Pins.Pins)
+	mustKylix(t, data, "pin", "--data", data, "m/a") // within the limit
+	require.True(t, statPin(t, data, "m/a").Pinned)
+}
