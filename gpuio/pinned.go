@@ -2,9 +2,15 @@ package gpuio
 
 // Pinned host memory: a node's pins (docs/design/pin.md). PinnedHost holds
 // read-only mappings of pack ranges locked in memory (mlock), and registers
-// each with the device of every loader made with Options.Pinned, so a load
+// each once with the device of a loader made with Options.Pinned, so a load
 // of bytes inside a pinned range copies straight from the locked page cache
 // ("page cache (pinned)") with no CPU copy and no per-load registration.
+//
+// One registration serves every loader: the CUDA registration is portable
+// (CU_MEMHOSTREGISTER_PORTABLE: pinned for every context), and registering
+// the same pages again would fail with "already registered". When the
+// loader whose device registered a range closes (its context goes), the
+// range is registered again with another attached loader's device, if any.
 
 import (
 	"errors"
@@ -42,6 +48,7 @@ func (s PackSpan) aligned() (int64, int64) {
 // use.
 type PinnedHost struct {
 	mu      sync.Mutex
+	idle    *sync.Cond // on mu: a range's users dropped to 0
 	ranges  map[uint64][]*PinnedRange
 	loaders map[*Loader]struct{}
 }
@@ -54,16 +61,18 @@ type PinnedRange struct {
 	b    []byte
 	// Under h.mu:
 	refs   int
-	users  int           // loads copying from it now
-	idle   chan struct{} // closed when users drops to 0 while closing
-	closed bool
-	regs   map[*Loader]PinnedMem
+	users  int  // loads copying from it now
+	closed bool // being released: no new users
+	reg    PinnedMem // the registration, nil if none
+	regBy  *Loader   // whose device made reg
 	regErr map[*Loader]error
 }
 
 // NewPinnedHost returns an empty set.
 func NewPinnedHost() *PinnedHost {
-	return &PinnedHost{ranges: map[uint64][]*PinnedRange{}, loaders: map[*Loader]struct{}{}}
+	h := &PinnedHost{ranges: map[uint64][]*PinnedRange{}, loaders: map[*Loader]struct{}{}}
+	h.idle = sync.NewCond(&h.mu)
+	return h
 }
 
 // Size is the number of bytes the range locks.
@@ -105,10 +114,12 @@ func (h *PinnedHost) Lock(span PackSpan) (*PinnedRange, error) {
 		unix.Munmap(m)
 		return r, nil
 	}
-	r := &PinnedRange{h: h, pack: span.Pack, off: a, b: m, refs: 1, regs: map[*Loader]PinnedMem{}, regErr: map[*Loader]error{}}
+	r := &PinnedRange{h: h, pack: span.Pack, off: a, b: m, refs: 1, regErr: map[*Loader]error{}}
 	h.ranges[span.Pack] = append(h.ranges[span.Pack], r)
 	for l := range h.loaders {
-		r.register(l)
+		if r.register(l) {
+			break
+		}
 	}
 	return r, nil
 }
@@ -135,6 +146,9 @@ func (h *PinnedHost) find(pack uint64, a, b int64, exact bool) *PinnedRange {
 // Locks is raised) or that contains [a, b).
 func (h *PinnedHost) findLocked(pack uint64, a, b int64, exact bool) *PinnedRange {
 	for _, r := range h.ranges[pack] {
+		if r.closed {
+			continue
+		}
 		end := r.off + int64(len(r.b))
 		if exact && r.off == a && end == b {
 			r.refs++
@@ -148,7 +162,7 @@ func (h *PinnedHost) findLocked(pack uint64, a, b int64, exact bool) *PinnedRang
 }
 
 // Release undoes one Lock. The last one waits for loads copying from the
-// range, unregisters it from every device, unlocks and unmaps it.
+// range, unregisters it, unlocks and unmaps it.
 func (r *PinnedRange) Release() error {
 	h := r.h
 	h.mu.Lock()
@@ -157,44 +171,43 @@ func (r *PinnedRange) Release() error {
 		h.mu.Unlock()
 		return nil
 	}
+	r.closed = true
+	for r.users > 0 {
+		h.idle.Wait()
+	}
+	var errs []error
+	if r.reg != nil {
+		errs = append(errs, r.reg.Free())
+		r.reg, r.regBy = nil, nil
+	}
 	h.ranges[r.pack] = slices.DeleteFunc(h.ranges[r.pack], func(x *PinnedRange) bool { return x == r })
 	if len(h.ranges[r.pack]) == 0 {
 		delete(h.ranges, r.pack)
-	}
-	r.closed = true
-	var idle chan struct{}
-	if r.users > 0 {
-		idle = make(chan struct{})
-		r.idle = idle
-	}
-	h.mu.Unlock()
-	if idle != nil {
-		<-idle
-	}
-	h.mu.Lock()
-	var errs []error
-	for l, p := range r.regs {
-		errs = append(errs, p.Free())
-		delete(r.regs, l)
 	}
 	h.mu.Unlock()
 	errs = append(errs, unix.Munlock(r.b), unix.Munmap(r.b))
 	return errors.Join(errs...)
 }
 
-// register registers r with l's device (under h.mu).
-func (r *PinnedRange) register(l *Loader) {
+// register registers r with l's device unless it is registered already
+// (under h.mu); it reports whether r is registered.
+func (r *PinnedRange) register(l *Loader) bool {
+	if r.reg != nil {
+		return true
+	}
 	hr, ok := l.dev.(HostRegisterer)
 	if !ok {
 		r.regErr[l] = fmt.Errorf("%s cannot register host memory", l.dev)
-		return
+		return false
 	}
 	p, err := hr.RegisterReadOnly(r.b)
 	if err != nil {
 		r.regErr[l] = err
-		return
+		return false
 	}
-	r.regs[l] = p
+	r.reg, r.regBy = p, l
+	delete(r.regErr, l)
+	return true
 }
 
 // attach registers every range with l's device (New, with Options.Pinned).
@@ -209,20 +222,37 @@ func (h *PinnedHost) attach(l *Loader) {
 	}
 }
 
-// detach unregisters every range from l's device (Loader.Close; no load
-// runs then).
+// detach unregisters the ranges l's device registered (Loader.Close; no
+// load of l runs then) and registers them with another attached loader's
+// device, if any. Loads of other loaders copying from such a range now
+// are waited for first.
 func (h *PinnedHost) detach(l *Loader) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	delete(h.loaders, l)
-	var errs []error
+	var mine []*PinnedRange
 	for _, rs := range h.ranges {
 		for _, r := range rs {
-			if p, ok := r.regs[l]; ok {
-				errs = append(errs, p.Free())
-				delete(r.regs, l)
-			}
 			delete(r.regErr, l)
+			if r.regBy == l {
+				mine = append(mine, r)
+			}
+		}
+	}
+	var errs []error
+	for _, r := range mine {
+		for r.users > 0 { // loads of other loaders
+			h.idle.Wait()
+		}
+		if r.regBy != l { // released meanwhile
+			continue
+		}
+		errs = append(errs, r.reg.Free())
+		r.reg, r.regBy = nil, nil
+		for other := range h.loaders {
+			if r.closed || r.register(other) {
+				break
+			}
 		}
 	}
 	return errors.Join(errs...)
@@ -235,21 +265,17 @@ func (h *PinnedHost) source(l *Loader, g group) (source, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	r := h.findLocked(g.pack, g.dataOff, g.dataOff+g.dataLen, false)
-	if r == nil || r.closed {
+	if r == nil || r.closed || r.reg == nil {
 		return source{}, false
 	}
-	p, ok := r.regs[l]
-	if !ok {
-		return source{}, false
-	}
+	p := r.reg
 	r.users++
 	done := func() {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		r.users--
-		if r.users == 0 && r.idle != nil {
-			close(r.idle)
-			r.idle = nil
+		if r.users == 0 {
+			h.idle.Broadcast()
 		}
 	}
 	return source{host: r.b, pinned: p, hostOff: g.dataOff - r.off, kind: ioPinned, done: done}, true
@@ -309,7 +335,7 @@ func unionLen(m map[uint64][][2]int64) int64 {
 }
 
 // PinRegistration says how much of the pinned memory one loader's device
-// has registered.
+// can copy from directly (registered by it, or portably by another).
 type PinRegistration struct {
 	Device     string `json:"device"`
 	Bytes      int64  `json:"registered_bytes"`
@@ -329,7 +355,7 @@ func (h *PinnedHost) Registrations() []PinRegistration {
 		for _, rs := range h.ranges {
 			for _, r := range rs {
 				pr.TotalBytes += int64(len(r.b))
-				if _, ok := r.regs[l]; ok {
+				if r.reg != nil {
 					pr.Bytes += int64(len(r.b))
 					pr.Ranges++
 				} else if err := r.regErr[l]; err != nil {

@@ -134,3 +134,49 @@ func TestPinnedLockErrors(t *testing.T) {
 	require.ErrorContains(t, err, "damaged")
 	require.True(t, strings.Contains(err.Error(), s.Path))
 }
+
+// TestPinnedSharedByLoaders: two loaders (two devices) share one
+// registration of each range; when the loader that registered it closes,
+// the range is registered again with the other's device, whose loads stay
+// on the pinned path; nothing leaks on either device.
+func TestPinnedSharedByLoaders(t *testing.T) {
+	fx := newFixture(t)
+	h := NewPinnedHost()
+	var locked []*PinnedRange
+	for _, s := range spansOf(t, fx, "opaque.bin") {
+		r, err := h.Lock(s)
+		require.NoError(t, err)
+		locked = append(locked, r)
+	}
+	d0, d1 := &HostDevice{}, &HostDevice{}
+	l0, err := New(fx.st, d0, Options{Pinned: h})
+	require.NoError(t, err)
+	l1, err := New(fx.st, d1, Options{Pinned: h})
+	require.NoError(t, err)
+	base1 := d1.Live()
+	want := fx.files["opaque.bin"]
+	load := func(l *Loader, dev *HostDevice) string {
+		mem, _ := dev.Alloc(int64(len(want)))
+		defer mem.Free()
+		res, err := l.ReadRange(context.Background(), fx.open(t, "opaque.bin"), 0, int64(len(want)), mem, 0)
+		require.NoError(t, err)
+		got := make([]byte, len(want))
+		mem.CopyToHost(got, 0)
+		require.True(t, bytes.Equal(got, want))
+		return res.IO
+	}
+	require.Equal(t, "page cache (pinned)", load(l0, d0))
+	require.Equal(t, "page cache (pinned)", load(l1, d1))
+	for _, r := range h.Registrations() {
+		require.Equal(t, h.Locked(), r.Bytes, r.Device)
+	}
+	require.NoError(t, l0.Close())
+	require.Zero(t, d0.Live())
+	require.Greater(t, d1.Live(), base1, "registered again with the remaining device")
+	require.Equal(t, "page cache (pinned)", load(l1, d1))
+	for _, r := range locked {
+		require.NoError(t, r.Release())
+	}
+	require.NoError(t, l1.Close())
+	require.Zero(t, d1.Live())
+}

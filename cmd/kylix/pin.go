@@ -54,6 +54,9 @@ type nodePins struct {
 	log    *slog.Logger
 	host   *gpuio.PinnedHost
 	budget int64
+	// ctx ends the start-up re-pins when the node stops.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	op sync.Mutex // one pin or unpin at a time (and the start-up re-pins)
 
@@ -124,6 +127,7 @@ func startPins(s *chunkstore.Store, budget string, log *slog.Logger) (*nodePins,
 		return nil, fmt.Errorf("serve: --%w", err)
 	}
 	np := &nodePins{s: s, log: log, host: gpuio.NewPinnedHost(), budget: b, pins: map[string]*pinHeld{}}
+	np.ctx, np.cancel = context.WithCancel(context.Background())
 	os.Remove(filepath.Join(s.Dir(), pinRecordName+".tmp")) // left by a node killed while writing
 	rec, err := readPinRecord(s.Dir())
 	if err != nil {
@@ -139,7 +143,7 @@ func startPins(s *chunkstore.Store, budget string, log *slog.Logger) (*nodePins,
 	go func() {
 		defer np.op.Unlock()
 		for _, r := range rec.Pins {
-			p, err := np.lockPath(context.Background(), r.Path)
+			p, err := np.lockPath(np.ctx, r.Path)
 			np.mu.Lock()
 			if err != nil {
 				np.pins[r.Path].state = "not held: " + err.Error()
@@ -165,6 +169,7 @@ func (np *nodePins) hostOrNil() *gpuio.PinnedHost {
 
 // close releases every pin (node stop; the record stays).
 func (np *nodePins) close() {
+	np.cancel()
 	np.op.Lock()
 	defer np.op.Unlock()
 	np.mu.Lock()
