@@ -355,4 +355,6 @@ func TestPinMemlockLimit(t *testing.T) {
 	require.Empty(t, nodePins(t, data).Pins.Pins)
 	mustKylix(t, data, "pin", "--data", data, "m/a") // within the limit
 	require.True(t, statPin(t, data, "m/a").Pinned)
+	// kylix doctor, run the way the node runs, says so too.
+	require.Regexp(t, `no +pins +RLIMIT_MEMLOCK is 4.0 MiB and there is no CAP_IPC_LOCK`, run(t, data, wrap, "doctor", "--data", t.TempDir()))
 }
