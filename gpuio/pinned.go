@@ -17,6 +17,8 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -61,8 +63,8 @@ type PinnedRange struct {
 	b    []byte
 	// Under h.mu:
 	refs   int
-	users  int  // loads copying from it now
-	closed bool // being released: no new users
+	users  int       // loads copying from it now
+	closed bool      // being released: no new users
 	reg    PinnedMem // the registration, nil if none
 	regBy  *Loader   // whose device made reg
 	regErr map[*Loader]error
@@ -85,28 +87,28 @@ func (r *PinnedRange) Size() int64 { return int64(len(r.b)) }
 func (h *PinnedHost) Lock(span PackSpan) (*PinnedRange, error) {
 	a, b := span.aligned()
 	if b <= a {
-		return nil, fmt.Errorf("pin: empty range of %s", span.Path)
+		return nil, fmt.Errorf("empty range of %s", span.Path)
 	}
 	if r := h.find(span.Pack, a, b, true); r != nil {
 		return r, nil
 	}
 	f, err := os.Open(span.Path)
 	if err != nil {
-		return nil, fmt.Errorf("pin: %w", err)
+		return nil, err
 	}
 	defer f.Close()
 	if st, err := f.Stat(); err != nil {
-		return nil, fmt.Errorf("pin: %w", err)
+		return nil, err
 	} else if st.Size() < span.Off+span.Len {
-		return nil, fmt.Errorf("pin: %s is %d bytes, the range ends at %d: the pack is damaged (kylix verify)", span.Path, st.Size(), span.Off+span.Len)
+		return nil, fmt.Errorf("%s is %d bytes, the range ends at %d: the pack is damaged (kylix verify)", span.Path, st.Size(), span.Off+span.Len)
 	}
 	m, err := unix.Mmap(int(f.Fd()), a, int(b-a), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
-		return nil, fmt.Errorf("pin: map %d bytes of %s: %w", b-a, span.Path, err)
+		return nil, fmt.Errorf("mapping %d bytes of %s: %w", b-a, span.Path, err)
 	}
 	if err := unix.Mlock(m); err != nil {
 		unix.Munmap(m)
-		return nil, fmt.Errorf("pin: locking %d bytes of %s in memory: %w: %w (%s)", b-a, span.Path, ErrMemlock, err, MemlockLimit())
+		return nil, fmt.Errorf("locking %d bytes of %s in memory: %w: %w (%s)", b-a, span.Path, ErrMemlock, err, MemlockLimit())
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -130,10 +132,26 @@ func MemlockLimit() string {
 	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl); err != nil {
 		return "RLIMIT_MEMLOCK unknown"
 	}
-	if rl.Cur == unix.RLIM_INFINITY {
-		return "RLIMIT_MEMLOCK is unlimited: the machine is short of memory"
+	if rl.Cur == unix.RLIM_INFINITY || HasCapIPCLock() {
+		return "locking is not limited for this process (CAP_IPC_LOCK or RLIMIT_MEMLOCK unlimited): the machine is short of memory"
 	}
-	return fmt.Sprintf("RLIMIT_MEMLOCK is %d bytes and applies unless the node runs as root (CAP_IPC_LOCK): raise it with `ulimit -l`, LimitMEMLOCK= in a systemd unit or memlock in limits.conf", rl.Cur)
+	return fmt.Sprintf("RLIMIT_MEMLOCK is %d bytes and this process has no CAP_IPC_LOCK (root has it): raise the limit with `ulimit -l`, LimitMEMLOCK= in a systemd unit or memlock in limits.conf", rl.Cur)
+}
+
+// HasCapIPCLock reports whether this process has CAP_IPC_LOCK in its
+// effective set (/proc/self/status CapEff), which lifts RLIMIT_MEMLOCK.
+func HasCapIPCLock() bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && caps&(1<<unix.CAP_IPC_LOCK) != 0
+		}
+	}
+	return false
 }
 
 func (h *PinnedHost) find(pack uint64, a, b int64, exact bool) *PinnedRange {

@@ -348,6 +348,7 @@ func TestPinMemlockLimit(t *testing.T) {
 	kylixBin = real
 	_, errs, code := kylix(t, data, "pin", "--data", data, "m")
 	require.NotZero(t, code)
+	t.Logf("refused: %s", errs)
 	for _, want := range []string{"pin m:", "cannot lock the pages in memory", "RLIMIT_MEMLOCK is 4194304 bytes", "ulimit -l"} {
 		require.Contains(t, errs, want)
 	}

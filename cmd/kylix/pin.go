@@ -621,24 +621,8 @@ func pinDoctor() (string, bool, string) {
 	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl); err != nil {
 		return "pins", false, fmt.Sprintf("RLIMIT_MEMLOCK unknown: %v", err)
 	}
-	if hasCapIPCLock() || rl.Cur == unix.RLIM_INFINITY {
+	if gpuio.HasCapIPCLock() || rl.Cur == unix.RLIM_INFINITY {
 		return "pins", true, fmt.Sprintf("memory locking is not limited (CAP_IPC_LOCK or RLIMIT_MEMLOCK unlimited): kylix pin can lock up to the node's --pin-budget (default %s of memory)", defaultPinBudget)
 	}
 	return "pins", false, fmt.Sprintf("RLIMIT_MEMLOCK is %s and there is no CAP_IPC_LOCK: a node run like this can pin at most that much; raise it (ulimit -l, LimitMEMLOCK=) or run the node as root", human(int64(rl.Cur)))
-}
-
-// hasCapIPCLock reports whether this process has CAP_IPC_LOCK in its
-// effective set (/proc/self/status CapEff).
-func hasCapIPCLock() bool {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
-			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-			return err == nil && caps&(1<<unix.CAP_IPC_LOCK) != 0
-		}
-	}
-	return false
 }
