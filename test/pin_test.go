@@ -2,6 +2,7 @@ package test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -237,6 +238,16 @@ func TestPinSurvivesRestartAndKill(t *testing.T) {
 	require.Contains(t, mustKylix(t, data, "unpin", "--data", data, "m/a"), "removed the pin of m/a")
 	b, _ = os.ReadFile(filepath.Join(data, "pins.json"))
 	require.NotContains(t, string(b), "m/a")
+
+	// A damaged record: the node does not start, and says what to do.
+	require.NoError(t, os.WriteFile(filepath.Join(data, "pins.json"), []byte("{garbage"), 0o600))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	outb, err := exec.CommandContext(ctx, kylixBin, "serve", "--data", data, "--mount", mnt, "--client-socket", "none").CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(outb), "pins.json: not a version 1 record")
+	require.Contains(t, string(outb), "fix or remove it")
+	require.False(t, isMounted(mnt))
 }
 
 // TestWarm: warm reads a path's chunks verified into the page cache, with

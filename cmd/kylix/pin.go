@@ -411,7 +411,7 @@ func pinInfo(s *chunkstore.Store, path string, ent chunkstore.Entry) (bool, stri
 		case ent.Kind == chunkstore.KindDir && under:
 			return true, "pin " + shownPath(n)
 		case under:
-			stale = fmt.Sprintf("pin %s holds an older version of this file: kylix pin %s again", shownPath(n), shownPath(n))
+			stale = fmt.Sprintf("pin %s was made before this version of the file: kylix pin %s again", shownPath(n), shownPath(n))
 		}
 	}
 	return false, stale

@@ -1,0 +1,51 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestParsePinBudget(t *testing.T) {
+	for in, want := range map[string]int64{"0": 0, "64MiB": 64 << 20, "2GiB": 2 << 30, "1g": 1 << 30} {
+		got, err := parsePinBudget(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+	half, err := parsePinBudget("50%")
+	require.NoError(t, err)
+	all, err := parsePinBudget("100%")
+	require.NoError(t, err)
+	require.Greater(t, half, int64(0))
+	require.InDelta(t, float64(all)/2, float64(half), 1)
+	for _, bad := range []string{"", "abc", "150%", "-1%", "-5MiB"} {
+		_, err := parsePinBudget(bad)
+		require.Error(t, err, bad)
+		require.Contains(t, err.Error(), "pin-budget")
+	}
+}
+
+func TestPinRecord(t *testing.T) {
+	dir := t.TempDir()
+	rec, err := readPinRecord(dir)
+	require.NoError(t, err)
+	require.Empty(t, rec.Pins, "no record: no pins")
+	want := pinRecord{Version: 1, Pins: []pinRecordEntry{{Path: "models/a", Added: time.Unix(1700000000, 0).UTC()}}}
+	require.NoError(t, writePinRecord(dir, want))
+	got, err := readPinRecord(dir)
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+	fi, err := os.Stat(filepath.Join(dir, pinRecordName))
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	_, err = os.Stat(filepath.Join(dir, pinRecordName+".tmp"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+	for _, bad := range []string{"{", `{"version": 2, "pins": []}`} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, pinRecordName), []byte(bad), 0o600))
+		_, err = readPinRecord(dir)
+		require.ErrorContains(t, err, "not a version 1 record")
+	}
+}
