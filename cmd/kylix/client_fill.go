@@ -246,9 +246,13 @@ func errnoOr(err error, def syscall.Errno) error {
 	return fmt.Errorf("%w: %w", err, def)
 }
 
-// fillSlices cuts the ranges into slices of at most fillSlice bytes and
-// runs each under one of the device's fair slots, all slices of the
-// request at once (the slots bound them).
+// fillSlices cuts the ranges into batches of about fillSlice bytes (a
+// large range is split; small ranges, like a tensor-parallel share's one
+// per tensor, are packed together) and runs each batch as one pipeline
+// run (gpuio.ReadRanges) under one of the device's fair slots, all batches
+// of the request at once (the slots bound them). Packing matters: with one
+// run per small range, only as many of the loader's buffers were busy as
+// there were slots (docs/bench.md, issue 11).
 func (c *clientServer) fillSlices(d *fillDev, sf *chunkstore.File, dst gpuio.DeviceMem, ranges []clientproto.Range, client uint64) (gpuio.Result, error) {
 	ctx, cancel := context.WithCancel(c.ctx)
 	defer cancel()
@@ -259,41 +263,62 @@ func (c *clientServer) fillSlices(d *fillDev, sf *chunkstore.File, dst gpuio.Dev
 		wg    sync.WaitGroup
 	)
 	total.Verified = true
-	for _, r := range ranges {
-		for o := uint64(0); o < r.Length; o += fillSlice {
-			n := min(uint64(fillSlice), r.Length-o)
-			off, dstOff := int64(r.FileOffset+o), int64(r.DstOffset+o)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				d.sched.acquire(client)
-				defer d.sched.release()
-				if ctx.Err() != nil {
-					return
+	for _, batch := range fillBatches(ranges, fillSlice) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d.sched.acquire(client)
+			defer d.sched.release()
+			if ctx.Err() != nil {
+				return
+			}
+			res, err := d.loader.ReadRanges(ctx, sf, batch, dst)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				if first == nil {
+					first = err
+					cancel()
 				}
-				res, err := d.loader.ReadRange(ctx, sf, off, int64(n), dst, dstOff)
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil {
-					if first == nil {
-						first = err
-						cancel()
-					}
-					return
-				}
-				total.Bytes += res.Bytes
-				total.Path, total.VerifyOn = res.Path, res.VerifyOn
-				total.Verified = total.Verified && res.Verified
-				if total.IO == "" {
-					total.IO = res.IO
-				} else if res.IO != total.IO && res.IO != "" {
-					total.IO = mergeIO(total.IO, res.IO)
-				}
-			}()
-		}
+				return
+			}
+			total.Bytes += res.Bytes
+			total.Path, total.VerifyOn = res.Path, res.VerifyOn
+			total.Verified = total.Verified && res.Verified
+			if total.IO == "" {
+				total.IO = res.IO
+			} else if res.IO != total.IO && res.IO != "" {
+				total.IO = mergeIO(total.IO, res.IO)
+			}
+		}()
 	}
 	wg.Wait()
 	return total, first
+}
+
+// fillBatches splits ranges into batches of at most max bytes each: ranges
+// longer than max are cut, shorter ones packed in order.
+func fillBatches(ranges []clientproto.Range, max uint64) [][]gpuio.Range {
+	var (
+		out   [][]gpuio.Range
+		cur   []gpuio.Range
+		bytes uint64
+	)
+	for _, r := range ranges {
+		for o := uint64(0); o < r.Length; {
+			n := min(max-bytes, r.Length-o)
+			cur = append(cur, gpuio.Range{Off: int64(r.FileOffset + o), N: int64(n), DstOff: int64(r.DstOffset + o)})
+			bytes += n
+			o += n
+			if bytes == max {
+				out, cur, bytes = append(out, cur), nil, 0
+			}
+		}
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out
 }
 
 func mergeIO(a, b string) string {

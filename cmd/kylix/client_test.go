@@ -4,6 +4,9 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+
+	"github.com/kylix/kylix/clientproto"
+	"github.com/kylix/kylix/gpuio"
 )
 
 // TestFairSchedRoundRobin: with one slot, a client that queued many slices
@@ -75,5 +78,56 @@ func TestMergeIO(t *testing.T) {
 		if got := mergeIO(c[0], c[1]); got != c[2] {
 			t.Errorf("mergeIO(%q, %q) = %q, want %q", c[0], c[1], got, c[2])
 		}
+	}
+}
+
+// TestFillBatches: a FILL's ranges become batches of at most max bytes,
+// small ranges packed together and large ones cut, every byte once, in order.
+func TestFillBatches(t *testing.T) {
+	ranges := []clientproto.Range{
+		{FileOffset: 0, Length: 10, DstOffset: 1000},
+		{FileOffset: 10, Length: 3, DstOffset: 1016},
+		{FileOffset: 100, Length: 25, DstOffset: 0},
+		{FileOffset: 5, Length: 0, DstOffset: 7},
+		{FileOffset: 200, Length: 4, DstOffset: 500},
+	}
+	bs := fillBatches(ranges, 8)
+	var flat []gpuio.Range
+	for i, b := range bs {
+		var n int64
+		for _, r := range b {
+			n += r.N
+			flat = append(flat, r)
+		}
+		if n > 8 || (i < len(bs)-1 && n != 8) {
+			t.Fatalf("batch %d holds %d bytes: %+v", i, n, b)
+		}
+	}
+	// Every byte of every range maps to the same destination as before.
+	want := map[int64]int64{}
+	for _, r := range ranges {
+		for k := uint64(0); k < r.Length; k++ {
+			want[int64(r.FileOffset+k)] = int64(r.DstOffset + k)
+		}
+	}
+	got := map[int64]int64{}
+	for _, r := range flat {
+		for k := int64(0); k < r.N; k++ {
+			if _, dup := got[r.Off+k]; dup {
+				t.Fatalf("file byte %d placed twice", r.Off+k)
+			}
+			got[r.Off+k] = r.DstOff + k
+		}
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d bytes placed, want %d", len(got), len(want))
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Fatalf("file byte %d goes to %d, want %d", k, got[k], v)
+		}
+	}
+	if len(bs) != 6 { // 42 bytes in batches of 8
+		t.Fatalf("%d batches, want 6", len(bs))
 	}
 }

@@ -1,0 +1,120 @@
+package gpuio
+
+import (
+	"bytes"
+	"context"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestReadRangesEveryByte places many ranges at once (adjacent, overlapping,
+// far apart, in any order; with gaps in the destination) and checks every
+// byte placed and every byte between them left alone, on every loader
+// variant.
+func TestReadRangesEveryByte(t *testing.T) {
+	fx := newFixture(t)
+	for vname, mk := range variants() {
+		t.Run(vname, func(t *testing.T) {
+			dev, opts := mk()
+			l, err := New(fx.st, dev, opts)
+			require.NoError(t, err)
+			r := rand.New(rand.NewPCG(3, 4))
+			for name, want := range fx.files {
+				f := fx.open(t, name)
+				size := int64(len(want))
+				for trial := range 6 {
+					var rs []Range
+					var dstEnd int64
+					add := func(off, n int64) {
+						dstEnd += r.Int64N(300) // a gap, like the Python package's 256-byte alignment
+						rs = append(rs, Range{Off: off, N: n, DstOff: dstEnd})
+						dstEnd += n
+					}
+					switch trial {
+					case 0: // back to back, like the tensors of a file
+						for off := int64(0); off < size; {
+							n := min(size-off, 1+r.Int64N(3<<20))
+							add(off, n)
+							off += n
+						}
+					default: // random, overlapping, any order
+						for range 1 + r.IntN(40) {
+							off := r.Int64N(size)
+							add(off, 1+r.Int64N(min(size-off, 5<<20)))
+						}
+					}
+					rand.New(rand.NewPCG(uint64(trial), 9)).Shuffle(len(rs), func(i, j int) { rs[i], rs[j] = rs[j], rs[i] })
+					mem, err := dev.Alloc(dstEnd + 64)
+					require.NoError(t, err)
+					view := mem.(HostViewer).HostView()
+					for i := range view {
+						view[i] = 0xAB
+					}
+					res, err := l.ReadRanges(context.Background(), f, rs, mem)
+					require.NoError(t, err, "%s trial %d", name, trial)
+					var total int64
+					expect := bytes.Repeat([]byte{0xAB}, int(dstEnd+64))
+					for _, rg := range rs {
+						total += rg.N
+						copy(expect[rg.DstOff:], want[rg.Off:rg.Off+rg.N])
+					}
+					require.Equal(t, total, res.Bytes)
+					require.True(t, res.Verified)
+					got := make([]byte, dstEnd+64)
+					mem.CopyToHost(got, 0)
+					if !bytes.Equal(got, expect) {
+						t.Fatalf("%s trial %d: bytes differ (path %s)", name, trial, res.Path)
+					}
+					mem.Free()
+				}
+			}
+			require.NoError(t, l.Close())
+			require.Zero(t, dev.(*HostDevice).Live(), "allocations leaked")
+		})
+	}
+}
+
+// TestReadRangesOneReadPerChunk: ranges that lie back to back read each
+// chunk once, not once per range that touches it.
+func TestReadRangesOneReadPerChunk(t *testing.T) {
+	fx := newFixture(t)
+	l, err := New(fx.st, &HostDevice{}, Options{IO: IOBuffered})
+	require.NoError(t, err)
+	defer l.Close()
+	for name, want := range fx.files {
+		f := fx.open(t, name)
+		size := int64(len(want))
+		var rs []Range
+		for off := int64(0); off < size; off += 100 << 10 {
+			rs = append(rs, Range{Off: off, N: min(100<<10, size-off), DstOff: off})
+		}
+		mem, err := (&HostDevice{}).Alloc(size)
+		require.NoError(t, err)
+		res, err := l.ReadRanges(context.Background(), f, rs, mem)
+		require.NoError(t, err)
+		require.Equal(t, size, res.Bytes)
+		// Whole chunks plus alignment at each group's ends, never twice.
+		require.Less(t, res.Read, size+int64(len(rs))*4096, "%s: read %d for %d", name, res.Read, size)
+		mem.Free()
+	}
+}
+
+func TestReadRangesRefusesBadRanges(t *testing.T) {
+	fx := newFixture(t)
+	l, err := New(fx.st, &HostDevice{}, Options{})
+	require.NoError(t, err)
+	defer l.Close()
+	for name, want := range fx.files {
+		f := fx.open(t, name)
+		size := int64(len(want))
+		mem, err := (&HostDevice{}).Alloc(100)
+		require.NoError(t, err)
+		for _, rg := range []Range{{Off: -1, N: 1}, {Off: size, N: 1}, {Off: 1, N: size}, {Off: 0, N: 101}, {Off: 0, N: 1, DstOff: 100}, {Off: 0, N: 1, DstOff: -1}, {Off: 1 << 62, N: 1 << 62}} {
+			_, err := l.ReadRanges(context.Background(), f, []Range{{Off: 0, N: 10}, rg}, mem)
+			require.Error(t, err, "%s %+v", name, rg)
+		}
+		mem.Free()
+	}
+}
