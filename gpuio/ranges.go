@@ -27,6 +27,23 @@ const spanGap = 1 << 20
 // once. Ranges may come in any order and may overlap in the file; every
 // range is checked against the file and dst before anything is read.
 func (l *Loader) ReadRanges(ctx context.Context, f *chunkstore.File, ranges []Range, dst DeviceMem) (Result, error) {
+	return l.ReadRangesWith(ctx, f, ranges, dst, ReadOptions{})
+}
+
+// ReadOptions adjust one ReadRangesWith call.
+type ReadOptions struct {
+	// Shared says that other loaders (other devices: the ranks of one
+	// tensor-parallel job) read the same bytes at the same time. With
+	// IOAuto, bytes not in the page cache are then read through it rather
+	// than with O_DIRECT, so the kernel reads each page from the disk once
+	// for all of them (a reader that finds a page being read waits for
+	// it), where O_DIRECT would read it once per device. Asked at each
+	// read (each group of chunks), since the others may start later.
+	Shared func() bool
+}
+
+// ReadRangesWith is ReadRanges with options.
+func (l *Loader) ReadRangesWith(ctx context.Context, f *chunkstore.File, ranges []Range, dst DeviceMem, o ReadOptions) (Result, error) {
 	var res Result
 	rs := make([]Range, 0, len(ranges))
 	for i, r := range ranges {
@@ -65,7 +82,7 @@ func (l *Loader) ReadRanges(ctx context.Context, f *chunkstore.File, ranges []Ra
 		}
 		p := multiLinear(dst, rs[i:j])
 		for _, g := range gs {
-			jobs = append(jobs, job{g: g, place: p})
+			jobs = append(jobs, job{g: g, place: p, shared: o.Shared})
 		}
 		i = j
 	}

@@ -3,10 +3,14 @@ package gpuio
 import (
 	"bytes"
 	"context"
+	"io/fs"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // TestReadRangesEveryByte places many ranges at once (adjacent, overlapping,
@@ -117,4 +121,55 @@ func TestReadRangesRefusesBadRanges(t *testing.T) {
 		}
 		mem.Free()
 	}
+}
+
+// evictPacks drops the store's packs from the page cache.
+func evictPacks(t *testing.T, dir string) {
+	t.Helper()
+	err := filepath.WalkDir(filepath.Join(dir, "packs"), func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := f.Sync(); err != nil {
+			return err
+		}
+		return unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+	})
+	require.NoError(t, err)
+}
+
+// TestReadRangesShared: bytes not in the page cache are read with O_DIRECT,
+// unless others read them at the same time (ReadOptions.Shared): then
+// through the page cache, so the disk is read once for all.
+func TestReadRangesShared(t *testing.T) {
+	fx := newFixture(t)
+	l, err := New(fx.st, &HostDevice{}, Options{})
+	require.NoError(t, err)
+	defer l.Close()
+	f := fx.open(t, "opaque.bin")
+	mem, err := (&HostDevice{}).Alloc(f.Size())
+	require.NoError(t, err)
+	defer mem.Free()
+	rs := []Range{{Off: 0, N: f.Size()}}
+	asked := 0
+	for _, tc := range []struct {
+		shared func() bool
+		io     string
+	}{
+		{nil, "O_DIRECT"},
+		{func() bool { asked++; return false }, "O_DIRECT"},
+		{func() bool { asked++; return true }, "page cache"},
+	} {
+		evictPacks(t, fx.st.Dir())
+		res, err := l.ReadRangesWith(context.Background(), f, rs, mem, ReadOptions{Shared: tc.shared})
+		require.NoError(t, err)
+		require.Equal(t, tc.io, res.IO)
+		require.Equal(t, f.Size(), res.Bytes)
+	}
+	require.Positive(t, asked)
 }

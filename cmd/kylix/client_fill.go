@@ -57,6 +57,9 @@ type fillService struct {
 	mu     sync.Mutex
 	devs   map[int]*fillDev
 	closed bool
+	// reading counts FILLs in flight per file (manifest id) and device,
+	// to tell when the ranks of one job read the same file at once.
+	reading map[chunkstore.ID]map[int]int
 }
 
 type fillDev struct {
@@ -74,7 +77,7 @@ func newFillService(s *chunkstore.Store, idle time.Duration, log *slog.Logger) *
 	if idle <= 0 {
 		idle = defaultGPUIdle
 	}
-	return &fillService{s: s, log: log, idle: idle, devs: map[int]*fillDev{}}
+	return &fillService{s: s, log: log, idle: idle, devs: map[int]*fillDev{}, reading: map[chunkstore.ID]map[int]int{}}
 }
 
 // acquire returns device ord's loader, making it on first use, and marks a
@@ -131,6 +134,38 @@ func (fs *fillService) release(d *fillDev) {
 	if d.active == 0 && !fs.closed {
 		d.timer = time.AfterFunc(fs.idle, func() { fs.expire(d) })
 	}
+}
+
+// startReading records a FILL of file id on device dev; the returned func
+// ends it.
+func (fs *fillService) startReading(id chunkstore.ID, dev int) func() {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	m := fs.reading[id]
+	if m == nil {
+		m = map[int]int{}
+		fs.reading[id] = m
+	}
+	m[dev]++
+	return func() {
+		fs.mu.Lock()
+		defer fs.mu.Unlock()
+		if m[dev]--; m[dev] == 0 {
+			delete(m, dev)
+		}
+		if len(m) == 0 {
+			delete(fs.reading, id)
+		}
+	}
+}
+
+// sharedRead reports whether file id is being filled on more than one
+// device now: then reads go through the page cache, so the disk is read
+// once for all of them (gpuio.ReadOptions.Shared).
+func (fs *fillService) sharedRead(id chunkstore.ID) bool {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return len(fs.reading[id]) > 1
 }
 
 // expire gives d's loader and context back if it is still idle.
@@ -218,6 +253,7 @@ func (c *clientServer) opFill(sf *chunkstore.File, body []byte, p peer) reply {
 		}
 	}
 	start := time.Now()
+	defer c.fill.startReading(sf.ID, d.ord)()
 	res, err := c.fillSlices(d, sf, dst, ranges, uint64(p.pid))
 	if err != nil {
 		return refuse(fmt.Errorf("fill: %w", errnoOr(err, syscall.EIO)))
@@ -272,7 +308,8 @@ func (c *clientServer) fillSlices(d *fillDev, sf *chunkstore.File, dst gpuio.Dev
 			if ctx.Err() != nil {
 				return
 			}
-			res, err := d.loader.ReadRanges(ctx, sf, batch, dst)
+			o := gpuio.ReadOptions{Shared: func() bool { return c.fill.sharedRead(sf.ID) }}
+			res, err := d.loader.ReadRangesWith(ctx, sf, batch, dst, o)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
