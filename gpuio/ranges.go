@@ -9,9 +9,42 @@ import (
 )
 
 // Range is one part of a batched read: N bytes of the file at Off, placed
-// at DstOff in the destination.
+// at DstOff in the destination. With Rows > 1 it is strided: Rows rows of
+// N bytes, Pitch bytes apart in the file, packed densely at DstOff (row i
+// at DstOff + i*N) — a tensor-parallel share split along a later
+// dimension. Rows 0 means 1.
 type Range struct {
 	Off, N, DstOff int64
+	Rows, Pitch    int64
+}
+
+func (r Range) rows() int64 { return max(1, r.Rows) }
+
+// fileEnd is the end of the file bytes the range spans.
+func (r Range) fileEnd() int64 { return r.Off + (r.rows()-1)*r.Pitch + r.N }
+
+// Bytes is how many bytes the range places.
+func (r Range) Bytes() int64 { return r.rows() * r.N }
+
+// check validates r against a file of size bytes and a destination of
+// dstSize bytes, by division and subtraction: the values may come from
+// another process, and products or sums could overflow past the checks.
+func (r Range) check(size, dstSize int64) error {
+	if r.Off < 0 || r.N < 0 || r.Rows < 0 || r.DstOff < 0 || r.Off > size || r.N > size-r.Off {
+		return fmt.Errorf("[%d, +%d) is outside the file's %d bytes", r.Off, r.N, size)
+	}
+	if rows := r.rows(); rows > 1 {
+		if r.Pitch < r.N || r.Pitch <= 0 {
+			return fmt.Errorf("%d rows of %d bytes with a pitch of %d: rows must not overlap", rows, r.N, r.Pitch)
+		}
+		if rows-1 > (size-r.Off-r.N)/r.Pitch {
+			return fmt.Errorf("%d rows of %d bytes, %d apart, from %d pass the file's end (%d bytes)", rows, r.N, r.Pitch, r.Off, size)
+		}
+	}
+	if r.DstOff > dstSize || (r.N > 0 && r.rows() > (dstSize-r.DstOff)/r.N) {
+		return fmt.Errorf("%d x %d bytes at %d do not fit device memory of %d bytes", r.rows(), r.N, r.DstOff, dstSize)
+	}
+	return nil
 }
 
 // spanGap is how far apart two ranges may lie in the file and still be read
@@ -47,12 +80,8 @@ func (l *Loader) ReadRangesWith(ctx context.Context, f *chunkstore.File, ranges 
 	var res Result
 	rs := make([]Range, 0, len(ranges))
 	for i, r := range ranges {
-		// By subtraction: offsets may come from another process.
-		if r.Off < 0 || r.N < 0 || r.Off > f.Size() || r.N > f.Size()-r.Off {
-			return res, fmt.Errorf("gpuio: range %d [%d, +%d) outside the file's %d bytes", i, r.Off, r.N, f.Size())
-		}
-		if r.DstOff < 0 || r.DstOff > dst.Size() || r.N > dst.Size()-r.DstOff {
-			return res, fmt.Errorf("gpuio: range %d of %d bytes at %d does not fit device memory of %d bytes", i, r.N, r.DstOff, dst.Size())
+		if err := r.check(f.Size(), dst.Size()); err != nil {
+			return res, fmt.Errorf("gpuio: range %d: %s", i, err)
 		}
 		if r.N > 0 {
 			rs = append(rs, r)
@@ -64,9 +93,9 @@ func (l *Loader) ReadRangesWith(ctx context.Context, f *chunkstore.File, ranges 
 	sort.Slice(rs, func(i, j int) bool { return rs[i].Off < rs[j].Off })
 	var jobs []job
 	for i := 0; i < len(rs); {
-		lo, hi, j := rs[i].Off, rs[i].Off+rs[i].N, i+1
+		lo, hi, j := rs[i].Off, rs[i].fileEnd(), i+1
 		for j < len(rs) && rs[j].Off <= hi+spanGap {
-			hi = max(hi, rs[j].Off+rs[j].N)
+			hi = max(hi, rs[j].fileEnd())
 			j++
 		}
 		// The plan's leases keep GC from deleting the packs while they
@@ -91,14 +120,16 @@ func (l *Loader) ReadRangesWith(ctx context.Context, f *chunkstore.File, ranges 
 }
 
 // multiLinear places, from each group, the part of every range (sorted by
-// file offset) that the group holds.
+// file offset) that the group holds: a copy for a plain range, and for a
+// strided one a 2D copy of its whole rows in the group plus the (at most
+// two) rows the group cuts.
 func multiLinear(dst DeviceMem, rs []Range) placer {
 	// reach[i] is the furthest end of rs[0..i]: non-decreasing, so the
 	// first range that can reach into a group is found by binary search
 	// even when ranges overlap one another.
 	reach := make([]int64, len(rs))
 	for i, r := range rs {
-		reach[i] = r.Off + r.N
+		reach[i] = r.fileEnd()
 		if i > 0 {
 			reach[i] = max(reach[i], reach[i-1])
 		}
@@ -109,8 +140,19 @@ func multiLinear(dst DeviceMem, rs []Range) placer {
 		k := sort.Search(len(rs), func(i int) bool { return reach[i] > g.copyStart })
 		for ; k < len(rs) && rs[k].Off < g.copyEnd; k++ {
 			r := rs[k]
-			a, b := max(r.Off, g.copyStart), min(r.Off+r.N, g.copyEnd)
+			a, b := max(r.Off, g.copyStart), min(r.fileEnd(), g.copyEnd)
 			if a >= b {
+				continue
+			}
+			if r.rows() > 1 {
+				cut := g
+				cut.copyStart, cut.copyEnd = a, b
+				pts, n, err := strided(dst, r.DstOff, r.Off, r.Pitch, 0, r.N)(c, base, cut)
+				ts = append(ts, pts...)
+				placed += n
+				if err != nil {
+					return ts, placed, err
+				}
 				continue
 			}
 			t, err := c.copy1D(dst, r.DstOff+(a-r.Off), a-base, int(b-a))

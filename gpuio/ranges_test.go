@@ -28,13 +28,21 @@ func TestReadRangesEveryByte(t *testing.T) {
 			for name, want := range fx.files {
 				f := fx.open(t, name)
 				size := int64(len(want))
-				for trial := range 6 {
+				for trial := range 9 {
 					var rs []Range
 					var dstEnd int64
 					add := func(off, n int64) {
 						dstEnd += r.Int64N(300) // a gap, like the Python package's 256-byte alignment
-						rs = append(rs, Range{Off: off, N: n, DstOff: dstEnd})
-						dstEnd += n
+						rg := Range{Off: off, N: n, DstOff: dstEnd}
+						if trial >= 3 && r.IntN(2) == 0 && n > 1 {
+							// Strided: rows of a share split along a later dimension.
+							rg.N = 1 + r.Int64N(min(n, 70000))
+							rg.Pitch = rg.N + r.Int64N(3*rg.N)
+							rg.Rows = 1 + (size-off-rg.N)/rg.Pitch
+							rg.Rows = 1 + r.Int64N(min(rg.Rows, 200))
+						}
+						rs = append(rs, rg)
+						dstEnd += rg.Bytes()
 					}
 					switch trial {
 					case 0: // back to back, like the tensors of a file
@@ -61,8 +69,11 @@ func TestReadRangesEveryByte(t *testing.T) {
 					var total int64
 					expect := bytes.Repeat([]byte{0xAB}, int(dstEnd+64))
 					for _, rg := range rs {
-						total += rg.N
-						copy(expect[rg.DstOff:], want[rg.Off:rg.Off+rg.N])
+						total += rg.Bytes()
+						for i := range rg.rows() {
+							o := rg.Off + i*rg.Pitch
+							copy(expect[rg.DstOff+i*rg.N:], want[o:o+rg.N])
+						}
 					}
 					require.Equal(t, total, res.Bytes)
 					require.True(t, res.Verified)
@@ -115,7 +126,14 @@ func TestReadRangesRefusesBadRanges(t *testing.T) {
 		size := int64(len(want))
 		mem, err := (&HostDevice{}).Alloc(100)
 		require.NoError(t, err)
-		for _, rg := range []Range{{Off: -1, N: 1}, {Off: size, N: 1}, {Off: 1, N: size}, {Off: 0, N: 101}, {Off: 0, N: 1, DstOff: 100}, {Off: 0, N: 1, DstOff: -1}, {Off: 1 << 62, N: 1 << 62}} {
+		for _, rg := range []Range{{Off: -1, N: 1}, {Off: size, N: 1}, {Off: 1, N: size}, {Off: 0, N: 101}, {Off: 0, N: 1, DstOff: 100}, {Off: 0, N: 1, DstOff: -1}, {Off: 1 << 62, N: 1 << 62},
+			{Off: 0, N: 10, Rows: 2, Pitch: 5},                  // rows overlap
+			{Off: 0, N: 10, Rows: 2, Pitch: 0},                  // no pitch
+			{Off: 0, N: 10, Rows: 11, Pitch: 10},                // 110 bytes into 100
+			{Off: 0, N: 1, Rows: size + 1, Pitch: 1},            // past the file's end
+			{Off: 0, N: 1, Rows: 1 << 62, Pitch: 1 << 62},       // overflowing product
+			{Off: 0, N: 1 << 40, Rows: 1 << 30, Pitch: 1 << 40}, // overflowing size
+			{Off: 0, N: 5, Rows: -1, Pitch: 5}} {
 			_, err := l.ReadRanges(context.Background(), f, []Range{{Off: 0, N: 10}, rg}, mem)
 			require.Error(t, err, "%s %+v", name, rg)
 		}

@@ -232,6 +232,15 @@ func (c *clientServer) opFill(sf *chunkstore.File, body []byte, p peer) reply {
 		if r.FileOffset > size || r.Length > size-r.FileOffset {
 			return refuse(fmt.Errorf("range %d [%d, +%d) is outside the file's %d bytes: %w", i, r.FileOffset, r.Length, size, syscall.EINVAL))
 		}
+		// Strided: by division, so that no product can wrap past the check.
+		if rows := max(1, r.Rows); rows > 1 {
+			if r.Pitch < r.Length || r.Pitch == 0 {
+				return refuse(fmt.Errorf("range %d: %d rows of %d bytes with a pitch of %d overlap: %w", i, rows, r.Length, r.Pitch, syscall.EINVAL))
+			}
+			if rows-1 > (size-r.FileOffset-r.Length)/r.Pitch {
+				return refuse(fmt.Errorf("range %d: %d rows of %d bytes, %d apart, from %d pass the file's end (%d bytes): %w", i, rows, r.Length, r.Pitch, r.FileOffset, size, syscall.EINVAL))
+			}
+		}
 	}
 	if c.fill == nil {
 		return refuse(fmt.Errorf("this node serves no GPU fill: %w", syscall.ENODEV))
@@ -248,8 +257,8 @@ func (c *clientServer) opFill(sf *chunkstore.File, body []byte, p peer) reply {
 	defer dst.Free()
 	alloc := uint64(dst.Size())
 	for i, r := range ranges {
-		if r.DstOffset > alloc || r.Length > alloc-r.DstOffset {
-			return refuse(fmt.Errorf("range %d: %d bytes at offset %d do not fit the allocation's %d bytes: %w", i, r.Length, r.DstOffset, alloc, syscall.EFAULT))
+		if rows := max(1, r.Rows); r.DstOffset > alloc || (r.Length > 0 && rows > (alloc-r.DstOffset)/r.Length) {
+			return refuse(fmt.Errorf("range %d: %d x %d bytes at offset %d do not fit the allocation's %d bytes: %w", i, rows, r.Length, r.DstOffset, alloc, syscall.EFAULT))
 		}
 	}
 	start := time.Now()
@@ -333,28 +342,50 @@ func (c *clientServer) fillSlices(d *fillDev, sf *chunkstore.File, dst gpuio.Dev
 	return total, first
 }
 
-// fillBatches splits ranges into batches of at most max bytes each: ranges
-// longer than max are cut, shorter ones packed in order.
-func fillBatches(ranges []clientproto.Range, max uint64) [][]gpuio.Range {
+// fillBatches splits ranges into batches of at most limit bytes each: ranges
+// longer than max are cut (a strided one by whole rows, so a batch may pass
+// limit by less than one row), shorter ones packed in order.
+func fillBatches(ranges []clientproto.Range, limit uint64) [][]gpuio.Range {
 	var (
 		out   [][]gpuio.Range
 		cur   []gpuio.Range
 		bytes uint64
 	)
+	flush := func() {
+		if len(cur) > 0 {
+			out, cur, bytes = append(out, cur), nil, 0
+		}
+	}
 	for _, r := range ranges {
-		for o := uint64(0); o < r.Length; {
-			n := min(max-bytes, r.Length-o)
-			cur = append(cur, gpuio.Range{Off: int64(r.FileOffset + o), N: int64(n), DstOff: int64(r.DstOffset + o)})
-			bytes += n
-			o += n
-			if bytes == max {
-				out, cur, bytes = append(out, cur), nil, 0
+		if r.Rows <= 1 {
+			for o := uint64(0); o < r.Length; {
+				n := min(limit-bytes, r.Length-o)
+				cur = append(cur, gpuio.Range{Off: int64(r.FileOffset + o), N: int64(n), DstOff: int64(r.DstOffset + o)})
+				bytes += n
+				o += n
+				if bytes == limit {
+					flush()
+				}
+			}
+			continue
+		}
+		if r.Length == 0 {
+			continue
+		}
+		for i := uint64(0); i < r.Rows; {
+			if limit-bytes < r.Length {
+				flush()
+			}
+			k := max(1, min(r.Rows-i, (limit-bytes)/r.Length))
+			cur = append(cur, gpuio.Range{Off: int64(r.FileOffset + i*r.Pitch), N: int64(r.Length), DstOff: int64(r.DstOffset + i*r.Length), Rows: int64(k), Pitch: int64(r.Pitch)})
+			bytes += k * r.Length
+			i += k
+			if bytes >= limit {
+				flush()
 			}
 		}
 	}
-	if len(cur) > 0 {
-		out = append(out, cur)
-	}
+	flush()
 	return out
 }
 
