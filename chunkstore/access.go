@@ -141,6 +141,9 @@ func (s *Store) readChunks(ctx context.Context, refs []ChunkRef, locs []Location
 		entries[i] = e
 		if owner {
 			mine = append(mine, i)
+			s.ctr.cacheMisses.Add(1)
+		} else {
+			s.ctr.cacheHits.Add(1)
 		}
 	}
 	if len(mine) > 0 {
@@ -183,6 +186,7 @@ func (s *Store) load(ctx context.Context, refs []ChunkRef, locs []Location, entr
 		}
 	}()
 	fail := func(i int, err error) {
+		s.ctr.chunkFailed(err)
 		s.logChunkFailure(refs[i].ID, locs[i], err)
 		s.cache.finish(entries[i], nil, err, keep)
 	}

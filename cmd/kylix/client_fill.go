@@ -225,6 +225,7 @@ func (c *clientServer) opFill(sf *chunkstore.File, body []byte, p peer) reply {
 	d.fills.Add(1)
 	c.fills.Add(1)
 	c.fillBytes.Add(res.Bytes)
+	c.fillPaths.add(string(res.Path), res.Bytes)
 	verified := "no"
 	if res.Verified {
 		verified = res.VerifyOn
