@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kylix/kylix/clientproto"
 	"github.com/kylix/kylix/internal/damage"
 )
 
@@ -282,4 +283,47 @@ func TestDuDedup(t *testing.T) {
 	// With a node the command is answered by the node: the same figures.
 	launchNode(t, data, mnt, nil, nil, "--client-socket", "none")
 	assert.Equal(t, u, du())
+}
+
+// TestMetricsClientSocket: what the client socket hands out is counted:
+// a passthrough open (the file's size), a pack fd (the pack's size), a GPU
+// fill by the I/O path it took (the stub CUDA driver), requests and
+// refusals.
+func TestMetricsClientSocket(t *testing.T) {
+	requireFUSE(t)
+	data, mnt := dirs(t)
+	want := randomBytes(6<<20+123, 43)
+	importFiles(t, data, map[string][]byte{"big": want})
+	addr := freeAddr(t)
+	url := "http://" + addr + "/metrics"
+	_, sock := startStubGPUNode(t, data, mnt, "--metrics", addr)
+	c := dialClient(t, sock)
+	m0 := metrics(t, url)
+
+	f := openRO(t, filepath.Join(mnt, "m/big"))
+	m1 := metrics(t, url)
+	assert.Equal(t, 1.0, m1[`kylix_fs_opens_total{path="passthrough"}`]-m0[`kylix_fs_opens_total{path="passthrough"}`], "passthrough opens")
+	assert.Equal(t, float64(len(want)), m1["kylix_fs_passthrough_open_bytes_total"]-m0["kylix_fs_passthrough_open_bytes_total"])
+	assert.Equal(t, 1.0, m1["kylix_fs_open_files"])
+	assert.Equal(t, 1.0, m1["kylix_client_connections"])
+
+	r := c.req(clientproto.OpPacks, nil, int(f.Fd()))
+	require.Equal(t, int32(0), r.status, r.msg)
+	r.close()
+	a := newShmAlloc(t, 8<<20)
+	r = c.req(clientproto.OpFill, fillReq(a, 0, 0, uint64(len(want))), int(f.Fd()))
+	require.Equal(t, int32(0), r.status, r.msg)
+	fr, err := clientproto.ParseFillReply(r.fields)
+	require.NoError(t, err)
+	r = c.req(clientproto.OpFill, fillReq(a, 8<<20-10, 0, 4096), int(f.Fd())) // past the allocation
+	require.NotEqual(t, int32(0), r.status)
+
+	m2 := metrics(t, url)
+	assert.Equal(t, 3.0, m2["kylix_client_requests_total"]-m1["kylix_client_requests_total"])
+	assert.Equal(t, 1.0, m2["kylix_client_requests_refused_total"]-m1["kylix_client_requests_refused_total"])
+	assert.Equal(t, 1.0, m2["kylix_client_pack_fds_total"]-m1["kylix_client_pack_fds_total"])
+	assert.Equal(t, float64(len(want)), m2["kylix_client_pack_fd_bytes_total"]-m1["kylix_client_pack_fd_bytes_total"])
+	path := `{io_path="` + fr.Path + `"}`
+	assert.Equal(t, 1.0, m2["kylix_gpu_fills_total"+path], "fills on path %s", fr.Path)
+	assert.Equal(t, float64(len(want)), m2["kylix_gpu_fill_bytes_total"+path], "fill bytes on path %s", fr.Path)
 }
