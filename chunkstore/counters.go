@@ -49,19 +49,43 @@ func (s *Store) Counters() Counters {
 	}
 }
 
-// chunkFailed counts one failed chunk read attempt by its kind.
-func (c *counters) chunkFailed(err error) {
+// Kinds of chunk failure (FailureKind), as the metrics label them.
+const (
+	KindCorrupt   = "corrupt"
+	KindReadError = "read_error"
+	KindNotLocal  = "not_local"
+	KindOther     = "other"
+)
+
+// FailureKind names the kind of a failed chunk read: KindCorrupt (bytes
+// that fail their hash, a short pack), KindReadError (an I/O error from the
+// disk), KindNotLocal (not stored here) or KindOther; "" for nil and for a
+// store that is closing (nothing is wrong with the chunk).
+func FailureKind(err error) string {
 	var re *ReadError
 	switch {
-	case errors.Is(err, ErrClosed), errors.Is(err, storeio.ErrClosed):
-		// the store is closing: nothing is wrong with the chunk
+	case err == nil, errors.Is(err, ErrClosed), errors.Is(err, storeio.ErrClosed):
+		return ""
 	case errors.Is(err, ErrCorrupt):
-		c.corrupt.Add(1)
+		return KindCorrupt
 	case errors.As(err, &re):
-		c.readError.Add(1)
+		return KindReadError
 	case errors.Is(err, ErrNotLocal):
+		return KindNotLocal
+	}
+	return KindOther
+}
+
+// chunkFailed counts one failed chunk read attempt by its kind.
+func (c *counters) chunkFailed(err error) {
+	switch FailureKind(err) {
+	case KindCorrupt:
+		c.corrupt.Add(1)
+	case KindReadError:
+		c.readError.Add(1)
+	case KindNotLocal:
 		c.notLocal.Add(1)
-	default:
+	case KindOther:
 		c.otherChunkErrors.Add(1)
 	}
 }

@@ -326,4 +326,15 @@ func TestMetricsClientSocket(t *testing.T) {
 	path := `{io_path="` + fr.Path + `"}`
 	assert.Equal(t, 1.0, m2["kylix_gpu_fills_total"+path], "fills on path %s", fr.Path)
 	assert.Equal(t, float64(len(want)), m2["kylix_gpu_fill_bytes_total"+path], "fill bytes on path %s", fr.Path)
+	assert.Equal(t, 0.0, m2[`kylix_gpu_fill_errors_total{kind="corrupt"}`])
+
+	// A flipped byte in the pack: the fill fails, and says why.
+	ext := extentsOf(t, data, "m/big")
+	require.NotEmpty(t, ext)
+	damage.FlipByte(t, ext[0].PackPath, ext[0].PackOff+ext[0].Len/2)
+	r = c.req(clientproto.OpFill, fillReq(a, 0, 0, uint64(len(want))), int(f.Fd()))
+	require.NotEqual(t, int32(0), r.status, "a fill of a corrupt chunk")
+	m3 := metrics(t, url)
+	assert.Equal(t, 1.0, m3[`kylix_gpu_fill_errors_total{kind="corrupt"}`], r.msg)
+	assert.Equal(t, 1.0, m3["kylix_gpu_fills_total"+path], "failed fills are not counted as fills")
 }

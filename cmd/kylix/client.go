@@ -81,6 +81,7 @@ type clientServer struct {
 	connected, accepted, requests, refused, packFds, fills, fillBytes atomic.Int64
 	packFdBytes                                                       atomic.Int64
 	fillPaths                                                         labeledCounts // GPU fills by I/O path (metrics.go)
+	fillFailures                                                      labeledCounts // failed GPU fills by the chunk failure met (metrics.go)
 }
 
 // listenClient makes the client socket at path: its directory is made

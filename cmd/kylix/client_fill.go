@@ -220,6 +220,7 @@ func (c *clientServer) opFill(sf *chunkstore.File, body []byte, p peer) reply {
 	start := time.Now()
 	res, err := c.fillSlices(d, sf, dst, ranges, uint64(p.pid))
 	if err != nil {
+		c.fillFailures.add(chunkstore.FailureKind(err), 0)
 		return refuse(fmt.Errorf("fill: %w", errnoOr(err, syscall.EIO)))
 	}
 	d.fills.Add(1)

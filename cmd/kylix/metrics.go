@@ -167,6 +167,7 @@ var (
 	mClientPackByte = desc("client_pack_fd_bytes_total", "Sizes of the pack fds handed to clients, added up; the client reads them without the node.")
 	mGPUFills       = desc("gpu_fills_total", "GPU fills for clients, by the I/O path they took.", "io_path")
 	mGPUFillBytes   = desc("gpu_fill_bytes_total", "Bytes written into clients' GPU memory, by the I/O path taken.", "io_path")
+	mGPUFillErrors  = desc("gpu_fill_errors_total", "GPU fills that failed after they started, by the chunk failure met: corrupt, read_error, not_local, other (CUDA and the rest).", "kind")
 )
 
 // nodeCollector reads the node's counters at each scrape.
@@ -180,7 +181,7 @@ func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{mFSOpens, mFSPTRefused, mFSPTOpenBytes, mFSReads, mFSReadBytes, mFSOpenFiles,
 		mFSCommits, mFSBatches, mCacheHits, mCacheMisses, mChunkErrors, mPackChecks, mPackCheckBytes, mScrubPasses,
 		mScrubBytes, mScrubFailed, mImportBytes, mExportBytes, mClientConns, mClientAccepted, mClientRequests,
-		mClientRefused, mClientPackFds, mClientPackByte, mGPUFills, mGPUFillBytes} {
+		mClientRefused, mClientPackFds, mClientPackByte, mGPUFills, mGPUFillBytes, mGPUFillErrors} {
 		ch <- d
 	}
 }
@@ -206,10 +207,10 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	sc := c.s.Counters()
 	counter(mCacheHits, sc.CacheHits)
 	counter(mCacheMisses, sc.CacheMisses)
-	counter(mChunkErrors, sc.ChunkCorrupt, "corrupt")
-	counter(mChunkErrors, sc.ChunkReadError, "read_error")
-	counter(mChunkErrors, sc.ChunkNotLocal, "not_local")
-	counter(mChunkErrors, sc.ChunkOther, "other")
+	counter(mChunkErrors, sc.ChunkCorrupt, chunkstore.KindCorrupt)
+	counter(mChunkErrors, sc.ChunkReadError, chunkstore.KindReadError)
+	counter(mChunkErrors, sc.ChunkNotLocal, chunkstore.KindNotLocal)
+	counter(mChunkErrors, sc.ChunkOther, chunkstore.KindOther)
 	counter(mImportBytes, sc.ImportBytes)
 	counter(mExportBytes, sc.ExportBytes)
 
@@ -240,5 +241,9 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, p := range names {
 		counter(mGPUFills, paths[p][0], p)
 		counter(mGPUFillBytes, paths[p][1], p)
+	}
+	fails := cl.fillFailures.snapshot()
+	for _, kind := range []string{chunkstore.KindCorrupt, chunkstore.KindReadError, chunkstore.KindNotLocal, chunkstore.KindOther} {
+		counter(mGPUFillErrors, fails[kind][0], kind)
 	}
 }
