@@ -17,7 +17,9 @@ import (
 
 func init() {
 	register(&command{name: "top", summary: "show the running node's activity live, one line per second (alias: stats)", run: runTop})
-	register(&command{name: "stats", summary: "same as top", run: runTop})
+	register(&command{name: "stats", summary: "same as top", run: func(ctx context.Context, e *env, args []string) error {
+		return runTopAs(ctx, e, "stats", args)
+	}})
 }
 
 // topColumn is one column of kylix top: a rate per second over the
@@ -83,7 +85,12 @@ type topJSON struct {
 }
 
 func runTop(ctx context.Context, e *env, args []string) error {
-	f := newFlags(e, "top", "[--data DIR] [--url URL] [--interval D] [--count N] [--json]", `
+	return runTopAs(ctx, e, "top", args)
+}
+
+// runTopAs runs kylix top under the name it was called by (top, stats).
+func runTopAs(ctx context.Context, e *env, name string, args []string) error {
+	f := newFlags(e, name, "[--data DIR] [--url URL] [--interval D] [--count N] [--json]", `
 Shows what the node serving the data directory does, one line per
 interval (like juicefs stats): the node's CPU and memory; opens, open
 files, bytes the node served to reads through the mount, and the sizes of
