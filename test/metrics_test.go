@@ -168,11 +168,12 @@ func TestTopJSON(t *testing.T) {
 		Time            time.Time          `json:"time"`
 		IntervalSeconds float64            `json:"interval_seconds"`
 		Columns         map[string]float64 `json:"columns"`
-		Counters        map[string]float64 `json:"counters"`
+		Metrics         map[string]float64 `json:"metrics"`
 	}
 	for _, args := range [][]string{
 		{"top", "--data", data},
 		{"stats", "--url", "http://" + addr + "/metrics"},
+		{"top", "--url", addr}, // HOST:PORT
 	} {
 		out := mustKylix(t, "/", append(args, "--count", "2", "--interval", "200ms", "--json")...)
 		lines := strings.Split(strings.TrimSpace(out), "\n")
@@ -188,8 +189,8 @@ func TestTopJSON(t *testing.T) {
 				assert.Contains(t, v.Columns, k)
 			}
 			assert.Positive(t, v.Columns["resident_bytes"])
-			assert.Contains(t, v.Counters, "kylix_fs_node_read_bytes_total")
-			assert.Contains(t, v.Counters, `kylix_chunk_errors_total{kind="corrupt"}`)
+			assert.Contains(t, v.Metrics, "kylix_fs_node_read_bytes_total")
+			assert.Contains(t, v.Metrics, `kylix_chunk_errors_total{kind="corrupt"}`)
 		}
 	}
 	// Plain lines when stdout is not a terminal: the header, then one line.

@@ -63,6 +63,17 @@ kylix_gpu_fills_total{io_path="gds"} 1
 	assert.Equal(t, len(hdr[0]), len(hdr[1]), "groups over their columns")
 }
 
+func TestMetricsURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"127.0.0.1:9477":                       "http://127.0.0.1:9477/metrics",
+		"http://127.0.0.1:9477":                "http://127.0.0.1:9477/metrics",
+		"https://node:9477/metrics":            "https://node:9477/metrics",
+		"http://proxy/kylix/node1/metrics?x=1": "http://proxy/kylix/node1/metrics?x=1",
+	} {
+		assert.Equal(t, want, metricsURL(in), in)
+	}
+}
+
 func TestShortBytes(t *testing.T) {
 	for v, want := range map[float64]string{0: "0", 1023: "1023", 1024: "1.0K", 1536: "1.5K", 150 << 20: "150M", 3 << 40: "3.0T"} {
 		assert.Equal(t, want, shortBytes(v), "%v", v)

@@ -80,8 +80,9 @@ type topJSON struct {
 	Time            time.Time          `json:"time"`
 	IntervalSeconds float64            `json:"interval_seconds"`
 	Columns         map[string]float64 `json:"columns"`
-	// Counters are the node's kylix_* series now (totals since start).
-	Counters map[string]float64 `json:"counters"`
+	// Metrics are the node's kylix_* series now: counters (totals since
+	// the node started) and gauges, keyed as the text format writes them.
+	Metrics map[string]float64 `json:"metrics"`
 }
 
 func runTop(ctx context.Context, e *env, args []string) error {
@@ -104,7 +105,7 @@ its admin socket, or with --url from a node's --metrics endpoint
 (http://HOST:PORT/metrics), which also works for another user's node or
 another machine. Stop with Ctrl-C; --count N stops after N lines.
 --json prints one JSON object per line instead.`).withJSON()
-	url := f.String("url", "", "read the metrics from this URL (a node's --metrics endpoint) instead of the admin socket")
+	url := f.String("url", "", "read the metrics from this URL (a node's --metrics endpoint; HOST:PORT means http://HOST:PORT/metrics) instead of the admin socket")
 	interval := f.Duration("interval", time.Second, "time between lines")
 	count := f.Int("count", 0, "stop after this many lines (0: until interrupted)")
 	if err := f.parse(args, 0, 0); err != nil {
@@ -116,7 +117,8 @@ another machine. Stop with Ctrl-C; --count N stops after N lines.
 	var gather func() (sample, error)
 	switch {
 	case *url != "":
-		gather = func() (sample, error) { return scrape(ctx, *url) }
+		u := metricsURL(*url)
+		gather = func() (sample, error) { return scrape(ctx, u) }
 	case e.store != nil && runningNode.metrics != nil:
 		reg := runningNode.metrics.reg
 		gather = func() (sample, error) {
@@ -152,13 +154,13 @@ another machine. Stop with Ctrl-C; --count N stops after N lines.
 		curT := time.Now()
 		dt := curT.Sub(prevT).Seconds()
 		if f.jsonOut {
-			out := topJSON{Time: curT.UTC(), IntervalSeconds: dt, Columns: map[string]float64{}, Counters: map[string]float64{}}
+			out := topJSON{Time: curT.UTC(), IntervalSeconds: dt, Columns: map[string]float64{}, Metrics: map[string]float64{}}
 			for _, c := range topColumns {
 				out.Columns[c.key] = c.value(prev, cur, dt)
 			}
 			for k, v := range cur.series {
 				if strings.HasPrefix(k, "kylix_") {
-					out.Counters[k] = v
+					out.Metrics[k] = v
 				}
 			}
 			if err := f.printJSONLine(out); err != nil {
@@ -241,6 +243,17 @@ func shortBytes(v float64) string {
 		return fmt.Sprintf("%.1f%c", v, units[i])
 	}
 	return fmt.Sprintf("%.0f%c", v, units[i])
+}
+
+// metricsURL completes HOST:PORT to http://HOST:PORT/metrics.
+func metricsURL(u string) string {
+	if !strings.Contains(u, "://") {
+		u = "http://" + u
+	}
+	if rest := u[strings.Index(u, "://")+3:]; !strings.Contains(rest, "/") {
+		u += "/metrics"
+	}
+	return u
 }
 
 // scrape reads a node's metrics endpoint.
