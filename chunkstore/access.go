@@ -141,9 +141,6 @@ func (s *Store) readChunks(ctx context.Context, refs []ChunkRef, locs []Location
 		entries[i] = e
 		if owner {
 			mine = append(mine, i)
-			s.ctr.cacheMisses.Add(1)
-		} else {
-			s.ctr.cacheHits.Add(1)
 		}
 	}
 	if len(mine) > 0 {

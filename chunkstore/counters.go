@@ -13,7 +13,8 @@ type Counters struct {
 	// CacheHits counts chunk lookups the chunk cache answered without a
 	// storage read: the chunk was cached, or another reader's read of it
 	// was in flight and was shared. CacheMisses counts lookups that read
-	// the chunk from storage (or asked the Fetcher). Prefetches count too.
+	// the chunk from storage (or asked the Fetcher). A lookup answered by
+	// a failure remembered (DefaultFailTTL) is neither. Prefetches count.
 	CacheHits   int64 `json:"cache_hits"`
 	CacheMisses int64 `json:"cache_misses"`
 	// Chunk read failures by kind, one per attempt (a failure is
@@ -33,7 +34,6 @@ type Counters struct {
 
 // counters are the live Counters.
 type counters struct {
-	cacheHits, cacheMisses                         atomic.Int64
 	corrupt, readError, notLocal, otherChunkErrors atomic.Int64
 	importBytes, exportBytes                       atomic.Int64
 }
@@ -42,7 +42,7 @@ type counters struct {
 func (s *Store) Counters() Counters {
 	c := &s.ctr
 	return Counters{
-		CacheHits: c.cacheHits.Load(), CacheMisses: c.cacheMisses.Load(),
+		CacheHits: s.cache.hits.Load(), CacheMisses: s.cache.misses.Load(),
 		ChunkCorrupt: c.corrupt.Load(), ChunkReadError: c.readError.Load(),
 		ChunkNotLocal: c.notLocal.Load(), ChunkOther: c.otherChunkErrors.Load(),
 		ImportBytes: c.importBytes.Load(), ExportBytes: c.exportBytes.Load(),

@@ -56,13 +56,17 @@ func TestCounters(t *testing.T) {
 	// An I/O error, then (after the failure is forgotten) a flipped byte,
 	// then a missing pack: one count each, of its kind.
 	fb := mustOpen(t, s, "m/c")
+	before := s.Counters()
 	fr.Always(storeiotest.EIO)
 	_, err = fb.ReadAt(make([]byte, 10), 0)
 	require.Error(t, err)
 	_, err = fb.ReadAt(make([]byte, 10), 0) // remembered: no second attempt
 	require.Error(t, err)
 	fr.Clear()
-	assert.Equal(t, int64(1), s.Counters().ChunkReadError)
+	after := s.Counters()
+	assert.Equal(t, int64(1), after.ChunkReadError)
+	assert.Equal(t, before.CacheMisses+1, after.CacheMisses, "one attempt")
+	assert.Equal(t, before.CacheHits, after.CacheHits, "a failure remembered is no hit")
 	clk.advance(2 * DefaultFailTTL)
 	ext := fb.Extents()[0]
 	damage.FlipByte(t, ext.PackPath, ext.PackOff+1)
