@@ -79,6 +79,9 @@ type clientServer struct {
 	closeOnce sync.Once
 
 	connected, accepted, requests, refused, packFds, fills, fillBytes atomic.Int64
+	packFdBytes                                                       atomic.Int64
+	fillPaths                                                         labeledCounts // GPU fills by I/O path (metrics.go)
+	fillFailures                                                      labeledCounts // failed GPU fills by the chunk failure met (metrics.go)
 }
 
 // listenClient makes the client socket at path: its directory is made
@@ -376,5 +379,6 @@ func (c *clientServer) opPacks(sf *chunkstore.File) reply {
 	e := clientproto.PackEntry{PackIndex: 0, Flags: clientproto.PackWholeFile | clientproto.PackChecked,
 		Generation: layout.Generation(st.Dev, st.Ino, st.Size, st.Mtim.Nano(), st.Ctim.Nano()), Size: uint64(st.Size)}
 	c.packFds.Add(1)
+	c.packFdBytes.Add(st.Size)
 	return reply{fields: clientproto.AppendPacks(nil, []clientproto.PackEntry{e}), fds: []*os.File{pf}}
 }

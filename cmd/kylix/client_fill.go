@@ -265,11 +265,13 @@ func (c *clientServer) opFill(sf *chunkstore.File, body []byte, p peer) reply {
 	defer c.fill.startReading(sf.ID, d.ord)()
 	res, err := c.fillSlices(d, sf, dst, ranges, uint64(p.pid))
 	if err != nil {
+		c.fillFailures.add(chunkstore.FailureKind(err), 0)
 		return refuse(fmt.Errorf("fill: %w", errnoOr(err, syscall.EIO)))
 	}
 	d.fills.Add(1)
 	c.fills.Add(1)
 	c.fillBytes.Add(res.Bytes)
+	c.fillPaths.add(string(res.Path), res.Bytes)
 	verified := "no"
 	if res.Verified {
 		verified = res.VerifyOn

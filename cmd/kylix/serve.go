@@ -44,14 +44,15 @@ func (e *env) defaultMountDir() string {
 
 // runningNode is the node this process serves, for in-node commands.
 var runningNode struct {
-	fsys   *kfs.FS
-	mount  string
-	start  time.Time
-	client *clientServer
+	fsys    *kfs.FS
+	mount   string
+	start   time.Time
+	client  *clientServer
+	metrics *nodeMetrics
 }
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--client-socket PATH|none] [--gpu-idle D] [--reserve SIZE|PERCENT] [--no-passthrough] [--scrub-rate BYTES] [--debug] [--stop-timeout D]", `
+	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--client-socket PATH|none] [--gpu-idle D] [--reserve SIZE|PERCENT] [--no-passthrough] [--scrub-rate BYTES] [--metrics ADDR] [--debug] [--stop-timeout D]", `
 Runs a node: opens the store, mounts its namespace at the mount point, and
 serves the admin socket DATA/kylix.sock. While the node runs, the other
 commands (import, export, ls, stat, df, verify, gc, rm) given the same data
@@ -96,6 +97,7 @@ inside the mount point.`)
 	gpuIdle := f.Duration("gpu-idle", defaultGPUIdle, "give a GPU's CUDA context back after this long without a client's GPU fill")
 	reserveFlag := f.String("reserve", fmt.Sprintf("%d%%", kfs.DefaultReservePercent),
 		"free space kept from writers through the mount whose uid is not 0: a size (2GiB) or a share of the data file system (5%)")
+	metricsAddr := metricsFlag(f)
 	if err := f.parse(args, 0, 0); err != nil {
 		return err
 	}
@@ -169,6 +171,11 @@ inside the mount point.`)
 	if err != nil {
 		return err
 	}
+	if runningNode.metrics, err = startMetrics(*metricsAddr, s, fsys, client, log); err != nil {
+		return err
+	}
+	defer runningNode.metrics.close()
+	clientLine += runningNode.metrics.line()
 	if cleared, err := kfs.ClearStaleMount(mountDir); err != nil {
 		return err
 	} else if cleared {
