@@ -22,6 +22,6 @@ pinned=()
 $k pin --help >/dev/null 2>&1 && pinned=(--pinned "$k" pin m)
 python3 scripts/gpu-tp.py --reps "${REPS:-3}" --mount-files "$work"/mnt/m/*.safetensors --source-files "$work"/src/base/*.safetensors "${pinned[@]}"
 rc=$?
-$k node | grep -E "clients|gpu" || true
+$k node | grep -E "clients|gpu|filled" || true
 grep -E "CUDA context" "$work/serve.log" | cut -c1-160 || true
 exit $rc

@@ -3,6 +3,7 @@ package test
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kylix/kylix/clientproto"
+	"github.com/stretchr/testify/require"
 )
 
 // startStubGPUNode starts a node whose CUDA driver is the stub of package
@@ -190,6 +192,25 @@ func TestClientFillStubGPU(t *testing.T) {
 	if !strings.Contains(out, "cuda:0: CUDA context held") || !strings.Contains(out, "3 GPU fills") {
 		t.Errorf("kylix node during fills:\n%s", out)
 	}
+	// Per process: what it was given, and what was read for it.
+	if !strings.Contains(out, fmt.Sprintf("filled:   pid %d (uid %d) on cuda:0: 3 fills", os.Getpid(), os.Getuid())) {
+		t.Errorf("kylix node lists no fills for this process:\n%s", out)
+	}
+	var ns struct {
+		Clients struct {
+			ByProcess []struct {
+				PID       int   `json:"pid"`
+				Bytes     int64 `json:"bytes"`
+				ReadBytes int64 `json:"read_bytes"`
+			} `json:"by_process"`
+		} `json:"clients"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(mustKylix(t, t.TempDir(), "node", "--json", "--data", data)), &ns))
+	require.Len(t, ns.Clients.ByProcess, 1)
+	placed := int64(len(want)) + 3<<20 + 1<<20 + 100 + 7000*300 + 1<<20 + 8*64<<10
+	require.Equal(t, os.Getpid(), ns.Clients.ByProcess[0].PID)
+	require.Equal(t, placed, ns.Clients.ByProcess[0].Bytes)
+	require.GreaterOrEqual(t, ns.Clients.ByProcess[0].ReadBytes, placed, "whole chunks are read for what is placed")
 	waitFor(t, 20*time.Second, "the context given back after --gpu-idle", func() bool {
 		return strings.Contains(mustKylix(t, t.TempDir(), "node", "--data", data), "no CUDA context held")
 	})

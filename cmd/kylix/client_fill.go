@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -269,6 +270,7 @@ func (c *clientServer) opFill(sf *chunkstore.File, body []byte, p peer) reply {
 		return refuse(fmt.Errorf("fill: %w", errnoOr(err, syscall.EIO)))
 	}
 	d.fills.Add(1)
+	c.procs.add(p, d.ord, res)
 	c.fills.Add(1)
 	c.fillBytes.Add(res.Bytes)
 	c.fillPaths.add(string(res.Path), res.Bytes)
@@ -331,6 +333,7 @@ func (c *clientServer) fillSlices(d *fillDev, sf *chunkstore.File, dst gpuio.Dev
 				return
 			}
 			total.Bytes += res.Bytes
+			total.Read += res.Read
 			total.Path, total.VerifyOn = res.Path, res.VerifyOn
 			total.Verified = total.Verified && res.Verified
 			if total.IO == "" {
@@ -464,4 +467,57 @@ func (s *fairSched) release() {
 		delete(s.queues, c)
 	}
 	close(ch)
+}
+
+// maxFillProcs bounds the client processes whose fills kylix node lists.
+const maxFillProcs = 16
+
+// procFills is one client process's GPU fills.
+type procFills struct {
+	PID     int32  `json:"pid"`
+	UID     uint32 `json:"uid"`
+	Devices []int  `json:"devices"`
+	Fills   int64  `json:"fills"`
+	// Bytes were placed in the process's memory; ReadBytes were read
+	// from the packs for them (whole chunks: a share's rows need their
+	// chunks whole, for verification).
+	Bytes     int64 `json:"bytes"`
+	ReadBytes int64 `json:"read_bytes"`
+}
+
+// fillProcs keeps the latest maxFillProcs client processes' fills.
+type fillProcs struct {
+	mu    sync.Mutex
+	procs []procFills // oldest first
+}
+
+func (f *fillProcs) add(p peer, dev int, res gpuio.Result) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	i := slices.IndexFunc(f.procs, func(x procFills) bool { return x.PID == p.pid && x.UID == p.uid })
+	if i < 0 {
+		if len(f.procs) == maxFillProcs {
+			f.procs = f.procs[1:]
+		}
+		f.procs = append(f.procs, procFills{PID: p.pid, UID: p.uid})
+		i = len(f.procs) - 1
+	}
+	x := &f.procs[i]
+	if !slices.Contains(x.Devices, dev) {
+		x.Devices = append(x.Devices, dev)
+	}
+	x.Fills++
+	x.Bytes += res.Bytes
+	x.ReadBytes += res.Read
+}
+
+func (f *fillProcs) list() []procFills {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]procFills, len(f.procs))
+	for i, x := range f.procs {
+		x.Devices = slices.Clone(x.Devices)
+		out[i] = x
+	}
+	return out
 }

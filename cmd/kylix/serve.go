@@ -289,6 +289,14 @@ passthrough and by the node. Fails when no node runs.`).withJSON()
 			fmt.Fprintf(e.stdout, "gpu:      cuda:%d: CUDA context held (path %s), loader %s of GPU memory, device %s free of %s, %d fills, %d in flight\n",
 				g.Device, g.Path, human(g.LoaderBytes), human(g.DeviceFree), human(g.DeviceTotal), g.Fills, g.Active)
 		}
+		for _, p := range cs.ByProcess {
+			var devs []string
+			for _, d := range p.Devices {
+				devs = append(devs, fmt.Sprintf("cuda:%d", d))
+			}
+			fmt.Fprintf(e.stdout, "filled:   pid %d (uid %d) on %s: %d fills, %s placed, %s read from packs\n",
+				p.PID, p.UID, strings.Join(devs, ","), p.Fills, human(p.Bytes), human(p.ReadBytes))
+		}
 	}
 	return nil
 }
