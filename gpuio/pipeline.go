@@ -19,6 +19,10 @@ type job struct {
 	// into, on the unified path, is the device memory (as the CPU sees it)
 	// that the group's chunks go to whole: they are read straight there.
 	into []byte
+	// shared, when set and true at the read, says others read the same
+	// bytes now (ReadOptions.Shared): an IOAuto read of bytes not in the
+	// page cache goes through it too.
+	shared func() bool
 }
 
 // placer issues the copies of the wanted part of a group. src addresses the
@@ -242,7 +246,7 @@ func (l *Loader) doJob(ctx context.Context, j job, buf PinnedMem, s Stream, stag
 	if j.into != nil {
 		return l.readInto(ctx, g, j.into)
 	}
-	src, err := l.read(ctx, g, buf, stage)
+	src, err := l.read(ctx, j, buf, stage)
 	if err != nil {
 		return 0, src.kind, err
 	}
@@ -333,7 +337,8 @@ func verifyHost(g group, data []byte) error {
 }
 
 // read brings a group's bytes where the device can copy them from.
-func (l *Loader) read(ctx context.Context, g group, buf PinnedMem, stage DeviceMem) (source, error) {
+func (l *Loader) read(ctx context.Context, j job, buf PinnedMem, stage DeviceMem) (source, error) {
+	g := j.g
 	if l.path == PathGDS || l.path == PathGDSCompat {
 		src := source{onDev: true, devOff: g.dataOff - g.readOff, kind: ioCuFile}
 		return src, l.readGDS(g, stage)
@@ -358,7 +363,7 @@ func (l *Loader) read(ctx context.Context, g group, buf PinnedMem, stage DeviceM
 		return source{host: pf.mapped, pinned: reg, hostOff: g.dataOff, kind: ioMapped}, nil
 	}
 	f, kind := pf.buffered, ioBuffered
-	if l.opts.IO == IODirect || (l.opts.IO == IOAuto && !pf.resident(g.readOff, g.readLen)) {
+	if l.opts.IO == IODirect || (l.opts.IO == IOAuto && !(j.shared != nil && j.shared()) && !pf.resident(g.readOff, g.readLen)) {
 		f, kind = pf.direct, ioDirect
 	}
 	src := source{host: buf.Bytes()[:g.readLen], pinned: buf, hostOff: g.dataOff - g.readOff, kind: kind}

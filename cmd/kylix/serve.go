@@ -44,15 +44,16 @@ func (e *env) defaultMountDir() string {
 
 // runningNode is the node this process serves, for in-node commands.
 var runningNode struct {
-	fsys   *kfs.FS
-	mount  string
-	start  time.Time
-	client *clientServer
-	pins   *nodePins
+	fsys    *kfs.FS
+	mount   string
+	start   time.Time
+	client  *clientServer
+	metrics *nodeMetrics
+	pins    *nodePins
 }
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--client-socket PATH|none] [--gpu-idle D] [--reserve SIZE|PERCENT] [--no-passthrough] [--scrub-rate BYTES] [--pin-budget SIZE|PERCENT] [--debug] [--stop-timeout D]", `
+	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--client-socket PATH|none] [--gpu-idle D] [--reserve SIZE|PERCENT] [--no-passthrough] [--scrub-rate BYTES] [--pin-budget SIZE|PERCENT] [--metrics ADDR] [--debug] [--stop-timeout D]", `
 Runs a node: opens the store, mounts its namespace at the mount point, and
 serves the admin socket DATA/kylix.sock. While the node runs, the other
 commands (import, export, ls, stat, df, verify, gc, rm) given the same data
@@ -102,6 +103,7 @@ inside the mount point.`)
 	reserveFlag := f.String("reserve", fmt.Sprintf("%d%%", kfs.DefaultReservePercent),
 		"free space kept from writers through the mount whose uid is not 0: a size (2GiB) or a share of the data file system (5%)")
 	pinBudget := pinBudgetFlag(f)
+	metricsAddr := metricsFlag(f)
 	if err := f.parse(args, 0, 0); err != nil {
 		return err
 	}
@@ -179,6 +181,11 @@ inside the mount point.`)
 	if err != nil {
 		return err
 	}
+	if runningNode.metrics, err = startMetrics(*metricsAddr, s, fsys, client, log); err != nil {
+		return err
+	}
+	defer runningNode.metrics.close()
+	clientLine += runningNode.metrics.line()
 	if cleared, err := kfs.ClearStaleMount(mountDir); err != nil {
 		return err
 	} else if cleared {
@@ -294,6 +301,14 @@ passthrough and by the node. Fails when no node runs.`).withJSON()
 		for _, g := range cs.GPU {
 			fmt.Fprintf(e.stdout, "gpu:      cuda:%d: CUDA context held (path %s), loader %s of GPU memory, device %s free of %s, %d fills, %d in flight\n",
 				g.Device, g.Path, human(g.LoaderBytes), human(g.DeviceFree), human(g.DeviceTotal), g.Fills, g.Active)
+		}
+		for _, p := range cs.ByProcess {
+			var devs []string
+			for _, d := range p.Devices {
+				devs = append(devs, fmt.Sprintf("cuda:%d", d))
+			}
+			fmt.Fprintf(e.stdout, "filled:   pid %d (uid %d) on %s: %d fills, %s placed, %s read from packs\n",
+				p.PID, p.UID, strings.Join(devs, ","), p.Fills, human(p.Bytes), human(p.ReadBytes))
 		}
 	}
 	printPins(e.stdout, out.Pins)
