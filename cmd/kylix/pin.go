@@ -380,38 +380,68 @@ func writePinRecord(dir string, rec pinRecord) error {
 	return nil
 }
 
-// pinInfo says whether a namespace entry is pinned, and by what. A file is
-// pinned when its version is held by a pin (a deduplicated copy elsewhere
-// shares the same locked packs); a directory when it is at or below a
-// pinned path. Without a node, nothing is held; a recorded pin is named.
-func pinInfo(s *chunkstore.Store, path string, ent chunkstore.Entry) (bool, string) {
-	clean, _ := chunkstore.CleanPath(path)
+// pinView is a snapshot of the pins for ls and stat: the running node's
+// pins, or, without a node, the recorded paths.
+type pinView struct {
+	node     bool
+	held     []pinSnap
+	recorded []string
+}
+
+type pinSnap struct {
+	path  string
+	held  bool
+	state string
+	files map[chunkstore.ID]bool // shared with the pin: read-only once held
+}
+
+func newPinView(s *chunkstore.Store) *pinView {
 	np := runningNode.pins
 	if np == nil {
 		rec, _ := readPinRecord(s.Dir())
+		v := &pinView{}
 		for _, r := range rec.Pins {
-			if within("/"+clean, "/"+r.Path) {
-				return false, fmt.Sprintf("recorded pin %s; pins are held only while a node runs (none does)", shownPath(r.Path))
+			v.recorded = append(v.recorded, r.Path)
+		}
+		return v
+	}
+	v := &pinView{node: true}
+	np.mu.Lock()
+	defer np.mu.Unlock()
+	for _, n := range np.namesLocked() {
+		p := np.pins[n]
+		v.held = append(v.held, pinSnap{path: n, held: p.held(), state: p.state, files: p.files})
+	}
+	return v
+}
+
+// info says whether a namespace entry is pinned, and by what. A file is
+// pinned when its version is held by a pin (a deduplicated copy elsewhere
+// shares the same locked packs); a directory when it is at or below a
+// pinned path. Without a node, nothing is held; a recorded pin is named.
+func (v *pinView) info(path string, ent chunkstore.Entry) (bool, string) {
+	clean, _ := chunkstore.CleanPath(path)
+	if !v.node {
+		for _, r := range v.recorded {
+			if within("/"+clean, "/"+r) {
+				return false, fmt.Sprintf("recorded pin %s; pins are held only while a node runs (none does)", shownPath(r))
 			}
 		}
 		return false, ""
 	}
-	np.mu.Lock()
-	defer np.mu.Unlock()
 	var stale string
-	for _, n := range np.namesLocked() {
-		p := np.pins[n]
-		under := within("/"+clean, "/"+n)
+	for _, p := range v.held {
+		under := within("/"+clean, "/"+p.path)
 		switch {
-		case !p.held() && under:
-			return false, fmt.Sprintf("pin %s is %s", shownPath(n), p.state)
-		case !p.held():
+		case !p.held && under:
+			return false, fmt.Sprintf("pin %s is %s", shownPath(p.path), p.state)
+		case !p.held:
 		case ent.Kind == chunkstore.KindFile && p.files[ent.ID]:
-			return true, "pin " + shownPath(n)
+			return true, "pin " + shownPath(p.path)
 		case ent.Kind == chunkstore.KindDir && under:
-			return true, "pin " + shownPath(n)
+			return true, "pin " + shownPath(p.path)
 		case under:
-			stale = fmt.Sprintf("pin %s was made before this version of the file: kylix pin %s again", shownPath(n), shownPath(n))
+			stale = fmt.Sprintf("pin %s was made before this version of the file: kylix pin %s again", shownPath(p.path), shownPath(p.path))
 		}
 	}
 	return false, stale

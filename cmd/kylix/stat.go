@@ -103,7 +103,7 @@ it can be served by FUSE passthrough and read directly by the GPU path).`).withJ
 		}
 		out.Entries = len(l)
 	}
-	out.Pinned, out.PinNote = pinInfo(s, path, ent)
+	out.Pinned, out.PinNote = newPinView(s).info(path, ent)
 	if f.jsonOut {
 		return f.printJSON(out)
 	}
