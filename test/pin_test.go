@@ -168,7 +168,21 @@ func TestPinHoldsPathsInMemory(t *testing.T) {
 	require.NotContains(t, string(rec), "m/a")
 
 	// A directory: every file under it.
-	mustKylix(t, data, "pin", "--data", data, "d")
+	var po struct {
+		Path        string `json:"path"`
+		Files       int    `json:"files"`
+		Bytes       int64  `json:"bytes"`
+		LockedBytes int64  `json:"locked_bytes"`
+		BudgetBytes int64  `json:"budget_bytes"`
+		UsedBytes   int64  `json:"used_bytes"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(mustKylix(t, data, "pin", "--json", "--data", data, "d")), &po))
+	require.Equal(t, "d", po.Path)
+	require.Equal(t, 2, po.Files)
+	require.Equal(t, int64(5<<20+1), po.Bytes)
+	require.GreaterOrEqual(t, po.LockedBytes, po.Bytes)
+	require.Equal(t, po.LockedBytes, po.UsedBytes)
+	require.Equal(t, int64(24<<20), po.BudgetBytes)
 	for _, p := range []string{"d", "d/x", "d/sub", "d/sub/y"} {
 		st := statPin(t, data, p)
 		require.True(t, st.Pinned, p)
@@ -326,7 +340,7 @@ func TestPinnedFillStubGPU(t *testing.T) {
 	require.NotContains(t, fill("b", b).IO, "pinned")
 
 	// Pinned while the loader is held: registered at once.
-	mustKylix(t, data, "pin", "--data", data, "m/b")
+	require.Regexp(t, `gpu: cuda:0 \(.*\): 25\.0 MiB of 25\.0 MiB registered`, mustKylix(t, data, "pin", "--data", data, "m/b"))
 	require.Equal(t, "page cache (pinned)", fill("b", b).IO)
 	np = nodePins(t, data)
 	require.Equal(t, np.Pins.LockedBytes, np.Pins.GPU[0].RegisteredBytes)
