@@ -179,6 +179,17 @@ func (h *PinnedHost) findLocked(pack uint64, a, b int64, exact bool) *PinnedRang
 	return nil
 }
 
+// RegisteredBy names the device whose registration of the range loads copy
+// from ("" when it is not registered with any).
+func (r *PinnedRange) RegisteredBy() string {
+	r.h.mu.Lock()
+	defer r.h.mu.Unlock()
+	if r.reg == nil || r.regBy == nil {
+		return ""
+	}
+	return r.regBy.dev.String()
+}
+
 // Release undoes one Lock. The last one waits for loads copying from the
 // range, unregisters it, unlocks and unmaps it.
 func (r *PinnedRange) Release() error {

@@ -24,6 +24,7 @@ type pinStat struct {
 	Size          int64  `json:"size"`
 	Pinned        bool   `json:"pinned"`
 	PinNote       string `json:"pin_note"`
+	PinGPU        string `json:"pin_gpu"`
 	ResidentBytes int64  `json:"resident_bytes"`
 	Extents       []struct {
 		PackPath string `json:"pack_path"`
@@ -119,7 +120,9 @@ func TestPinHoldsPathsInMemory(t *testing.T) {
 	// Locked pages stay resident when asked to leave.
 	evict(t, st.Extents[0].PackPath)
 	require.Equal(t, int64(len(a)), statPin(t, data, "m/a").ResidentBytes)
-	require.Contains(t, mustKylix(t, data, "stat", "--data", data, "m/a"), "pinned:   yes (pin m/a)")
+	statText := mustKylix(t, data, "stat", "--data", data, "m/a")
+	require.Contains(t, statText, "pinned:   yes (pin m/a)")
+	require.Contains(t, statText, "9.0 MiB locked, not registered with any GPU", "stat says plainly that no GPU registration holds")
 	require.Regexp(t, `100% pinned +a\n`, mustKylix(t, data, "ls", "--data", data, "m"))
 	var ls []struct {
 		Name   string `json:"name"`
@@ -331,6 +334,7 @@ func TestPinnedFillStubGPU(t *testing.T) {
 		return fr
 	}
 	require.Equal(t, "page cache (pinned)", fill("a", a).IO)
+	require.Contains(t, mustKylix(t, data, "stat", "--data", data, "m/a"), "20.0 MiB locked and registered for GPU copies (by cuda:0 (")
 	np := nodePins(t, data)
 	require.Len(t, np.Pins.GPU, 1)
 	require.Equal(t, np.Pins.LockedBytes, np.Pins.GPU[0].RegisteredBytes)
@@ -349,6 +353,7 @@ func TestPinnedFillStubGPU(t *testing.T) {
 		return len(nodePins(t, data).Pins.GPU) == 0
 	})
 	require.Contains(t, nodePins(t, data).Pins.GPUNote, "not registered")
+	require.Contains(t, statPin(t, data, "m/a").PinGPU, "not registered with any GPU")
 	require.Equal(t, "page cache (pinned)", fill("a", a).IO, "a new loader registers the pins again")
 	mustKylix(t, data, "unpin", "--data", data, "m/a")
 	require.NotContains(t, fill("a", a).IO, "pinned")

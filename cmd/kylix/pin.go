@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -389,10 +390,11 @@ type pinView struct {
 }
 
 type pinSnap struct {
-	path  string
-	held  bool
-	state string
-	files map[chunkstore.ID]bool // shared with the pin: read-only once held
+	path   string
+	held   bool
+	state  string
+	files  map[chunkstore.ID]bool // shared with the pin: read-only once held
+	locked []*gpuio.PinnedRange
 }
 
 func newPinView(s *chunkstore.Store) *pinView {
@@ -410,9 +412,38 @@ func newPinView(s *chunkstore.Store) *pinView {
 	defer np.mu.Unlock()
 	for _, n := range np.namesLocked() {
 		p := np.pins[n]
-		v.held = append(v.held, pinSnap{path: n, held: p.held(), state: p.state, files: p.files})
+		v.held = append(v.held, pinSnap{path: n, held: p.held(), state: p.state, files: p.files, locked: slices.Clone(p.locked)})
 	}
 	return v
+}
+
+// gpu says whether the memory of the pin that holds path is registered
+// for GPU copies ("" when path is not held by a pin).
+func (v *pinView) gpu(path string, ent chunkstore.Entry) string {
+	clean, _ := chunkstore.CleanPath(path)
+	for _, p := range v.held {
+		if !p.held || !(ent.Kind == chunkstore.KindFile && p.files[ent.ID] || ent.Kind == chunkstore.KindDir && within("/"+clean, "/"+p.path)) {
+			continue
+		}
+		var locked, reg int64
+		devs := map[string]bool{}
+		for _, r := range p.locked {
+			locked += r.Size()
+			if d := r.RegisteredBy(); d != "" {
+				reg += r.Size()
+				devs[d] = true
+			}
+		}
+		names := slices.Sorted(maps.Keys(devs))
+		switch {
+		case reg == 0:
+			return fmt.Sprintf("%s locked, not registered with any GPU: the node registers pinned memory while it holds a GPU loader (made by a client's GPU fill, given back after --gpu-idle); none holds it now", human(locked))
+		case reg < locked:
+			return fmt.Sprintf("%s locked, only %s of it registered for GPU copies (by %s): the rest is copied through bounce buffers (kylix node says why)", human(locked), human(reg), strings.Join(names, ", "))
+		}
+		return fmt.Sprintf("%s locked and registered for GPU copies (by %s)", human(locked), strings.Join(names, ", "))
+	}
+	return ""
 }
 
 // info says whether a namespace entry is pinned, and by what. A file is
@@ -633,10 +664,13 @@ running node it only removes PATH from the record DATA/pins.json.`)
 	return nil
 }
 
-func printPinned(w io.Writer, pinned bool, note string) {
+func printPinned(w io.Writer, pinned bool, note, gpu string) {
 	switch {
 	case pinned:
 		fmt.Fprintf(w, "pinned:   yes (%s)\n", note)
+		if gpu != "" {
+			fmt.Fprintf(w, "          %s\n", gpu)
+		}
 	case note != "":
 		fmt.Fprintf(w, "pinned:   no (%s)\n", note)
 	default:

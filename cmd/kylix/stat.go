@@ -41,6 +41,8 @@ type statOut struct {
 	// PinNote names the pin, or says why it is not held.
 	Pinned  bool   `json:"pinned"`
 	PinNote string `json:"pin_note,omitempty"`
+	// PinGPU says whether the pinned memory is registered for GPU copies.
+	PinGPU string `json:"pin_gpu,omitempty"`
 	// ResidentBytes: the file's bytes in the page cache now.
 	ResidentBytes int64 `json:"resident_bytes"`
 }
@@ -103,7 +105,9 @@ it can be served by FUSE passthrough and read directly by the GPU path).`).withJ
 		}
 		out.Entries = len(l)
 	}
-	out.Pinned, out.PinNote = newPinView(s).info(path, ent)
+	pins := newPinView(s)
+	out.Pinned, out.PinNote = pins.info(path, ent)
+	out.PinGPU = pins.gpu(path, ent)
 	if f.jsonOut {
 		return f.printJSON(out)
 	}
@@ -119,7 +123,7 @@ it can be served by FUSE passthrough and read directly by the GPU path).`).withJ
 	if ent.Kind == chunkstore.KindDir {
 		fmt.Fprintf(w, "entries:  %d\n", out.Entries)
 	}
-	printPinned(w, out.Pinned, out.PinNote)
+	printPinned(w, out.Pinned, out.PinNote, out.PinGPU)
 	if ent.Kind != chunkstore.KindFile {
 		return nil
 	}
