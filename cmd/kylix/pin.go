@@ -34,7 +34,7 @@ func init() {
 
 const (
 	pinRecordName = "pins.json"
-	// defaultPinBudgetDoc documents --pin-budget's default.
+	// defaultPinBudget is --pin-budget's default (docs/design/pin.md).
 	defaultPinBudget = "50%"
 )
 
