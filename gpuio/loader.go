@@ -100,7 +100,7 @@ type Options struct {
 // Result reports one load.
 type Result struct {
 	Path     Path          `json:"path"`
-	IO       string        `json:"io"`                    // how storage was read: "O_DIRECT", "page cache", "page cache (mapped)", "page cache (pinned)", "cufile", "unified", joined with " + "
+	IO       string        `json:"io"`                    // how storage was read: "O_DIRECT", "page cache", "page cache (mapped)", "page cache (pinned)", "page cache (pinned, verified)" (chunks hashed when pinned, not again), "cufile", "unified", joined with " + "
 	Bytes    int64         `json:"bytes"`                 // bytes placed on the device
 	Read     int64         `json:"read_bytes"`            // bytes read from storage (whole chunks, alignment)
 	Duration time.Duration `json:"duration_ns"`           //

@@ -16,14 +16,17 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kylix/kylix/chunkstore"
 	"github.com/kylix/kylix/chunkstore/storeio"
 )
 
@@ -37,6 +40,11 @@ type PackSpan struct {
 	Path string // the pack file
 	Off  int64
 	Len  int64
+	// Chunks, when given, are the chunks lying in the span: Lock hashes
+	// each from the locked pages and refuses the span if one does not
+	// match, and loads then copy the span's chunks without hashing them
+	// again (see PinnedRange.verified).
+	Chunks []chunkstore.Piece
 }
 
 // aligned returns the span widened to whole pages.
@@ -68,6 +76,17 @@ type PinnedRange struct {
 	reg    PinnedMem // the registration, nil if none
 	regBy  *Loader   // whose device made reg
 	regErr map[*Loader]error
+	// verified: every chunk of the span was hashed from these locked
+	// pages when it was pinned and matched its id. The pages cannot be
+	// evicted and packs are never rewritten in place (only appended to,
+	// and removed whole by gc), so a load may place the range's chunks
+	// without hashing them again, unless it asks for verification at
+	// every load (ReadOptions.VerifyEveryLoad): the guarantee
+	// passthrough gives, "verified when first opened" (verification.md).
+	// [vlo, vhi) is the span whose chunks were hashed (pack offsets): the
+	// page-aligned range may hold a few bytes of other chunks beyond it.
+	verified bool
+	vlo, vhi int64
 }
 
 // NewPinnedHost returns an empty set.
@@ -90,6 +109,15 @@ func (h *PinnedHost) Lock(span PackSpan) (*PinnedRange, error) {
 		return nil, fmt.Errorf("empty range of %s", span.Path)
 	}
 	if r := h.find(span.Pack, a, b, true); r != nil {
+		if len(span.Chunks) > 0 && !r.isVerified() {
+			if err := verifyPinned(r.b, r.off, span); err != nil {
+				r.Release()
+				return nil, err
+			}
+			h.mu.Lock()
+			r.verified, r.vlo, r.vhi = true, span.Off, span.Off+span.Len
+			h.mu.Unlock()
+		}
 		return r, nil
 	}
 	f, err := os.Open(span.Path)
@@ -110,13 +138,24 @@ func (h *PinnedHost) Lock(span PackSpan) (*PinnedRange, error) {
 		unix.Munmap(m)
 		return nil, fmt.Errorf("locking %d bytes of %s in memory: %w: %w (%s)", b-a, span.Path, ErrMemlock, err, MemlockLimit())
 	}
+	verified := false
+	if len(span.Chunks) > 0 {
+		if err := verifyPinned(m, a, span); err != nil {
+			unix.Munmap(m)
+			return nil, err
+		}
+		verified = true
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if r := h.findLocked(span.Pack, a, b, true); r != nil { // locked meanwhile
 		unix.Munmap(m)
+		if verified && !r.verified {
+			r.verified, r.vlo, r.vhi = true, span.Off, span.Off+span.Len
+		}
 		return r, nil
 	}
-	r := &PinnedRange{h: h, pack: span.Pack, off: a, b: m, refs: 1, regErr: map[*Loader]error{}}
+	r := &PinnedRange{h: h, pack: span.Pack, off: a, b: m, refs: 1, regErr: map[*Loader]error{}, verified: verified, vlo: span.Off, vhi: span.Off + span.Len}
 	h.ranges[span.Pack] = append(h.ranges[span.Pack], r)
 	for l := range h.loaders {
 		if r.register(l) {
@@ -307,7 +346,46 @@ func (h *PinnedHost) source(l *Loader, g group) (source, bool) {
 			h.idle.Broadcast()
 		}
 	}
-	return source{host: r.b, pinned: p, hostOff: g.dataOff - r.off, kind: ioPinned, done: done}, true
+	return source{host: r.b, pinned: p, hostOff: g.dataOff - r.off, kind: ioPinned, done: done,
+		verified: r.verified && g.dataOff >= r.vlo && g.dataOff+g.dataLen <= r.vhi}, true
+}
+
+func (r *PinnedRange) isVerified() bool {
+	r.h.mu.Lock()
+	defer r.h.mu.Unlock()
+	return r.verified
+}
+
+// verifyPinned hashes the span's chunks from m (the pages from file offset
+// base), on all CPUs.
+func verifyPinned(m []byte, base int64, span PackSpan) error {
+	var (
+		next atomic.Int64
+		bad  atomic.Pointer[chunkstore.CorruptError]
+		wg   sync.WaitGroup
+	)
+	for range min(runtime.GOMAXPROCS(0), len(span.Chunks)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < len(span.Chunks) && bad.Load() == nil; i = int(next.Add(1) - 1) {
+				c := span.Chunks[i]
+				o := c.PackOff - base
+				if o < 0 || c.Len < 0 || o+c.Len > int64(len(m)) {
+					bad.CompareAndSwap(nil, &chunkstore.CorruptError{Chunk: c.ID, Pack: span.Pack, PackOff: c.PackOff, Reason: "outside the pinned range"})
+					continue
+				}
+				if chunkstore.Sum(m[o:o+c.Len]) != c.ID {
+					bad.CompareAndSwap(nil, &chunkstore.CorruptError{Chunk: c.ID, Pack: span.Pack, PackOff: c.PackOff, Reason: "hash mismatch when pinned"})
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if e := bad.Load(); e != nil {
+		return fmt.Errorf("pinning %s: %w (kylix verify names the files it affects)", span.Path, e)
+	}
+	return nil
 }
 
 // Locked is the number of bytes locked: the union of the ranges of each pack.

@@ -7,6 +7,9 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/internal/damage"
 )
 
 func spansOf(t *testing.T, fx *fixture, name string) []PackSpan {
@@ -179,4 +182,84 @@ func TestPinnedSharedByLoaders(t *testing.T) {
 	}
 	require.NoError(t, l1.Close())
 	require.Zero(t, d1.Live())
+}
+
+// spansWithChunks are the file's spans with their chunks, as the node pins
+// them (cmd/kylix/pin.go).
+func spansWithChunks(t *testing.T, fx *fixture, name string) []PackSpan {
+	t.Helper()
+	f := fx.open(t, name)
+	plan, err := f.Plan(0, f.Size())
+	require.NoError(t, err)
+	defer plan.Release()
+	spans := spansOf(t, fx, name)
+	for i := range spans {
+		for _, pc := range plan.Pieces {
+			if pc.Pack == spans[i].Pack && pc.PackOff >= spans[i].Off && pc.PackOff+pc.Len <= spans[i].Off+spans[i].Len {
+				pc.Lease = nil
+				spans[i].Chunks = append(spans[i].Chunks, pc)
+			}
+		}
+		require.NotEmpty(t, spans[i].Chunks)
+	}
+	return spans
+}
+
+// TestPinnedVerifiedWhenPinned: spans pinned with their chunks are hashed
+// once, when locked; loads then place their bytes as they are (VerifyOn
+// "pin"), shares too, unless a load asks to verify every time; a span
+// whose pack holds a wrong byte is refused when pinned, nothing locked.
+func TestPinnedVerifiedWhenPinned(t *testing.T) {
+	fx := newFixture(t)
+	h := NewPinnedHost()
+	var locked []*PinnedRange
+	for _, s := range spansWithChunks(t, fx, "b.safetensors") {
+		r, err := h.Lock(s)
+		require.NoError(t, err)
+		locked = append(locked, r)
+	}
+	dev := &HostDevice{}
+	l, err := New(fx.st, dev, Options{Pinned: h, VerifyOn: VerifyDevice})
+	require.NoError(t, err)
+	want := fx.files["b.safetensors"]
+	f := fx.open(t, "b.safetensors")
+	size := int64(len(want))
+	for _, every := range []bool{false, true} {
+		// The whole file, and a strided share: rows of 1000 bytes 3000 apart.
+		rows := (size - 1000) / 3000
+		rs := []Range{{Off: 0, N: size}, {Off: 7, N: 1000, DstOff: size, Rows: rows, Pitch: 3000}}
+		mem, err := dev.Alloc(size + rows*1000)
+		require.NoError(t, err)
+		res, err := l.ReadRangesWith(context.Background(), f, rs, mem, ReadOptions{VerifyEveryLoad: every})
+		require.NoError(t, err)
+		got := make([]byte, size+rows*1000)
+		mem.CopyToHost(got, 0)
+		require.True(t, bytes.Equal(got[:size], want))
+		for i := range rows {
+			require.True(t, bytes.Equal(got[size+i*1000:size+(i+1)*1000], want[7+i*3000:7+i*3000+1000]), "row %d", i)
+		}
+		mem.Free()
+		require.True(t, res.Verified)
+		if every {
+			require.Equal(t, "device", res.VerifyOn)
+			require.Equal(t, "page cache (pinned)", res.IO)
+		} else {
+			require.Equal(t, "pin", res.VerifyOn)
+			require.Equal(t, "page cache (pinned, verified)", res.IO)
+		}
+	}
+	for _, r := range locked {
+		require.NoError(t, r.Release())
+	}
+	require.NoError(t, l.Close())
+	require.Zero(t, dev.Live())
+
+	// A wrong byte in the pack: the pin is refused and nothing stays locked.
+	spans := spansWithChunks(t, fx, "opaque.bin")
+	damage.FlipByte(t, spans[0].Path, spans[0].Chunks[0].PackOff+5)
+	_, err = h.Lock(spans[0])
+	var ce *chunkstore.CorruptError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, spans[0].Chunks[0].ID, ce.Chunk)
+	require.Zero(t, h.Locked())
 }

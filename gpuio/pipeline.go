@@ -23,6 +23,9 @@ type job struct {
 	// bytes now (ReadOptions.Shared): an IOAuto read of bytes not in the
 	// page cache goes through it too.
 	shared func() bool
+	// verifyEveryLoad: hash the group's chunks even when they come from
+	// pinned pages verified when pinned (ReadOptions.VerifyEveryLoad).
+	verifyEveryLoad bool
 }
 
 // placer issues the copies of the wanted part of a group. src addresses the
@@ -152,6 +155,7 @@ func (l *Loader) run(ctx context.Context, jobs []job, res *Result) error {
 		mu           sync.Mutex
 		placed, read int64
 		kinds        [nIOKinds]int
+		atPin        int // groups verified when pinned, not hashed again
 	)
 	res.Path, res.Note, res.Verified = l.path, l.note, !l.opts.NoVerify
 	if res.Verified {
@@ -191,6 +195,9 @@ loop:
 			placed += p
 			read += j.g.readLen
 			kinds[kind]++
+			if kind == ioPinnedAtPin {
+				atPin++
+			}
 			mu.Unlock()
 		}()
 	}
@@ -203,6 +210,13 @@ loop:
 		}
 	}
 	res.IO = strings.Join(used, " + ")
+	switch {
+	case !res.Verified || atPin == 0:
+	case atPin == len(jobs):
+		res.VerifyOn = "pin"
+	default:
+		res.VerifyOn += " + pin"
+	}
 	if err := context.Cause(ctx); err != nil {
 		return err
 	}
@@ -213,16 +227,17 @@ loop:
 type ioKind int
 
 const (
-	ioBuffered ioKind = iota // page cache, copied into a pinned buffer
-	ioDirect                 // O_DIRECT into a pinned buffer
-	ioMapped                 // straight from the registered page cache
-	ioCuFile                 // cuFile into device staging memory
-	ioUnified                // straight into unified memory
-	ioPinned                 // straight from a node's pinned, registered pages
+	ioBuffered    ioKind = iota // page cache, copied into a pinned buffer
+	ioDirect                    // O_DIRECT into a pinned buffer
+	ioMapped                    // straight from the registered page cache
+	ioCuFile                    // cuFile into device staging memory
+	ioUnified                   // straight into unified memory
+	ioPinned                    // straight from a node's pinned, registered pages
+	ioPinnedAtPin               // the same, chunks verified when pinned: not hashed again
 	nIOKinds
 )
 
-var ioKindNames = [nIOKinds]string{"page cache", "O_DIRECT", "page cache (mapped)", "cufile", "unified", "page cache (pinned)"}
+var ioKindNames = [nIOKinds]string{"page cache", "O_DIRECT", "page cache (mapped)", "cufile", "unified", "page cache (pinned)", "page cache (pinned, verified)"}
 
 // source is where a group's bytes are once read: host memory (a pinned
 // buffer, or the registered page cache) or device staging memory (cuFile).
@@ -234,6 +249,9 @@ type source struct {
 	devOff  int64     // offset of the first data byte in stage
 	kind    ioKind
 	done    func() // called once the group's copies completed (pinned sources)
+	// verified: pinned pages whose chunks were hashed when pinned
+	// (PinnedRange.verified).
+	verified bool
 }
 
 // doJob reads, verifies and places one group. It returns only when every copy
@@ -253,12 +271,21 @@ func (l *Loader) doJob(ctx context.Context, j job, buf PinnedMem, s Stream, stag
 	if src.done != nil {
 		defer src.done() // after the waits below
 	}
+	// Pinned pages whose chunks were hashed when pinned are placed as
+	// they are: straight from the locked pages to their destination, only
+	// the bytes wanted (a share's columns, not its rows' chunks).
+	atPin := src.kind == ioPinned && src.verified && !j.verifyEveryLoad && !l.opts.NoVerify
+	if atPin {
+		src.kind = ioPinnedAtPin
+	}
 	var ts []Transfer
 	var vw VerifyWait
 	var c copier
 	var base int64
 	placed, err := func() (int64, error) {
 		switch {
+		case atPin:
+			c, base = hostCopier{s: s, buf: src.pinned}, g.fileOff-src.hostOff
 		case l.verifier != nil:
 			// Whole chunks to the device, hashed there, then placed with
 			// device-to-device copies.

@@ -73,6 +73,10 @@ type ReadOptions struct {
 	// it), where O_DIRECT would read it once per device. Asked at each
 	// read (each group of chunks), since the others may start later.
 	Shared func() bool
+	// VerifyEveryLoad hashes every chunk of this load, even those of
+	// pinned pages that were hashed when pinned (PinnedRange.verified),
+	// which are otherwise placed as they are (Result.VerifyOn "pin").
+	VerifyEveryLoad bool
 }
 
 // ReadRangesWith is ReadRanges with options.
@@ -111,7 +115,7 @@ func (l *Loader) ReadRangesWith(ctx context.Context, f *chunkstore.File, ranges 
 		}
 		p := multiLinear(dst, rs[i:j])
 		for _, g := range gs {
-			jobs = append(jobs, job{g: g, place: p, shared: o.Shared})
+			jobs = append(jobs, job{g: g, place: p, shared: o.Shared, verifyEveryLoad: o.VerifyEveryLoad})
 		}
 		i = j
 	}

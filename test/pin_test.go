@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -333,7 +334,24 @@ func TestPinnedFillStubGPU(t *testing.T) {
 		require.True(t, bytes.Equal(al.bytes(t), want), "FILL %s: wrong bytes", name)
 		return fr
 	}
-	require.Equal(t, "page cache (pinned)", fill("a", a).IO)
+	// Pinned chunks were hashed when pinned: placed as they are...
+	fr := fill("a", a)
+	require.Equal(t, "page cache (pinned, verified)", fr.IO)
+	require.Equal(t, "pin", fr.Verified)
+	// ...unless the caller requires verification on the GPU at this load:
+	// then every chunk is hashed again (the stub has no GPU hashing, so
+	// the node says so, with the bytes in place).
+	{
+		f := openRO(t, filepath.Join(mnt, "m", "a"))
+		al := newShmAlloc(t, len(a))
+		r := c.req(clientproto.OpFill, clientproto.FillRequest{IPCHandle: al.handle, Flags: clientproto.FillVerify, Length: uint64(len(a))}.Append(nil), int(f.Fd()))
+		require.Equal(t, -int32(syscall.EOPNOTSUPP), r.status, r.msg)
+		fr, err := clientproto.ParseFillReply(r.fields)
+		require.NoError(t, err)
+		require.Equal(t, "page cache (pinned)", fr.IO)
+		require.Equal(t, "cpu", fr.Verified)
+		require.True(t, bytes.Equal(al.bytes(t), a))
+	}
 	require.Contains(t, mustKylix(t, data, "stat", "--data", data, "m/a"), "20.0 MiB locked and registered for GPU copies (by cuda:0 (")
 	np := nodePins(t, data)
 	require.Len(t, np.Pins.GPU, 1)
@@ -345,7 +363,7 @@ func TestPinnedFillStubGPU(t *testing.T) {
 
 	// Pinned while the loader is held: registered at once.
 	require.Regexp(t, `gpu: cuda:0 \(.*\): 25\.0 MiB of 25\.0 MiB registered`, mustKylix(t, data, "pin", "--data", data, "m/b"))
-	require.Equal(t, "page cache (pinned)", fill("b", b).IO)
+	require.Equal(t, "page cache (pinned, verified)", fill("b", b).IO)
 	np = nodePins(t, data)
 	require.Equal(t, np.Pins.LockedBytes, np.Pins.GPU[0].RegisteredBytes)
 
@@ -354,7 +372,7 @@ func TestPinnedFillStubGPU(t *testing.T) {
 	})
 	require.Contains(t, nodePins(t, data).Pins.GPUNote, "not registered")
 	require.Contains(t, statPin(t, data, "m/a").PinGPU, "not registered with any GPU")
-	require.Equal(t, "page cache (pinned)", fill("a", a).IO, "a new loader registers the pins again")
+	require.Equal(t, "page cache (pinned, verified)", fill("a", a).IO, "a new loader registers the pins again")
 	mustKylix(t, data, "unpin", "--data", data, "m/a")
 	require.NotContains(t, fill("a", a).IO, "pinned")
 }

@@ -264,7 +264,7 @@ func (c *clientServer) opFill(sf *chunkstore.File, body []byte, p peer) reply {
 	}
 	start := time.Now()
 	defer c.fill.startReading(sf.ID, d.ord)()
-	res, err := c.fillSlices(d, sf, dst, ranges, uint64(p.pid))
+	res, err := c.fillSlices(d, sf, dst, ranges, uint64(p.pid), req.Flags&clientproto.FillVerify != 0)
 	if err != nil {
 		c.fillFailures.add(chunkstore.FailureKind(err), 0)
 		return refuse(fmt.Errorf("fill: %w", errnoOr(err, syscall.EIO)))
@@ -302,7 +302,7 @@ func errnoOr(err error, def syscall.Errno) error {
 // of the request at once (the slots bound them). Packing matters: with one
 // run per small range, only as many of the loader's buffers were busy as
 // there were slots (docs/bench.md, issue 11).
-func (c *clientServer) fillSlices(d *fillDev, sf *chunkstore.File, dst gpuio.DeviceMem, ranges []clientproto.Range, client uint64) (gpuio.Result, error) {
+func (c *clientServer) fillSlices(d *fillDev, sf *chunkstore.File, dst gpuio.DeviceMem, ranges []clientproto.Range, client uint64, verifyEach bool) (gpuio.Result, error) {
 	ctx, cancel := context.WithCancel(c.ctx)
 	defer cancel()
 	var (
@@ -321,7 +321,7 @@ func (c *clientServer) fillSlices(d *fillDev, sf *chunkstore.File, dst gpuio.Dev
 			if ctx.Err() != nil {
 				return
 			}
-			o := gpuio.ReadOptions{Shared: func() bool { return c.fill.sharedRead(sf.ID) }}
+			o := gpuio.ReadOptions{Shared: func() bool { return c.fill.sharedRead(sf.ID) }, VerifyEveryLoad: verifyEach}
 			res, err := d.loader.ReadRangesWith(ctx, sf, batch, dst, o)
 			mu.Lock()
 			defer mu.Unlock()

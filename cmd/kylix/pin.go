@@ -197,11 +197,26 @@ func (np *nodePins) resolve(ctx context.Context, path string) (*pinHeld, error) 
 		p.files[e.ID] = true
 		p.nfiles++
 		p.bytes += f.Size()
+		// Each span carries its chunks: the pin hashes them from the
+		// locked pages, and loads then need not (docs/design/pin.md).
+		plan, err := f.Plan(0, f.Size())
+		if err != nil {
+			return fmt.Errorf("%s: %w", fp, err)
+		}
+		defer plan.Release()
+		pieces := plan.Pieces
 		for _, x := range f.Extents() {
 			if x.Pack == 0 {
 				return fmt.Errorf("%s: %s at offset %d is not stored on this node; only local data can be pinned", fp, human(x.Len), x.FileOff)
 			}
-			p.spans = append(p.spans, gpuio.PackSpan{Pack: x.Pack, Path: x.PackPath, Off: x.PackOff, Len: x.Len})
+			var chunks []chunkstore.Piece
+			for len(pieces) > 0 && pieces[0].FileOff < x.FileOff+x.Len {
+				if pc := pieces[0]; pc.FileOff >= x.FileOff {
+					chunks = append(chunks, chunkstore.Piece{ID: pc.ID, FileOff: pc.FileOff, Len: pc.Len, Pack: pc.Pack, PackOff: pc.PackOff})
+				}
+				pieces = pieces[1:]
+			}
+			p.spans = append(p.spans, gpuio.PackSpan{Pack: x.Pack, Path: x.PackPath, Off: x.PackOff, Len: x.Len, Chunks: chunks})
 		}
 		return nil
 	})
