@@ -52,7 +52,7 @@ func (s *Store) Lookup(path string) (Entry, error) {
 	e := rootEntry(root, h)
 	for i, name := range parts {
 		if e.Kind != KindDir {
-			return Entry{}, fmt.Errorf("chunkstore: lookup %s: %s: %w", path, strings.Join(parts[:i], "/"), ErrNotDir)
+			return Entry{}, &PathError{Op: "lookup", Path: strings.Join(parts[:i], "/"), Err: ErrNotDir}
 		}
 		d, err := s.dirAt(e.ID)
 		if err != nil {
@@ -60,7 +60,7 @@ func (s *Store) Lookup(path string) (Entry, error) {
 		}
 		j, ok := d.Find(name)
 		if !ok || d.Entries[j].Deleted {
-			return Entry{}, fmt.Errorf("chunkstore: lookup %s: %w", path, ErrNotFound)
+			return Entry{}, &PathError{Op: "lookup", Path: path, Err: ErrNotFound}
 		}
 		e = d.Entries[j]
 	}
@@ -74,7 +74,7 @@ func (s *Store) List(path string) ([]Entry, error) {
 		return nil, err
 	}
 	if e.Kind != KindDir {
-		return nil, fmt.Errorf("chunkstore: list %s: %w", path, ErrNotDir)
+		return nil, &PathError{Op: "list", Path: path, Err: ErrNotDir}
 	}
 	d, err := s.dirAt(e.ID)
 	if err != nil {
@@ -225,9 +225,9 @@ func (tx *NSTx) dir(parts []string, create, markDirty bool) (*txDir, error) {
 			}
 			child = &txDir{m: m}
 		case ok && !d.m.Entries[j].Deleted:
-			return nil, fmt.Errorf("chunkstore: %s: %w", strings.Join(parts[:i+1], "/"), ErrNotDir)
+			return nil, &PathError{Op: "lookup", Path: strings.Join(parts[:i+1], "/"), Err: ErrNotDir}
 		case !create:
-			return nil, fmt.Errorf("chunkstore: %s: %w", strings.Join(parts[:i+1], "/"), ErrNotFound)
+			return nil, &PathError{Op: "lookup", Path: strings.Join(parts[:i+1], "/"), Err: ErrNotFound}
 		default:
 			child = &txDir{m: &DirManifest{}}
 			d.m.Put(Entry{Name: name, Kind: KindDir, Mode: 0o755, UID: uint32(os.Getuid()), GID: uint32(os.Getgid()), MTime: tx.hlc.Wall().UnixNano(), ID: Sum(emptyDir), HLC: tx.hlc})
@@ -260,7 +260,7 @@ func (tx *NSTx) Lookup(path string) (Entry, error) {
 	}
 	i, ok := d.m.Find(parts[len(parts)-1])
 	if !ok || d.m.Entries[i].Deleted {
-		return Entry{}, fmt.Errorf("chunkstore: lookup %s: %w", path, ErrNotFound)
+		return Entry{}, &PathError{Op: "lookup", Path: path, Err: ErrNotFound}
 	}
 	return d.m.Entries[i], nil
 }
@@ -327,7 +327,7 @@ func (tx *NSTx) Remove(path string, recursive bool) error {
 	name := parts[len(parts)-1]
 	i, ok := d.m.Find(name)
 	if !ok || d.m.Entries[i].Deleted {
-		return fmt.Errorf("chunkstore: remove %s: %w", path, ErrNotFound)
+		return &PathError{Op: "remove", Path: path, Err: ErrNotFound}
 	}
 	if d.m.Entries[i].Kind == KindDir && !recursive {
 		sub, err := tx.dir(parts, false, false)
@@ -335,7 +335,7 @@ func (tx *NSTx) Remove(path string, recursive bool) error {
 			return err
 		}
 		if len(sub.m.Live()) > 0 {
-			return fmt.Errorf("chunkstore: remove %s: %w", path, ErrNotEmpty)
+			return &PathError{Op: "remove", Path: path, Err: ErrNotEmpty}
 		}
 	}
 	if _, err := tx.dir(parts[:len(parts)-1], false, true); err != nil {
@@ -358,10 +358,10 @@ func (tx *NSTx) Rename(from, to string) error {
 	}
 	if old, err := tx.Lookup(to); err == nil && old.Kind == KindDir {
 		if e.Kind != KindDir {
-			return fmt.Errorf("chunkstore: rename %s to %s: %w", from, to, ErrIsDir)
+			return &PathError{Op: "rename " + from + " to", Path: to, Err: ErrIsDir}
 		}
 		if l, err := tx.List(to); err == nil && len(l) > 0 {
-			return fmt.Errorf("chunkstore: rename %s to %s: %w", from, to, ErrNotEmpty)
+			return &PathError{Op: "rename " + from + " to", Path: to, Err: ErrNotEmpty}
 		}
 	}
 	cf, _ := CleanPath(from)

@@ -68,7 +68,7 @@ func (s *Store) OpenPath(path string) (*File, Entry, error) {
 		return nil, e, err
 	}
 	if e.Kind != KindFile {
-		return nil, e, fmt.Errorf("chunkstore: open %s: %w", path, ErrIsDir)
+		return nil, e, &PathError{Op: "open", Path: path, Err: ErrIsDir}
 	}
 	f, err := s.OpenFile(e.ID)
 	return f, e, err
