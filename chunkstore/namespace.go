@@ -56,7 +56,7 @@ func (s *Store) Lookup(path string) (Entry, error) {
 		}
 		d, err := s.dirAt(e.ID)
 		if err != nil {
-			return Entry{}, fmt.Errorf("chunkstore: lookup %s: %w", path, err)
+			return Entry{}, fmt.Errorf("lookup %s: %w", path, err)
 		}
 		j, ok := d.Find(name)
 		if !ok || d.Entries[j].Deleted {
@@ -78,7 +78,7 @@ func (s *Store) List(path string) ([]Entry, error) {
 	}
 	d, err := s.dirAt(e.ID)
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: list %s: %w", path, err)
+		return nil, fmt.Errorf("list %s: %w", path, err)
 	}
 	return d.Live(), nil
 }
@@ -104,7 +104,7 @@ func (s *Store) walk(p string, e Entry, fn func(string, Entry) error) error {
 	}
 	d, err := s.dirAt(e.ID)
 	if err != nil {
-		return fmt.Errorf("chunkstore: walk %s: %w", p, err)
+		return fmt.Errorf("walk %s: %w", p, err)
 	}
 	for _, c := range d.Live() {
 		if err := s.walk(joinPath(p, c.Name), c, fn); err != nil {
@@ -149,7 +149,7 @@ func (s *Store) Update(fn func(tx *NSTx) error) error {
 	}
 	rm, err := s.dirAt(root)
 	if err != nil {
-		return fmt.Errorf("chunkstore: namespace root: %w", err)
+		return fmt.Errorf("namespace root: %w", err)
 	}
 	tx := &NSTx{s: s, hlc: s.clock.Now(), root: &txDir{m: rm}}
 	if err := fn(tx); err != nil {
@@ -194,7 +194,7 @@ func (s *Store) commitObjects(objs [][]byte, head *Head) error {
 		recs = append(recs, record{kind: recHead, head: *head})
 	}
 	if err := s.commit(recs); err != nil {
-		return fmt.Errorf("chunkstore: commit namespace: %w", err)
+		return fmt.Errorf("commit namespace: %w", err)
 	}
 	return nil
 }
@@ -288,16 +288,16 @@ func (tx *NSTx) Put(path string, e Entry) error {
 		return err
 	}
 	if len(parts) == 0 {
-		return fmt.Errorf("chunkstore: put: the namespace root cannot be replaced: %w", ErrInvalidPath)
+		return fmt.Errorf("put: the namespace root cannot be replaced: %w", ErrInvalidPath)
 	}
 	switch e.Kind {
 	case KindFile, KindDir, KindSymlink:
 	default:
-		return fmt.Errorf("chunkstore: put %s: kind %v: %w", path, e.Kind, ErrInvalidPath)
+		return fmt.Errorf("put %s: kind %v: %w", path, e.Kind, ErrInvalidPath)
 	}
 	d, err := tx.dir(parts[:len(parts)-1], true, true)
 	if err != nil {
-		return fmt.Errorf("chunkstore: put %s: %w", path, err)
+		return fmt.Errorf("put %s: %w", path, err)
 	}
 	name := parts[len(parts)-1]
 	e.Name, e.HLC, e.Deleted = name, tx.hlc, false
@@ -318,11 +318,11 @@ func (tx *NSTx) Remove(path string, recursive bool) error {
 		return err
 	}
 	if len(parts) == 0 {
-		return fmt.Errorf("chunkstore: remove: the namespace root cannot be removed: %w", ErrInvalidPath)
+		return fmt.Errorf("remove: the namespace root cannot be removed: %w", ErrInvalidPath)
 	}
 	d, err := tx.dir(parts[:len(parts)-1], false, false)
 	if err != nil {
-		return fmt.Errorf("chunkstore: remove %s: %w", path, err)
+		return fmt.Errorf("remove %s: %w", path, err)
 	}
 	name := parts[len(parts)-1]
 	i, ok := d.m.Find(name)
@@ -367,7 +367,7 @@ func (tx *NSTx) Rename(from, to string) error {
 	cf, _ := CleanPath(from)
 	ct, _ := CleanPath(to)
 	if ct == cf || strings.HasPrefix(ct, cf+"/") {
-		return fmt.Errorf("chunkstore: rename %s into itself: %w", from, ErrInvalidPath)
+		return fmt.Errorf("rename %s into itself: %w", from, ErrInvalidPath)
 	}
 	// Make sure a loaded, modified subtree is written before it moves.
 	if parts, _ := SplitPath(from); e.Kind == KindDir {
