@@ -59,6 +59,16 @@ type ImportResult struct {
 	Notes []string `json:"notes,omitempty"`
 }
 
+// sourceError words a failure to find the source of an import: the path
+// once, and the system's reason (ENOENT, EACCES: errors.Is sees them).
+func sourceError(src string, err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		err = pe.Err
+	}
+	return fmt.Errorf("import source %s: %w", src, err)
+}
+
 // Import stores the file or directory tree at src (a local path) under the
 // namespace path dest, replacing whatever dest named before. Nothing is
 // visible under dest until everything has been stored: the namespace changes
@@ -75,13 +85,13 @@ func (s *Store) Import(ctx context.Context, src, dest string, opts ImportOptions
 	}
 	st, err := os.Lstat(src)
 	if err != nil {
-		return res, fmt.Errorf("import %s: %w", src, err)
+		return res, sourceError(src, err)
 	}
 	if st.Mode()&fs.ModeSymlink != 0 && !opts.NoDereference {
 		// SRC named as a link is followed, as cp and tar follow the
 		// operands they are given.
 		if st, err = os.Stat(src); err != nil {
-			return res, fmt.Errorf("import %s: %w", src, err)
+			return res, sourceError(src, err)
 		}
 	}
 	if opts.root, err = filepath.Abs(src); err != nil {

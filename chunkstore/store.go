@@ -153,7 +153,7 @@ func Open(opts Options) (*Store, error) {
 		return nil, fmt.Errorf("open %s: %w", opts.Dir, err)
 	}
 	if err := opts.FS.MkdirAll(filepath.Join(dir, "packs"), 0o700); err != nil {
-		return nil, fmt.Errorf("open: %w", err)
+		return nil, fmt.Errorf("open the data directory %s: %w", dir, err)
 	}
 	s := &Store{
 		opts:  opts,

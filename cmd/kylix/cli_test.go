@@ -230,6 +230,14 @@ func TestErrorWording(t *testing.T) {
 		assert.Equal(t, 1, r.code, "kylix %v", c.args)
 		assert.Equal(t, c.want, r.stderr, "kylix %v", c.args)
 	}
+	missing := filepath.Join(t.TempDir(), "missing")
+	r := runIn(t, data, "import", missing, "models/y")
+	assert.Equal(t, "kylix: import source "+missing+": no such file or directory\n", r.stderr)
+	out := filepath.Join(t.TempDir(), "c.txt")
+	require.Equal(t, 0, runIn(t, data, "export", "c.txt", out).code)
+	r = runIn(t, data, "export", "c.txt", out)
+	assert.Equal(t, 1, r.code)
+	assert.Contains(t, r.stderr, "file already exists (kylix export --force replaces existing files)\n")
 }
 
 // No error message the code makes starts with the name of a package (or of

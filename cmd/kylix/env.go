@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -272,10 +273,14 @@ func (f *flags) open() (*chunkstore.Store, error) {
 }
 
 func (f *flags) openLocal() (*chunkstore.Store, error) {
-	return chunkstore.Open(chunkstore.Options{
+	s, err := chunkstore.Open(chunkstore.Options{
 		Dir:    f.data,
 		Logger: slog.New(slog.NewTextHandler(f.e.stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
+	if errors.Is(err, fs.ErrPermission) {
+		err = fmt.Errorf("%w (run as the data directory's owner, or choose another with --data DIR or KYLIX_DATA)", err)
+	}
+	return s, err
 }
 
 func (f *flags) printJSON(v any) error {
