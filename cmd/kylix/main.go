@@ -126,6 +126,22 @@ func newRoot(ctx context.Context, e *env) *cobra.Command {
 	// (the command's own flag set parses them, wherever they are).
 	root.Flags().String("data", e.defaultDataDir(), "data directory")
 	root.Flags().Bool("json", false, "print JSON instead of text")
+	root.SetUsageFunc(func(c *cobra.Command) error { // cobra's own commands: completion, help
+		w := c.OutOrStderr()
+		fmt.Fprintf(w, "Usage:\n  %s\n", c.UseLine())
+		if c.HasAvailableSubCommands() {
+			fmt.Fprintf(w, "  %s COMMAND\n\nCommands:\n", c.CommandPath())
+			for _, sub := range c.Commands() {
+				if sub.IsAvailableCommand() {
+					fmt.Fprintf(w, "  %-11s %s\n", sub.Name(), sub.Short)
+				}
+			}
+		}
+		if c.HasAvailableLocalFlags() {
+			fmt.Fprintf(w, "\nFlags:\n%s", flagUsages(c.LocalFlags()))
+		}
+		return nil
+	})
 	defaultHelp := root.HelpFunc()
 	root.SetHelpFunc(func(cmd *cobra.Command, args []string) {
 		if cmd == root {
