@@ -134,6 +134,8 @@ func TestHelpStreamsAndExitCodes(t *testing.T) {
 		{[]string{"ls", "--help"}, "Usage: kylix ls"},
 		{[]string{"ls", "-h"}, "-R, --recursive"},
 		{[]string{"--data", data, "ls", "models", "--help"}, "Usage: kylix ls"},
+		{[]string{"--help", "ls"}, "Usage: kylix ls"},
+		{[]string{"-h", "import"}, "Usage: kylix import"},
 		{[]string{"import", "--help"}, "--no-dereference"},
 		{[]string{"help", "completion"}, "completion"},
 		{[]string{"completion", "--help"}, "bash"},
@@ -304,4 +306,20 @@ func TestErrorsNameNoPackage(t *testing.T) {
 			return true
 		})
 	}
+}
+
+// commandName finds the command as the parser does, global flags first or
+// not (the admin socket refuses a forwarded serve with it, and a starting
+// node is recognised by it in /proc/PID/cmdline).
+func TestCommandName(t *testing.T) {
+	for want, args := range map[string][]string{
+		"serve": {"--data", "/d", "serve", "--mount", "/m"},
+		"ls":    {"--json", "--data=/d", "ls", "serve"},
+		"load":  {"load", "--device", "host", "m"},
+		"":      {"--data", "/d"},
+	} {
+		assert.Equal(t, want, commandName(args), "%v", args)
+	}
+	assert.Equal(t, "", commandName(nil))
+	assert.Equal(t, "", commandName([]string{"frobnicate"}))
 }

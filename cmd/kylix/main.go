@@ -126,6 +126,10 @@ func newRoot(ctx context.Context, e *env) *cobra.Command {
 	// (the command's own flag set parses them, wherever they are).
 	root.Flags().String("data", e.defaultDataDir(), "data directory")
 	root.Flags().Bool("json", false, "print JSON instead of text")
+	// Defined now rather than when cobra runs the root, so that finding the
+	// command name knows they take no value (kylix --help ls: ls's help).
+	root.InitDefaultHelpFlag()
+	root.InitDefaultVersionFlag()
 	root.SetUsageFunc(func(c *cobra.Command) error { // cobra's own commands: completion, help
 		w := c.OutOrStderr()
 		fmt.Fprintf(w, "Usage:\n  %s\n", c.UseLine())
