@@ -323,3 +323,21 @@ func TestCommandName(t *testing.T) {
 	assert.Equal(t, "", commandName(nil))
 	assert.Equal(t, "", commandName([]string{"frobnicate"}))
 }
+
+// A command stopped by Ctrl-C or SIGTERM (its context cancelled) exits 130.
+func TestInterruptedExit130(t *testing.T) {
+	src := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(src, "f"), []byte("data"), 0o644))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var out, errb bytes.Buffer
+	data := filepath.Join(t.TempDir(), "data")
+	e := &env{stdin: strings.NewReader(""), stdout: &out, stderr: &errb, getenv: func(k string) string {
+		if k == "KYLIX_DATA" {
+			return data
+		}
+		return ""
+	}}
+	assert.Equal(t, 130, run(ctx, e, []string{"import", src, "m"}))
+	assert.Equal(t, "kylix: interrupted\n", errb.String())
+}

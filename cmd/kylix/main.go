@@ -301,8 +301,8 @@ Commands:
 	fmt.Fprintf(w, "  %-11s %s\n", "help", "show help for kylix or a command (kylix help COMMAND)")
 	fmt.Fprintf(w, `
 Global flags (before or after the command name):
-      --data DIR   the data directory. Default: %s
-                   (--data overrides the default)
+      --data DIR   the data directory. Default:
+                   %s
       --json       print JSON instead of text (the commands that list it)
   -h, --help       show help on stdout and exit 0
   -v, --version    print the version and exit 0
@@ -310,7 +310,7 @@ Global flags (before or after the command name):
 Flags take two dashes (--data DIR or --data=DIR); one-letter flags one (-R).
 Flags may come before or after the arguments; "--" ends the flags.
 
-`, strings.Join(strings.Fields(defaultDataDirDoc), " "))
+`, strings.ReplaceAll(strings.TrimSpace(defaultDataDirDoc), "\n", "\n                   "))
 	fmt.Fprint(w, exitStatusDoc)
 	fmt.Fprint(w, `
 Shell completion: source <(kylix completion bash), or see kylix completion --help.
