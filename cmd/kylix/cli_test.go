@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -340,4 +341,64 @@ func TestInterruptedExit130(t *testing.T) {
 	}}
 	assert.Equal(t, 130, run(ctx, e, []string{"import", src, "m"}))
 	assert.Equal(t, "kylix: interrupted\n", errb.String())
+}
+
+// stdValue is a flag.Value of the standard library's kind (no Type method).
+type stdValue struct{ s string }
+
+func (v *stdValue) String() string     { return v.s }
+func (v *stdValue) Set(s string) error { v.s = s; return nil }
+
+// The flag API commands are written against (newFlags, the flag package's
+// method signatures, parse) works as before, with flags anywhere.
+func TestFlagsAPI(t *testing.T) {
+	var out, errb bytes.Buffer
+	e := &env{stdin: strings.NewReader(""), stdout: &out, stderr: &errb, getenv: func(string) string { return "/default" }}
+	f := newFlags(e, "x", "[FLAGS] A B", "Does x.").withJSON()
+	var (
+		s   string
+		b   bool
+		i   int
+		i64 int64
+		d   time.Duration
+		u   uint64
+		fl  float64
+		fn  []string
+		sv  stdValue
+	)
+	f.StringVar(&s, "name", "", "")
+	f.BoolVar(&b, "yes", false, "")
+	f.IntVar(&i, "n", 0, "")
+	f.Int64Var(&i64, "big", 0, "")
+	f.DurationVar(&d, "wait", 0, "")
+	f.Uint64Var(&u, "count", 0, "")
+	f.Float64Var(&fl, "ratio", 0, "")
+	f.Func("each", "", func(v string) error { fn = append(fn, v); return nil })
+	f.Var(&sv, "std", "")
+	r := f.Bool("r", false, "one-letter name: given as -r")
+	err := f.parse([]string{"A", "--name", "v", "--yes", "-n", "3", "--big=5", "--wait", "2s", "B", "--count", "7",
+		"--ratio", "0.5", "--each", "p", "--each", "q", "--std", "w", "-r", "--json", "--data", "/d"}, 2, 2)
+	require.NoError(t, err, errb.String())
+	assert.Equal(t, []string{"A", "B"}, f.Args())
+	assert.Equal(t, 2, f.NArg())
+	assert.Equal(t, "B", f.Arg(1))
+	assert.Equal(t, "/d", f.data)
+	assert.True(t, f.jsonOut)
+	assert.Equal(t, "v", s)
+	assert.True(t, b)
+	assert.Equal(t, 3, i)
+	assert.Equal(t, int64(5), i64)
+	assert.Equal(t, 2*time.Second, d)
+	assert.Equal(t, uint64(7), u)
+	assert.Equal(t, 0.5, fl)
+	assert.Equal(t, []string{"p", "q"}, fn)
+	assert.Equal(t, "w", sv.s)
+	assert.True(t, *r)
+
+	g := newFlags(e, "x", "", "")
+	assert.Equal(t, errHelp, g.parse([]string{"-h"}, 0, 0))
+	assert.Contains(t, out.String(), "Usage: kylix x")
+	assert.Contains(t, out.String(), "--data string")
+	h := newFlags(e, "x", "", "")
+	assert.Equal(t, errUsage, h.parse([]string{"one"}, 0, 0))
 }
