@@ -183,6 +183,7 @@ func (s *Store) load(ctx context.Context, refs []ChunkRef, locs []Location, entr
 		}
 	}()
 	fail := func(i int, err error) {
+		s.ctr.chunkFailed(err)
 		s.logChunkFailure(refs[i].ID, locs[i], err)
 		s.cache.finish(entries[i], nil, err, keep)
 	}

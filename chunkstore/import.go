@@ -104,6 +104,7 @@ func (s *Store) Import(ctx context.Context, src, dest string, opts ImportOptions
 	var done int64
 	progress := func(n int64) {
 		done += n
+		s.ctr.importBytes.Add(n)
 		if opts.Progress != nil {
 			opts.Progress(done, total)
 		}
@@ -327,6 +328,7 @@ func (s *Store) Export(ctx context.Context, src, dest string, opts ExportOptions
 	var done int64
 	progress := func(n int64) {
 		done += n
+		s.ctr.exportBytes.Add(n)
 		if opts.Progress != nil {
 			opts.Progress(done, total)
 		}

@@ -106,6 +106,7 @@ type Store struct {
 	sharedMu sync.Mutex  // held by the importer appending to shared
 
 	pverify packVerifier // passthrough verification record (packverify.go)
+	ctr     counters     // for metrics (counters.go)
 }
 
 type sharedPack struct {

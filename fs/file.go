@@ -568,6 +568,8 @@ func (n *fileNode) tryPassthrough(ctx context.Context) gofs.FileHandle {
 	}
 	st.ptOpen++
 	n.fsys.stats.ptOpens.Add(1)
+	n.fsys.stats.ptOpenBytes.Add(sf.Size())
+	n.fsys.stats.openFiles.Add(1)
 	return &ptHandle{n: n, fd: fd}
 }
 
@@ -583,6 +585,7 @@ func (n *fileNode) openLocked(write bool) *handle {
 	}
 	st.cachedOpen++
 	n.fsys.stats.daemonOpens.Add(1)
+	n.fsys.stats.openFiles.Add(1)
 	return h
 }
 
@@ -614,7 +617,12 @@ const PrefetchBytes = 8 << 20
 // or missing chunk fails once, as EIO, naming the file (docs/design/access.md).
 func (n *fileNode) readAt(ctx context.Context, p []byte, off int64, seq bool) (int, error) {
 	n.fsys.stats.reads.Add(1)
-	n.fsys.stats.readBytes.Add(int64(len(p)))
+	m, err := n.readSource(ctx, p, off, seq)
+	n.fsys.stats.readBytes.Add(int64(m))
+	return m, err
+}
+
+func (n *fileNode) readSource(ctx context.Context, p []byte, off int64, seq bool) (int, error) {
 	tf, sf, err := n.source()
 	if err != nil {
 		return 0, err
@@ -657,6 +665,7 @@ func (n *fileNode) release(h *handle) {
 		delete(st.whandles, h)
 	}
 	st.cachedOpen--
+	n.fsys.stats.openFiles.Add(-1)
 	last := st.writers == 0 && st.tmp != nil
 	settle := st.writers == 0 && (st.lost || st.inval)
 	closing := st.writers == 0 && n.clearClosingLocked(st)
@@ -899,6 +908,7 @@ func (h *ptHandle) Release(ctx context.Context) syscall.Errno {
 	h.once.Do(func() {
 		unix.Close(h.fd)
 		n := h.n
+		n.fsys.stats.openFiles.Add(-1)
 		n.mu.Lock()
 		n.st.ptOpen--
 		if n.st.cachedOpen == 0 && n.st.ptOpen == 0 {

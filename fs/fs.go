@@ -99,7 +99,7 @@ type FS struct {
 
 	stats struct {
 		ptOpens, daemonOpens, reads, readBytes, commits, commitBatches atomic.Int64
-		ptRefused                                                      atomic.Int64
+		ptRefused, ptOpenBytes, openFiles                              atomic.Int64
 	}
 }
 
@@ -111,12 +111,19 @@ type Stats struct {
 	// that the daemon served instead: the pack failed its check (or is not
 	// exactly the file).
 	PassthroughRefused int64 `json:"passthrough_refused"`
-	// DaemonReads and DaemonReadBytes count reads the daemon served
-	// (passthrough reads never reach it).
+	// PassthroughOpenBytes adds up the sizes of the files opened by
+	// passthrough: the kernel reads them from their packs without the
+	// node, so the bytes actually read are not seen here.
+	PassthroughOpenBytes int64 `json:"passthrough_open_bytes"`
+	// DaemonReads and DaemonReadBytes count reads the daemon served and
+	// the bytes it returned (passthrough reads never reach it).
 	DaemonReads     int64 `json:"daemon_reads"`
 	DaemonReadBytes int64 `json:"daemon_read_bytes"`
-	Commits         int64 `json:"commits"`
-	CommitBatches   int64 `json:"commit_batches"`
+	// OpenFiles is the number of files open in the mount now (handles
+	// the kernel has not released), passthrough and daemon.
+	OpenFiles     int64 `json:"open_files"`
+	Commits       int64 `json:"commits"`
+	CommitBatches int64 `json:"commit_batches"`
 }
 
 // ScrubRate is Options.ScrubRate: the pack scrub's rate in bytes/s, 0
@@ -133,7 +140,9 @@ func (f *FS) Stats() Stats {
 		Commits:          f.stats.commits.Load(),
 		CommitBatches:    f.stats.commitBatches.Load(),
 
-		PassthroughRefused: f.stats.ptRefused.Load(),
+		PassthroughRefused:   f.stats.ptRefused.Load(),
+		PassthroughOpenBytes: f.stats.ptOpenBytes.Load(),
+		OpenFiles:            f.stats.openFiles.Load(),
 	}
 }
 

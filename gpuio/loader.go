@@ -91,12 +91,16 @@ type Options struct {
 	// Reader is the storage reader (default: a pread pool with one worker
 	// per buffer; pass the store's Reader() for io_uring).
 	Reader storeio.Reader
+	// Pinned, when set, is a node's locked pack ranges: the loader
+	// registers them with its device (New) and copies bytes inside them
+	// straight from there; Close unregisters them.
+	Pinned *PinnedHost
 }
 
 // Result reports one load.
 type Result struct {
 	Path     Path          `json:"path"`
-	IO       string        `json:"io"`                    // how storage was read: "O_DIRECT", "page cache", "page cache (mapped)", "cufile", "unified", joined with " + "
+	IO       string        `json:"io"`                    // how storage was read: "O_DIRECT", "page cache", "page cache (mapped)", "page cache (pinned)", "cufile", "unified", joined with " + "
 	Bytes    int64         `json:"bytes"`                 // bytes placed on the device
 	Read     int64         `json:"read_bytes"`            // bytes read from storage (whole chunks, alignment)
 	Duration time.Duration `json:"duration_ns"`           //
@@ -232,6 +236,9 @@ func New(st *chunkstore.Store, dev Device, opts Options) (*Loader, error) {
 			l.stage <- m
 		}
 	}
+	if opts.Pinned != nil {
+		opts.Pinned.attach(l)
+	}
 	return l, nil
 }
 
@@ -294,6 +301,9 @@ func (l *Loader) Device() Device { return l.dev }
 // Close frees the buffers and closes files. Loads must have finished.
 func (l *Loader) Close() error {
 	var errs []error
+	if l.opts.Pinned != nil {
+		errs = append(errs, l.opts.Pinned.detach(l))
+	}
 	for _, p := range l.all {
 		errs = append(errs, p.Free())
 	}

@@ -19,6 +19,10 @@ type job struct {
 	// into, on the unified path, is the device memory (as the CPU sees it)
 	// that the group's chunks go to whole: they are read straight there.
 	into []byte
+	// shared, when set and true at the read, says others read the same
+	// bytes now (ReadOptions.Shared): an IOAuto read of bytes not in the
+	// page cache goes through it too.
+	shared func() bool
 }
 
 // placer issues the copies of the wanted part of a group. src addresses the
@@ -214,10 +218,11 @@ const (
 	ioMapped                 // straight from the registered page cache
 	ioCuFile                 // cuFile into device staging memory
 	ioUnified                // straight into unified memory
+	ioPinned                 // straight from a node's pinned, registered pages
 	nIOKinds
 )
 
-var ioKindNames = [nIOKinds]string{"page cache", "O_DIRECT", "page cache (mapped)", "cufile", "unified"}
+var ioKindNames = [nIOKinds]string{"page cache", "O_DIRECT", "page cache (mapped)", "cufile", "unified", "page cache (pinned)"}
 
 // source is where a group's bytes are once read: host memory (a pinned
 // buffer, or the registered page cache) or device staging memory (cuFile).
@@ -228,6 +233,7 @@ type source struct {
 	onDev   bool      // bytes are in stage already (cuFile)
 	devOff  int64     // offset of the first data byte in stage
 	kind    ioKind
+	done    func() // called once the group's copies completed (pinned sources)
 }
 
 // doJob reads, verifies and places one group. It returns only when every copy
@@ -240,9 +246,12 @@ func (l *Loader) doJob(ctx context.Context, j job, buf PinnedMem, s Stream, stag
 	if j.into != nil {
 		return l.readInto(ctx, g, j.into)
 	}
-	src, err := l.read(ctx, g, buf, stage)
+	src, err := l.read(ctx, j, buf, stage)
 	if err != nil {
 		return 0, src.kind, err
+	}
+	if src.done != nil {
+		defer src.done() // after the waits below
 	}
 	var ts []Transfer
 	var vw VerifyWait
@@ -328,10 +337,16 @@ func verifyHost(g group, data []byte) error {
 }
 
 // read brings a group's bytes where the device can copy them from.
-func (l *Loader) read(ctx context.Context, g group, buf PinnedMem, stage DeviceMem) (source, error) {
+func (l *Loader) read(ctx context.Context, j job, buf PinnedMem, stage DeviceMem) (source, error) {
+	g := j.g
 	if l.path == PathGDS || l.path == PathGDSCompat {
 		src := source{onDev: true, devOff: g.dataOff - g.readOff, kind: ioCuFile}
 		return src, l.readGDS(g, stage)
+	}
+	if l.opts.Pinned != nil {
+		if src, ok := l.opts.Pinned.source(l, g); ok {
+			return src, nil
+		}
 	}
 	pf, err := l.pack(g.pack)
 	if err != nil {
@@ -348,7 +363,7 @@ func (l *Loader) read(ctx context.Context, g group, buf PinnedMem, stage DeviceM
 		return source{host: pf.mapped, pinned: reg, hostOff: g.dataOff, kind: ioMapped}, nil
 	}
 	f, kind := pf.buffered, ioBuffered
-	if l.opts.IO == IODirect || (l.opts.IO == IOAuto && !pf.resident(g.readOff, g.readLen)) {
+	if l.opts.IO == IODirect || (l.opts.IO == IOAuto && !(j.shared != nil && j.shared()) && !pf.resident(g.readOff, g.readLen)) {
 		f, kind = pf.direct, ioDirect
 	}
 	src := source{host: buf.Bytes()[:g.readLen], pinned: buf, hostOff: g.dataOff - g.readOff, kind: kind}

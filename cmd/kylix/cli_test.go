@@ -94,9 +94,9 @@ func TestFlagsAnywhere(t *testing.T) {
 	assert.Equal(t, 1, r.code)
 	assert.Contains(t, r.stderr, "kylix: --json: no such file or directory in the store")
 	// Every command that had --json keeps it.
-	for _, name := range []string{"df", "doctor", "fsck", "gc", "import", "load", "ls", "node", "stat", "verify", "version"} {
+	for _, name := range []string{"df", "doctor", "du", "fsck", "gc", "import", "load", "ls", "node", "pin", "stat", "top", "verify", "version", "warm"} {
 		r := runIn(t, data, name, "--help")
-		assert.Contains(t, r.stdout, "--json", "kylix %s --help", name)
+		assert.Regexp(t, `(?m)^ +--json +print JSON`, r.stdout, "kylix %s --help", name)
 	}
 }
 
