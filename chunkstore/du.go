@@ -65,7 +65,7 @@ func (s *Store) DiskUsage(ctx context.Context, path string, children bool) (Usag
 				if !ok {
 					m, err := s.FileManifest(c.ID)
 					if err != nil {
-						return fmt.Errorf("chunkstore: du %s: %w", p, err)
+						return fmt.Errorf("du %s: %w", p, err)
 					}
 					refs = m.Chunks
 					manifests[c.ID] = refs
@@ -82,7 +82,7 @@ func (s *Store) DiskUsage(ctx context.Context, path string, children bool) (Usag
 	if children && e.Kind == KindDir {
 		d, err := s.dirAt(e.ID)
 		if err != nil {
-			return Usage{}, nil, fmt.Errorf("chunkstore: du %s: %w", path, err)
+			return Usage{}, nil, fmt.Errorf("du %s: %w", path, err)
 		}
 		total.u.Path, total.u.Dirs = clean, 1
 		for _, c := range d.Live() {
@@ -111,7 +111,7 @@ func (s *Store) DiskUsage(ctx context.Context, path string, children bool) (Usag
 		return nil
 	})
 	if err != nil {
-		return Usage{}, nil, fmt.Errorf("chunkstore: du %s: %w", path, err)
+		return Usage{}, nil, fmt.Errorf("du %s: %w", path, err)
 	}
 	out := make([]Usage, len(kids))
 	for i, k := range kids {

@@ -75,11 +75,11 @@ type Header struct {
 
 // Errors of Parse*, each mapped to the errno the node answers with.
 var (
-	ErrShort      = fmt.Errorf("clientproto: message too short: %w", syscall.EINVAL)
-	ErrMagic      = fmt.Errorf("clientproto: bad magic (not a Kylix client message): %w", syscall.EPROTO)
-	ErrVersion    = fmt.Errorf("clientproto: unsupported protocol version (this node speaks %d): %w", Version, syscall.EPROTONOSUPPORT)
-	ErrBodyLength = fmt.Errorf("clientproto: body_len does not match the datagram: %w", syscall.EINVAL)
-	ErrBody       = fmt.Errorf("clientproto: malformed body: %w", syscall.EINVAL)
+	ErrShort      = fmt.Errorf("client message too short: %w", syscall.EINVAL)
+	ErrMagic      = fmt.Errorf("bad magic: not a Kylix client message: %w", syscall.EPROTO)
+	ErrVersion    = fmt.Errorf("unsupported client protocol version (this node speaks %d): %w", Version, syscall.EPROTONOSUPPORT)
+	ErrBodyLength = fmt.Errorf("client message: body_len does not match the datagram: %w", syscall.EINVAL)
+	ErrBody       = fmt.Errorf("malformed client message body: %w", syscall.EINVAL)
 )
 
 var le = binary.LittleEndian
@@ -265,7 +265,7 @@ func (r FillRequest) Append(b []byte) []byte {
 }
 
 // ErrTooManyRanges: n_ranges above MaxRanges.
-var ErrTooManyRanges = fmt.Errorf("clientproto: more ranges than a FILL takes (%d, or %d strided): %w", MaxRanges, MaxStridedRanges, syscall.E2BIG)
+var ErrTooManyRanges = fmt.Errorf("more ranges than a FILL takes (%d, or %d strided): %w", MaxRanges, MaxStridedRanges, syscall.E2BIG)
 
 // ParseFill decodes a FILL request body. It checks the layout only (sizes,
 // reserved zero, range count); the node checks every range against the

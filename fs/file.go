@@ -294,7 +294,7 @@ func (n *fileNode) ensureTmpLocked(st *fileState, priv bool) error {
 	}
 	if err := n.fsys.space.admit(tf, size, priv); err != nil {
 		tf.release()
-		return fmt.Errorf("fs: copy %s for writing: %w", n.name, err)
+		return fmt.Errorf("copy %s for writing: %w", n.name, err)
 	}
 	switch {
 	case st.committing != nil:
@@ -308,7 +308,7 @@ func (n *fileNode) ensureTmpLocked(st *fileState, priv bool) error {
 	n.fsys.space.done(tf, size)
 	if err != nil {
 		tf.release()
-		return fmt.Errorf("fs: copy version %s for writing: %w", n.id.Short(), err)
+		return fmt.Errorf("copy version %s for writing: %w", n.id.Short(), err)
 	}
 	n.newTmpLocked(st, tf)
 	return nil
@@ -341,7 +341,7 @@ func (n *fileNode) resizeLocked(st *fileState, size int64, priv bool) error {
 		return err
 	}
 	if err := st.tmp.f.Truncate(size); err != nil {
-		return fmt.Errorf("fs: truncate: %w", err)
+		return fmt.Errorf("truncate: %w", err)
 	}
 	n.fsys.space.done(st.tmp, 0)
 	n.mtime = time.Now().UnixNano()
@@ -788,7 +788,7 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 // failWriteLocked discards the working copy after a failed write and logs
 // it (one line per lost version). Callers hold mu.
 func (n *fileNode) failWriteLocked(st *fileState, op string, err error) {
-	err = fmt.Errorf("fs: %s %s: %w", op, n.name, err)
+	err = fmt.Errorf("%s %s: %w", op, n.name, err)
 	n.fsys.log.Error("write failed; the file keeps its last committed version", "name", n.name, "err", err)
 	n.discardLocked(st, err)
 }
@@ -935,7 +935,7 @@ type tempFile struct {
 func (f *FS) newTemp() (*tempFile, error) {
 	file, err := os.CreateTemp(f.opts.TempDir, "w-*")
 	if err != nil {
-		return nil, fmt.Errorf("fs: working copy: %w", err)
+		return nil, fmt.Errorf("working copy: %w", err)
 	}
 	os.Remove(file.Name())
 	t := &tempFile{f: file, sp: f.space}

@@ -165,7 +165,7 @@ func New(s *chunkstore.Store, opts Options) (*FS, error) {
 		opts.CacheEntries = DefaultCacheEntries
 	}
 	if err := os.MkdirAll(opts.TempDir, 0o700); err != nil {
-		return nil, fmt.Errorf("fs: temp dir: %w", err)
+		return nil, fmt.Errorf("temp dir: %w", err)
 	}
 	// Working copies left by a crash were never committed: drop them.
 	if ents, err := os.ReadDir(opts.TempDir); err == nil {
@@ -243,11 +243,11 @@ func (f *FS) Mount(dir string) error {
 		return err
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("fs: mount point: %w", err)
+		return fmt.Errorf("mount point: %w", err)
 	}
 	srv, err := gofs.Mount(dir, f.root, f.MountOptions())
 	if err != nil {
-		return fmt.Errorf("fs: mount %s: %w", dir, err)
+		return fmt.Errorf("mount %s: %w", dir, err)
 	}
 	f.server, f.mountDir = srv, dir
 	f.setReadAhead(dir)
@@ -295,7 +295,7 @@ func (f *FS) Unmount() error {
 	if err != nil {
 		f.log.Warn("unmount busy; detaching", "dir", f.mountDir, "err", err)
 		if derr := syscall.Unmount(f.mountDir, unix.MNT_DETACH); derr != nil {
-			return fmt.Errorf("fs: unmount %s: %w", f.mountDir, derr)
+			return fmt.Errorf("unmount %s: %w", f.mountDir, derr)
 		}
 		done := make(chan struct{})
 		go func() { f.server.Wait(); close(done) }()
@@ -355,7 +355,7 @@ func (f *FS) resolve(path string) (chunkstore.Entry, error) {
 	}
 	for name := range strings.SplitSeq(path, "/") {
 		if e.Kind != chunkstore.KindDir {
-			return chunkstore.Entry{}, fmt.Errorf("fs: %s: %w", path, chunkstore.ErrNotDir)
+			return chunkstore.Entry{}, fmt.Errorf("%s: %w", path, chunkstore.ErrNotDir)
 		}
 		m, err := f.cache.get(e.ID)
 		if err != nil {
@@ -363,7 +363,7 @@ func (f *FS) resolve(path string) (chunkstore.Entry, error) {
 		}
 		i, ok := m.Find(name)
 		if !ok || m.Entries[i].Deleted {
-			return chunkstore.Entry{}, fmt.Errorf("fs: %s: %w", path, chunkstore.ErrNotFound)
+			return chunkstore.Entry{}, fmt.Errorf("%s: %w", path, chunkstore.ErrNotFound)
 		}
 		e = m.Entries[i]
 	}
@@ -377,7 +377,7 @@ func (f *FS) list(path string) ([]chunkstore.Entry, error) {
 		return nil, err
 	}
 	if e.Kind != chunkstore.KindDir {
-		return nil, fmt.Errorf("fs: list %s: %w", path, chunkstore.ErrNotDir)
+		return nil, fmt.Errorf("list %s: %w", path, chunkstore.ErrNotDir)
 	}
 	m, err := f.cache.get(e.ID)
 	if err != nil {

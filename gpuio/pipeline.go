@@ -347,7 +347,7 @@ func (l *Loader) doJob(ctx context.Context, j job, buf PinnedMem, s Stream, stag
 		}
 	}
 	if err = errors.Join(err, werr); err != nil {
-		return 0, src.kind, fmt.Errorf("gpuio: %w", err)
+		return 0, src.kind, err
 	}
 	return placed, src.kind, nil
 }
@@ -382,10 +382,10 @@ func (l *Loader) read(ctx context.Context, j job, buf PinnedMem, stage DeviceMem
 	if l.opts.IO == IOMapped {
 		reg, err := l.registered(pf)
 		if err != nil {
-			return source{kind: ioMapped}, fmt.Errorf("gpuio: mapped read of pack %016x: %w", g.pack, err)
+			return source{kind: ioMapped}, fmt.Errorf("mapped read of pack %016x: %w", g.pack, err)
 		}
 		if g.dataOff+g.dataLen > int64(len(pf.mapped)) {
-			return source{kind: ioMapped}, fmt.Errorf("gpuio: pack %016x is %d bytes, chunk data ends at %d: %w", g.pack, len(pf.mapped), g.dataOff+g.dataLen, chunkstore.ErrCorrupt)
+			return source{kind: ioMapped}, fmt.Errorf("pack %016x is %d bytes, chunk data ends at %d: %w", g.pack, len(pf.mapped), g.dataOff+g.dataLen, chunkstore.ErrCorrupt)
 		}
 		return source{host: pf.mapped, pinned: reg, hostOff: g.dataOff, kind: ioMapped}, nil
 	}
@@ -396,10 +396,10 @@ func (l *Loader) read(ctx context.Context, j job, buf PinnedMem, stage DeviceMem
 	src := source{host: buf.Bytes()[:g.readLen], pinned: buf, hostOff: g.dataOff - g.readOff, kind: kind}
 	req := &storeio.Request{Fd: int(f.Fd()), Off: g.readOff, Buf: src.host}
 	if err := l.io.Read(ctx, []*storeio.Request{req}); err != nil {
-		return src, fmt.Errorf("gpuio: read pack %016x at %d: %w", g.pack, g.readOff, err)
+		return src, fmt.Errorf("read pack %016x at %d: %w", g.pack, g.readOff, err)
 	}
 	if need := g.dataOff + g.dataLen - g.readOff; int64(req.N) < need {
-		return src, fmt.Errorf("gpuio: pack %016x holds %d of %d bytes at %d: %w", g.pack, req.N, need, g.readOff, chunkstore.ErrCorrupt)
+		return src, fmt.Errorf("pack %016x holds %d of %d bytes at %d: %w", g.pack, req.N, need, g.readOff, chunkstore.ErrCorrupt)
 	}
 	return src, nil
 }
@@ -414,12 +414,12 @@ func (l *Loader) readGDS(g group, stage DeviceMem) error {
 			return err
 		}
 		if pf.direct == nil {
-			return fmt.Errorf("gpuio: gds needs O_DIRECT pack files")
+			return fmt.Errorf("gds needs O_DIRECT pack files")
 		}
 		gd := l.dev.(GDSDevice)
 		gf, err = gd.OpenGDS(int(pf.direct.Fd()))
 		if err != nil {
-			return fmt.Errorf("gpuio: cuFile register pack %016x: %w", g.pack, err)
+			return fmt.Errorf("cuFile register pack %016x: %w", g.pack, err)
 		}
 		l.mu.Lock()
 		if old, ok := l.gds[g.pack]; ok {
@@ -432,10 +432,10 @@ func (l *Loader) readGDS(g group, stage DeviceMem) error {
 	}
 	n, err := gf.Read(stage, 0, g.readOff, int(g.readLen))
 	if err != nil {
-		return fmt.Errorf("gpuio: cuFile read pack %016x at %d: %w", g.pack, g.readOff, err)
+		return fmt.Errorf("cuFile read pack %016x at %d: %w", g.pack, g.readOff, err)
 	}
 	if int64(n) < g.dataOff+g.dataLen-g.readOff {
-		return fmt.Errorf("gpuio: cuFile read pack %016x at %d: short (%d bytes): %w", g.pack, g.readOff, n, chunkstore.ErrCorrupt)
+		return fmt.Errorf("cuFile read pack %016x at %d: short (%d bytes): %w", g.pack, g.readOff, n, chunkstore.ErrCorrupt)
 	}
 	return nil
 }
@@ -449,10 +449,10 @@ func (l *Loader) readInto(ctx context.Context, g group, into []byte) (int64, ioK
 	}
 	req := &storeio.Request{Fd: int(pf.buffered.Fd()), Off: g.dataOff, Buf: into[:g.dataLen]}
 	if err := l.io.Read(ctx, []*storeio.Request{req}); err != nil {
-		return 0, ioUnified, fmt.Errorf("gpuio: read pack %016x at %d: %w", g.pack, g.dataOff, err)
+		return 0, ioUnified, fmt.Errorf("read pack %016x at %d: %w", g.pack, g.dataOff, err)
 	}
 	if int64(req.N) < g.dataLen {
-		return 0, ioUnified, fmt.Errorf("gpuio: pack %016x holds %d of %d bytes at %d: %w", g.pack, req.N, g.dataLen, g.dataOff, chunkstore.ErrCorrupt)
+		return 0, ioUnified, fmt.Errorf("pack %016x holds %d of %d bytes at %d: %w", g.pack, req.N, g.dataLen, g.dataOff, chunkstore.ErrCorrupt)
 	}
 	if !l.opts.NoVerify {
 		for _, ch := range g.chunks {
@@ -460,7 +460,7 @@ func (l *Loader) readInto(ctx context.Context, g group, into []byte) (int64, ioK
 			if chunkstore.Sum(into[o:o+ch.Len]) != ch.ID {
 				// Never leave unverified bytes where the device reads.
 				clear(into[:g.dataLen])
-				return 0, ioUnified, fmt.Errorf("gpuio: %w", &chunkstore.CorruptError{Chunk: ch.ID, Pack: g.pack, PackOff: ch.PackOff, Reason: "hash mismatch"})
+				return 0, ioUnified, fmt.Errorf("%w", &chunkstore.CorruptError{Chunk: ch.ID, Pack: g.pack, PackOff: ch.PackOff, Reason: "hash mismatch"})
 			}
 		}
 	}

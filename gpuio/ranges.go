@@ -85,7 +85,7 @@ func (l *Loader) ReadRangesWith(ctx context.Context, f *chunkstore.File, ranges 
 	rs := make([]Range, 0, len(ranges))
 	for i, r := range ranges {
 		if err := r.check(f.Size(), dst.Size()); err != nil {
-			return res, fmt.Errorf("gpuio: range %d: %s", i, err)
+			return res, fmt.Errorf("range %d: %s", i, err)
 		}
 		if r.N > 0 {
 			rs = append(rs, r)
@@ -106,7 +106,7 @@ func (l *Loader) ReadRangesWith(ctx context.Context, f *chunkstore.File, ranges 
 		// are read (docs/design/access.md); released when run returns.
 		plan, err := f.Plan(lo, hi-lo)
 		if err != nil {
-			return res, fmt.Errorf("gpuio: %w", err)
+			return res, err
 		}
 		defer plan.Release()
 		gs, err := planGroups(plan.Pieces, lo, hi-lo, l.opts.BufferSize)

@@ -32,8 +32,7 @@ entry directly below it and in total (the last line):
 Figures of the lines do not add up to the total where entries share chunks.
 With a running node the command is answered by the node.`).withJSON()
 	var sum bool
-	f.BoolVar(&sum, "s", false, "only the total (same as --summarize)")
-	f.BoolVar(&sum, "summarize", false, "only the total")
+	f.BoolVarP(&sum, "summarize", "s", false, "only the total")
 	if err := f.parse(args, 0, 1); err != nil {
 		return err
 	}

@@ -34,7 +34,7 @@ func runLs(ctx context.Context, e *env, args []string) error {
 	f := newFlags(e, "ls", "[--data DIR] [--json] [-R] [PATH]", `
 Lists the namespace directory PATH (default: the root), or shows PATH itself
 if it is a file.`).withJSON()
-	rec := f.Bool("R", false, "list subdirectories recursively")
+	rec := f.BoolP("recursive", "R", false, "list subdirectories recursively")
 	if err := f.parse(args, 0, 1); err != nil {
 		return err
 	}
