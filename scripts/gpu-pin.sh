@@ -14,7 +14,8 @@
 #    GPU buffer per shard (op FILL), REPS times (default 5), alternating;
 #    the first fill of each is checked bitwise against the file read from
 #    the mount. Prints GB/s (10^9) per pass and the medians, and the IO each
-#    fill took: "page cache (pinned)" for the pinned model.
+#    fill took: "page cache (pinned, verified)" for the pinned model (its
+#    chunks hashed when pinned; docs/design/pin.md).
 # 4. unpin: the model's fills go back to the copying path.
 # Ends with "PIN GPU PASSED" (every byte right, the pinned model's fills took
 # the pinned path, the unpinned one's did not) or "PIN GPU FAILED". The
@@ -131,8 +132,8 @@ for r in range(reps):
                 del want
 for m in models:
     print(f"median {m:8s}: {statistics.median(rates[m]):.1f} GB/s over {reps} passes (min {min(rates[m]):.1f}, max {max(rates[m]):.1f})")
-if expect == "pinned" and ios["pinned"] != {"page cache (pinned)"}:
-    print(f"the pinned model's fills took {ios['pinned']}, not only 'page cache (pinned)'"); ok = False
+if expect == "pinned" and not ios["pinned"] <= {"page cache (pinned, verified)", "page cache (pinned)"}:
+    print(f"the pinned model's fills took {ios['pinned']}, not only the pinned pages"); ok = False
 for m in (("unpinned",) if expect == "pinned" else models):
     if any("pinned" in io for io in ios[m]):
         print(f"{m}: fills took {ios[m]}, but nothing is pinned"); ok = False
