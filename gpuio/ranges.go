@@ -3,6 +3,7 @@ package gpuio
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/kylix/kylix/chunkstore"
@@ -114,8 +115,9 @@ func (l *Loader) ReadRangesWith(ctx context.Context, f *chunkstore.File, ranges 
 			return res, err
 		}
 		p := multiLinear(dst, rs[i:j])
+		strided := slices.ContainsFunc(rs[i:j], func(r Range) bool { return r.rows() > 1 })
 		for _, g := range gs {
-			jobs = append(jobs, job{g: g, place: p, shared: o.Shared, verifyEveryLoad: o.VerifyEveryLoad})
+			jobs = append(jobs, job{g: g, place: p, shared: o.Shared, verifyEveryLoad: o.VerifyEveryLoad, strided: strided})
 		}
 		i = j
 	}
