@@ -26,11 +26,6 @@ type job struct {
 	// verifyEveryLoad: hash the group's chunks even when they come from
 	// pinned pages verified when pinned (ReadOptions.VerifyEveryLoad).
 	verifyEveryLoad bool
-	// strided: the group places rows of a strided range. From pinned
-	// pages they go through device staging (one copy of the group, then
-	// 2D copies on the device): 2D copies from host memory with rows of a
-	// few KiB ran at a fraction of the link's speed on the H200.
-	strided bool
 }
 
 // placer issues the copies of the wanted part of a group. src addresses the
@@ -289,13 +284,6 @@ func (l *Loader) doJob(ctx context.Context, j job, buf PinnedMem, s Stream, stag
 	var base int64
 	placed, err := func() (int64, error) {
 		switch {
-		case atPin && j.strided && stage != nil:
-			t, err := s.CopyHtoD(stage, 0, src.pinned, int(src.hostOff), int(g.dataLen))
-			if err != nil {
-				return 0, err
-			}
-			ts = append(ts, t)
-			c, base = devCopier{s: s, stage: stage}, g.fileOff
 		case atPin:
 			c, base = hostCopier{s: s, buf: src.pinned}, g.fileOff-src.hostOff
 		case l.verifier != nil:

@@ -3,7 +3,6 @@ package gpuio
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sort"
 
 	"github.com/kylix/kylix/chunkstore"
@@ -115,9 +114,8 @@ func (l *Loader) ReadRangesWith(ctx context.Context, f *chunkstore.File, ranges 
 			return res, err
 		}
 		p := multiLinear(dst, rs[i:j])
-		strided := slices.ContainsFunc(rs[i:j], func(r Range) bool { return r.rows() > 1 })
 		for _, g := range gs {
-			jobs = append(jobs, job{g: g, place: p, shared: o.Shared, verifyEveryLoad: o.VerifyEveryLoad, strided: strided})
+			jobs = append(jobs, job{g: g, place: p, shared: o.Shared, verifyEveryLoad: o.VerifyEveryLoad})
 		}
 		i = j
 	}
