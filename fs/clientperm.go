@@ -107,6 +107,11 @@ func PackTable(sf *chunkstore.File) []uint64 { return packTable(sf) }
 // the namespace and each file's chunk locations (cost: one index lookup
 // per chunk of every file); later calls are map lookups.
 func (f *FS) PackReadableBy(pack uint64, c Cred) (bool, error) {
+	// A chmod or chown through the mount reaches the store through the
+	// committer: wait for what is queued, so the walk sees it.
+	if err := f.com.wait(f.com.barrier()); err != nil {
+		return false, fmt.Errorf("commit pending changes before deciding who may read a pack: %w", err)
+	}
 	r := &f.readers
 	r.mu.Lock()
 	defer r.mu.Unlock()
