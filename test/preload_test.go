@@ -15,10 +15,14 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
+	"github.com/kylix/kylix/clientproto"
+	"github.com/kylix/kylix/fs/layout"
 	"github.com/kylix/kylix/internal/damage"
 )
 
@@ -305,4 +309,78 @@ func TestPreloadNeverReadsDamagedPack(t *testing.T) {
 		// ft.bin's own pack may be handed out; the base's (damaged) not:
 		// the damaged range came through FUSE (EIO), never from the pack.
 	}
+}
+
+// TestClientPacksShared: PACKS with the shared flag hands a fine-tune the
+// base's pack (flags SHARED|CHECKED) beside its own, each fd reading back
+// exactly the fine-tune's chunks at the offsets the node's stat gives;
+// version 1's empty body still gives no shared pack; malformed bodies are
+// EINVAL and the node serves on.
+func TestClientPacksShared(t *testing.T) {
+	requireFUSE(t)
+	data, mnt := dirs(t)
+	files := faultFiles(t, data)
+	ext := extentsOf(t, data, "ft.bin")
+	_, sock := startClientNode(t, data, mnt)
+	c := dialClient(t, sock)
+	f := openRO(t, filepath.Join(mnt, "ft.bin"))
+
+	r := c.req(clientproto.OpPacks, nil, int(f.Fd()))
+	es, err := clientproto.ParsePacks(r.fields)
+	require.NoError(t, err)
+	for _, e := range es {
+		require.NotZero(t, e.Flags&clientproto.PackWholeFile, "version 1 PACKS: only whole-file packs: %+v", es)
+	}
+	r.close()
+
+	r = c.req(clientproto.OpPacks, clientproto.AppendPacksRequest(nil, clientproto.PacksShared), int(f.Fd()))
+	defer r.close()
+	require.Zero(t, r.status, r.msg)
+	es, err = clientproto.ParsePacks(r.fields)
+	require.NoError(t, err)
+	require.Len(t, r.fds, len(es))
+	packs := map[uint64]bool{}
+	for _, x := range ext {
+		packs[x.Pack] = true
+	}
+	require.Len(t, es, len(packs), "every pack of the fine-tune handed out: %s", r.msg)
+	shared := 0
+	for i, e := range es {
+		require.NotZero(t, e.Flags&clientproto.PackChecked)
+		if e.Flags&clientproto.PackShared != 0 {
+			shared++
+		}
+		var st unix.Stat_t
+		require.NoError(t, unix.Fstat(int(r.fds[i].Fd()), &st))
+		require.Equal(t, layout.Generation(st.Dev, st.Ino, st.Size, st.Mtim.Nano(), st.Ctim.Nano()), e.Generation)
+	}
+	require.Positive(t, shared, "the base's pack is shared: %+v", es)
+	// Each extent reads back from one of the fds (the one whose file is
+	// the extent's pack path).
+	for _, x := range ext {
+		var want unix.Stat_t
+		require.NoError(t, unix.Stat(x.PackPath, &want))
+		found := false
+		for _, pf := range r.fds {
+			var st unix.Stat_t
+			require.NoError(t, unix.Fstat(int(pf.Fd()), &st))
+			if st.Ino != want.Ino || st.Dev != want.Dev {
+				continue
+			}
+			found = true
+			b := make([]byte, x.Len)
+			_, err := pf.ReadAt(b, x.PackOff)
+			require.NoError(t, err)
+			require.Equal(t, files["ft.bin"][x.FileOff:x.FileOff+x.Len], b, "extent at %d", x.FileOff)
+		}
+		require.True(t, found, "no fd for pack %s", x.PackPath)
+	}
+
+	for _, body := range [][]byte{{1, 0, 0}, clientproto.AppendPacksRequest(nil, 2), {1, 0, 0, 0, 9, 0, 0, 0}} {
+		r := c.req(clientproto.OpPacks, body, int(f.Fd()))
+		require.Equal(t, -int32(syscall.EINVAL), r.status, "body %x: %s", body, r.msg)
+		require.Empty(t, r.fds)
+	}
+	r2 := c.req(clientproto.OpStat, nil, int(f.Fd()))
+	require.Zero(t, r2.status, "the node serves on: %s", r2.msg)
 }

@@ -47,10 +47,15 @@ func (c *clientServer) opPacksFlags(sf *chunkstore.File, body []byte, p peer) re
 		}
 		var pf *os.File
 		var fl uint32
+		err = chunkstore.ErrNotWholeFile
 		if hasWhole && pack == whole {
 			pf, err = c.s.OpenPassthrough(c.ctx, sf)
 			fl = clientproto.PackWholeFile | clientproto.PackChecked
-		} else {
+		}
+		// Not the file's whole-file pack (a base's pack is the candidate
+		// of a fine-tune that keeps most of its bytes in place, and fails
+		// the whole-file check): the rule for shared packs.
+		if errors.Is(err, chunkstore.ErrNotWholeFile) {
 			fl = clientproto.PackShared | clientproto.PackChecked
 			var ok bool
 			switch {
