@@ -17,6 +17,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -194,6 +195,36 @@ print(hashlib.sha256(a).hexdigest(), hashlib.sha256(b).hexdigest())`
 	out, st = shimRun(t, lib, nil, "sh", "-c", "echo hi | tr a-z A-Z; ls / >/dev/null")
 	require.Equal(t, "HI\n", string(out))
 	require.Equal(t, preloadStats{statsPresent: true}, st)
+
+	// Files opened for writing (O_APPEND, O_RDWR) are left to FUSE; once
+	// committed, the new bytes are what the shim serves (the size and
+	// mtime changed, so nothing cached is used).
+	wpy := `import sys, os
+p = sys.argv[1]
+with open(p, "ab") as f:
+    f.write(b"abc")
+with open(p, "ab") as f:
+    f.write(b"def")
+with open(p, "r+b") as f:
+    assert f.read() == b"abcdef", "read back while open for writing"
+    f.seek(0); f.write(b"X")
+with open(p, "rb") as f:
+    print(f.read().decode())`
+	out, _ = shimRun(t, lib, nil, "/usr/bin/python3", "-c", wpy, m("written.txt"))
+	require.Equal(t, "Xbcdef", strings.TrimSpace(string(out)))
+	// While its commit is pending the node answers EBUSY and the shim
+	// leaves the file to FUSE; after it, the shim serves the new version.
+	waitFor(t, 20*time.Second, "written.txt served by the shim after its commit", func() bool {
+		out, st = shimRun(t, lib, nil, "cat", m("written.txt"))
+		require.Equal(t, "Xbcdef", string(out))
+		return st.KylixFiles == 1
+	})
+	require.Equal(t, uint64(6), st.Bypassed+st.Fuse, "%+v", st)
+
+	// A static binary (kylix itself, Go, no libc) is not touched.
+	out, st = shimRun(t, lib, nil, kylixBin, "export", "--help")
+	require.NotEmpty(t, out)
+	require.False(t, st.statsPresent, "the loader never loaded the shim into a static binary")
 
 	if !torch {
 		t.Log("Debian's python3-torch/numpy not installed: torch.load and numpy.memmap not checked")
