@@ -49,12 +49,19 @@ rate() { # rate LABEL FILE [LD_PRELOAD]
 }
 echo "machine: $(nproc) cores, $(uname -r), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "file sizes: contiguous $(stat -c %s "$tmp/src/contiguous.bin") B, fine-tune shard $ft $(stat -c %s "$tmp/src/$ft") B; $REPEATS runs, warm, median GB/s"
-printf '%-28s %8s %8s %8s %10s\n' file backing fuse shim shim/back
+# "backing": the import's source file on the same disk; "pack": the
+# contiguous file's own pack file (what the shim reads), by root.
+pack=$("$BIN/kylix" stat --data "$tmp/data" --json m/contiguous.bin | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["extents"][0]["pack_path"])')
+printf '%-34s %8s %8s %8s %8s %10s\n' file backing pack fuse shim shim/back
 for f in contiguous.bin "$ft"; do
-  cat "$tmp/src/$f" "$tmp/mnt/m/$f" >/dev/null       # warm the page cache
-  LD_PRELOAD=$SHIM cat "$tmp/mnt/m/$f" >/dev/null     # and the packs
-  b=$(rate x "$tmp/src/$f"); u=$(rate x "$tmp/mnt/m/$f"); s=$(rate x "$tmp/mnt/m/$f" "$SHIM")
-  printf '%-28s %8.2f %8.2f %8.2f %9.2fx\n' "${f##*/}" "$b" "$u" "$s" "$(echo "$s / $b" | bc -l)"
+  p=-; [ "$f" = contiguous.bin ] && p=$pack
+  for _ in 1 2; do   # warm the page cache: source, pack, mount, shim
+    cat "$tmp/src/$f" "$tmp/mnt/m/$f" >/dev/null; [ "$p" = - ] || cat "$p" >/dev/null
+    LD_PRELOAD=$SHIM cat "$tmp/mnt/m/$f" >/dev/null
+  done
+  b=$(rate x "$tmp/src/$f"); k=-; [ "$p" = - ] || k=$(printf %.2f "$(rate x "$p")")
+  u=$(rate x "$tmp/mnt/m/$f"); s=$(rate x "$tmp/mnt/m/$f" "$SHIM")
+  printf '%-34s %8.2f %8s %8.2f %8.2f %9.2fx\n' "${f##*/}" "$b" "$k" "$u" "$s" "$(echo "$s / $b" | bc -l)"
 done
 echo "mmap composition (python mmap of every fine-tune and base shard under the shim):"
 for d in base finetuned; do
