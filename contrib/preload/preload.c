@@ -23,8 +23,11 @@
  *   - each pack fd's generation (fstat) is checked before every read from
  *     it: a pack that changed, or an fd number the program closed and
  *     reused, is never read (the range goes through the mount);
- *   - one global mutex guards the fd table and the file cache, held only
- *     for bookkeeping, taken around fork (pthread_atfork).
+ *   - one global mutex guards the Kylix entries of the fd table and the
+ *     file cache, held only for bookkeeping, taken around fork
+ *     (pthread_atfork); fds the shim does not serve are classified and
+ *     forgotten with atomics alone, so calls on them (from a signal
+ *     handler too) never wait for it.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -184,7 +187,12 @@ static void forget_locked(int fd)
 
 static void forget(int fd)
 {
-	if (fd < 0 || fd >= MAXFD || atomic_load(&fds[fd].state) == S_UNKNOWN)
+	if (fd < 0 || fd >= MAXFD)
+		return;
+	/* Not a Kylix fd: no lock (close is async-signal-safe, and so is
+	 * every call on an fd the shim does not serve). */
+	int s = S_PASS;
+	if (atomic_compare_exchange_strong(&fds[fd].state, &s, S_UNKNOWN) || s == S_UNKNOWN)
 		return;
 	pthread_mutex_lock(&mu);
 	forget_locked(fd);
@@ -417,15 +425,17 @@ static struct kfile *lookup(int fd, struct stat *st)
 		pthread_mutex_unlock(&mu);
 	}
 	struct kfile *kf = detect(fd, st);
+	if (!kf) {
+		/* Not ours: remembered without the lock (see forget). */
+		int u = S_UNKNOWN;
+		atomic_compare_exchange_strong(&fds[fd].state, &u, S_PASS);
+		return NULL;
+	}
 	pthread_mutex_lock(&mu);
 	if (atomic_load(&fds[fd].state) == S_UNKNOWN) {
-		if (kf) {
-			atomic_fetch_add(&kf->refs, 1);
-			fds[fd].kf = kf;
-			atomic_store(&fds[fd].state, S_KYLIX);
-		} else {
-			atomic_store(&fds[fd].state, S_PASS);
-		}
+		atomic_fetch_add(&kf->refs, 1);
+		fds[fd].kf = kf;
+		atomic_store(&fds[fd].state, S_KYLIX);
 	}
 	pthread_mutex_unlock(&mu);
 	return kf;
