@@ -59,7 +59,7 @@
 #define KX_FUSE_MAGIC 0x65735546
 #define PG 4096ul
 #define MAXFD 65536
-#define CACHE_MAX 64
+#define CACHE_MAX 16
 #define PACK_FD_MIN 512
 
 /* ---- real functions ---- */
