@@ -141,10 +141,10 @@ started without --listen.`).withJSON()
 	}
 	defer s.Close()
 	if e.store == nil {
-		return fmt.Errorf("peers: no node serves %s (start one with kylix serve --listen)", s.Dir())
+		return fmt.Errorf("no node serves %s (start one with kylix serve --listen)", s.Dir())
 	}
 	if runningPeers == nil {
-		return fmt.Errorf("peers: the node serving %s is not in a cluster (started without --listen)", s.Dir())
+		return fmt.Errorf("the node serving %s is not in a cluster (it was started without --listen)", s.Dir())
 	}
 	out := peersOut{Self: runningPeers.Name(), Replicas: runningPeers.Replicas(), Placement: runningPeers.Placement(), Members: runningPeers.Members()}
 	if f.jsonOut {
