@@ -170,3 +170,16 @@ func (c *chunkCache) present(id ID) bool {
 	e, ok := c.items[id]
 	return ok && e.err == nil
 }
+
+// cached returns the verified bytes of id when they are in the cache (not
+// in flight, not failed), marking them recently used.
+func (c *chunkCache) cached(id ID) ([]byte, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.items[id]
+	if !ok || e.elem == nil {
+		return nil, false
+	}
+	c.ll.MoveToFront(e.elem)
+	return e.data, true
+}

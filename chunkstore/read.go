@@ -313,3 +313,10 @@ func (s *Store) ReadChunkUnverified(id ID) ([]byte, error) {
 	}
 	return buf, nil
 }
+
+// CachedChunk returns chunk id's verified bytes when they are in the
+// store's memory cache (read or fetched recently), without any storage
+// read; false otherwise. The bytes are shared: do not modify them.
+func (s *Store) CachedChunk(id ID) ([]byte, bool) {
+	return s.cache.cached(id)
+}

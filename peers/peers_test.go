@@ -47,12 +47,15 @@ func startNode(t *testing.T, name string, key Key, corrupt bool, join ...string)
 	return startNodeCfg(t, Config{Name: name, Key: key, Join: join, CorruptServed: corrupt})
 }
 
+// cacheBytes is the chunk cache of test members.
+var cacheBytes int64 = 1 << 20
+
 func startNodeCfg(t *testing.T, cfg Config) (*testNode, error) {
 	t.Helper()
 	cfg.Listen, cfg.Capacity, cfg.FetchTimeout = freeAddr(t), 1<<30, 5*time.Second
 	n, err := New(cfg)
 	require.NoError(t, err)
-	s, err := chunkstore.Open(chunkstore.Options{Dir: t.TempDir(), Fetcher: n, CacheBytes: 1 << 20})
+	s, err := chunkstore.Open(chunkstore.Options{Dir: t.TempDir(), Fetcher: n, CacheBytes: cacheBytes})
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	if err := n.Start(s, nil); err != nil {
@@ -349,4 +352,37 @@ func TestJoinMovesOneNth(t *testing.T) {
 	moved := float64(d.Placement().PulledChunks) / float64(DefaultReplicas*chunks)
 	t.Logf("%d chunks; the new member pulled %d: %.2f of the replicas (1/N = 0.25)", chunks, d.Placement().PulledChunks, moved)
 	require.InDelta(t, 0.25, moved, 0.15)
+}
+
+// TestServesFromMemory: a member serves chunks it holds only in its memory
+// cache (it read them), so a third member reads a file whose only packed
+// copy is gone.
+func TestServesFromMemory(t *testing.T) {
+	old := cacheBytes
+	cacheBytes = 64 << 20
+	defer func() { cacheBytes = old }()
+	key, _ := NewKey()
+	a := mustStart(t, "a", key, false)
+	b, err := startNodeCfg(t, Config{Name: "b", Key: key, Join: []string{a.cfg.Listen}, NoPlacement: true})
+	require.NoError(t, err)
+	data := randBytes(6 << 20)
+	importBytes(t, a, "f", data)
+	eventually(t, "f on b", func() bool { _, err := b.s.Lookup("f"); return err == nil })
+	// Read as the mount does, in pieces: chunks read in part stay cached.
+	f, _, err := b.s.OpenPath("f")
+	require.NoError(t, err)
+	got := make([]byte, f.Size())
+	for off := int64(0); off < f.Size(); off += 128 << 10 {
+		_, err := f.ReadAt(got[off:min(off+128<<10, f.Size())], off)
+		require.NoError(t, err)
+	}
+	require.True(t, bytes.Equal(got, data))
+	require.NoError(t, a.Close())
+	c, err := startNodeCfg(t, Config{Name: "c", Key: key, Join: []string{b.cfg.Listen}, NoPlacement: true})
+	require.NoError(t, err)
+	eventually(t, "f on c", func() bool { _, err := c.s.Lookup("f"); return err == nil })
+	got, err = readAll(c, "f")
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(got, data))
+	require.Positive(t, c.statsFor("b").Fetched.Load())
 }

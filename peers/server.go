@@ -139,6 +139,13 @@ func (sv *server) answer(rq request) (byte, []byte) {
 		// Not hashed here: the receiver checks every chunk against its id
 		// before anyone sees it, and counts a member whose bytes fail.
 		data, err := sv.s.ReadChunkUnverified(id)
+		if errors.Is(err, chunkstore.ErrNotLocal) {
+			// Not in a pack here, but maybe in memory: read or fetched
+			// lately (a member reading a model serves it on).
+			if b, ok := sv.s.CachedChunk(id); ok {
+				data, err = b, nil
+			}
+		}
 		switch {
 		case errors.Is(err, chunkstore.ErrNotLocal) || errors.Is(err, chunkstore.ErrNotFound):
 			return stNotFound, nil
