@@ -79,6 +79,8 @@ gpu-build:
 	CGO_ENABLED=0 $(GO) test -c $(GOFLAGS_) -o .gpu/gpuio.test ./gpuio
 	CGO_ENABLED=0 $(GO) test -c $(GOFLAGS_) -o .gpu/chunkstore.test ./chunkstore
 	CGO_ENABLED=0 $(GO) test -c $(GOFLAGS_) -o .gpu/gpublake3.test ./cuda/gpublake3
+	CGO_ENABLED=0 $(GO) test -c $(GOFLAGS_) -o .gpu/safetensors.test ./chunkstore/safetensors
+	CGO_ENABLED=0 $(GO) test -c $(GOFLAGS_) -o .gpu/demomodel.test ./internal/demomodel
 
 clean:
 	rm -rf bin

@@ -14,6 +14,11 @@ step "cuda package tests"; ./.gpu/cuda.test -test.count=1 2>&1 | tail -15 || fai
 step "gpublake3 (BLAKE3 on the GPU vs zeebo)"; ./.gpu/gpublake3.test -test.count=1 2>&1 | tail -5 || fail=1
 step "gpuio GPU tests (every path, every byte)"; ./.gpu/gpuio.test -test.run 'GPU' -test.v -test.count=1 2>&1 | grep -E '^(=== RUN|--- |ok|FAIL|PASS)|->|not available' | head -40
 ./.gpu/gpuio.test -test.run 'GPU' -test.count=1 >/dev/null 2>&1 || { echo "gpuio GPU tests FAILED"; fail=1; }
+step "interop with the reference implementations (safetensors, transformers; CI has neither)"
+for t in safetensors demomodel; do
+  r=$(./.gpu/$t.test -test.run Interop -test.v -test.count=1 2>&1); echo "$r" | grep -E '^(--- |ok|FAIL|PASS)|reference' | head -5
+  echo "$r" | grep -q -- '--- PASS' || { echo "$t interop did not pass"; fail=1; }
+done
 step "kylix doctor"; $k doctor | tee "$out/doctor.txt"
 work=$(mktemp -d /var/tmp/kylix-gpu-test.XXXX)
 export KYLIX_DATA=$work/data

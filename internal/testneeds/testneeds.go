@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 )
 
@@ -52,4 +53,35 @@ func FUSE(tb testing.TB) {
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		Missing(tb, "FUSE: %v (load the fuse module, or give the container /dev/fuse; apt-get install -y fuse3)", err)
 	}
+}
+
+// Python returns the first Python interpreter that imports every module:
+// $KYLIX_TEST_PYTHON, else python3 on PATH, else /usr/bin/python3 (Debian's,
+// where python3-torch installs). The error says which were tried and why
+// each failed.
+func Python(modules ...string) (string, error) {
+	var cands []string
+	if p := os.Getenv("KYLIX_TEST_PYTHON"); p != "" {
+		cands = append(cands, p)
+	}
+	if p, err := exec.LookPath("python3"); err == nil {
+		cands = append(cands, p)
+	}
+	cands = append(cands, "/usr/bin/python3")
+	code := "import " + strings.Join(modules, ", ")
+	var why []string
+	seen := map[string]bool{}
+	for _, p := range cands {
+		if seen[p] {
+			continue
+		}
+		seen[p] = true
+		out, err := exec.Command(p, "-c", code).CombinedOutput()
+		if err == nil {
+			return p, nil
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		why = append(why, fmt.Sprintf("%s: %s", p, lines[len(lines)-1]))
+	}
+	return "", fmt.Errorf("no python3 here imports %s (%s)", strings.Join(modules, ", "), strings.Join(why, "; "))
 }
