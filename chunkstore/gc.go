@@ -30,7 +30,7 @@ func (s *Store) GC(ctx context.Context) (GCResult, error) {
 	liveChunk := map[ID]bool{}
 	heads, err := s.Heads()
 	if err != nil {
-		return res, fmt.Errorf("chunkstore: gc: %w", err)
+		return res, fmt.Errorf("gc: %w", err)
 	}
 	var mark func(e Entry) error
 	mark = func(e Entry) error {
@@ -68,7 +68,7 @@ func (s *Store) GC(ctx context.Context) (GCResult, error) {
 		if err := mark(Entry{Kind: KindDir, ID: h.Root}); err != nil {
 			// Refuse to collect from a tree we could not read whole: we
 			// would delete what the unreadable part still uses.
-			return res, fmt.Errorf("chunkstore: gc: mark from head %q: %w (run kylix verify)", h.Name, err)
+			return res, fmt.Errorf("gc: mark from head %q: %w (run kylix verify)", h.Name, err)
 		}
 	}
 	livePack := map[uint64]bool{}
@@ -137,11 +137,11 @@ func (s *Store) GC(ctx context.Context) (GCResult, error) {
 		})
 	})
 	if err != nil {
-		return res, fmt.Errorf("chunkstore: gc: %w", err)
+		return res, fmt.Errorf("gc: %w", err)
 	}
 	if len(recs) > 0 {
 		if err := s.commit(recs); err != nil {
-			return res, fmt.Errorf("chunkstore: gc: %w", err)
+			return res, fmt.Errorf("gc: %w", err)
 		}
 		for _, r := range recs {
 			if r.kind == recDelChunk {
@@ -157,7 +157,7 @@ func (s *Store) GC(ctx context.Context) (GCResult, error) {
 		// the next Open, which finds the file gone or removes it.
 		gone, err := s.packs.retire(id)
 		if err != nil {
-			return res, fmt.Errorf("chunkstore: gc: %w", err)
+			return res, fmt.Errorf("gc: %w", err)
 		}
 		res.PacksRemoved++
 		if gone {
@@ -168,10 +168,10 @@ func (s *Store) GC(ctx context.Context) (GCResult, error) {
 		// The files are gone: clear their intents (a crash before this
 		// leaves them for the next open, which finds nothing to remove).
 		if err := s.fs.SyncDir(s.packsDir()); err != nil {
-			return res, fmt.Errorf("chunkstore: gc: %w", err)
+			return res, fmt.Errorf("gc: %w", err)
 		}
 		if err := s.commit(removed); err != nil {
-			return res, fmt.Errorf("chunkstore: gc: %w", err)
+			return res, fmt.Errorf("gc: %w", err)
 		}
 	}
 	for id, live := range liveBytes {
@@ -180,7 +180,7 @@ func (s *Store) GC(ctx context.Context) (GCResult, error) {
 	if len(recs) > 0 {
 		// The log still holds what was just removed: rewrite it.
 		if err := s.compactLog(); err != nil {
-			return res, fmt.Errorf("chunkstore: gc: %w", err)
+			return res, fmt.Errorf("gc: %w", err)
 		}
 	}
 	return res, nil

@@ -74,7 +74,7 @@ func (s *Store) Stats() (*Stats, error) {
 	}
 	t, err := dirSum(root)
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: stats: %w", err)
+		return nil, fmt.Errorf("stats: %w", err)
 	}
 	st.LogicalBytes, st.Files, st.Dirs = t.bytes, t.files, t.dirs
 	err = s.db.View(func(tx *bolt.Tx) error {
@@ -99,7 +99,7 @@ func (s *Store) Stats() (*Stats, error) {
 		})
 	})
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: stats: %w", err)
+		return nil, fmt.Errorf("stats: %w", err)
 	}
 	if st.StoredBytes > 0 {
 		st.DedupRatio = float64(st.LogicalBytes) / float64(st.StoredBytes)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs the real clients the tests need, where missing: fuse3, a C
-# compiler, Debian's python3-torch and python3-numpy, setpriv, mkfs.ext4 and
+# Installs the real clients the tests need, where missing: fuse3, C and C++
+# compilers, Debian's python3-torch and python3-numpy, setpriv, mkfs.ext4 and
 # systemd-analyze. Idempotent: with everything present it installs nothing and
 # asks no registry. `make test` and .ci/run run it first.
 #
@@ -12,8 +12,9 @@ export DEBIAN_FRONTEND=noninteractive
 need=()
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
+command -v c++ >/dev/null 2>&1 || need+=(g++)
 /usr/bin/python3 -c 'import torch, numpy' >/dev/null 2>&1 || need+=(python3-torch python3-numpy)
-command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
+command -v setpriv >/dev/null 2>&1 && command -v prlimit >/dev/null 2>&1 || need+=(util-linux)
 command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 if [ ${#need[@]} -eq 0 ]; then
