@@ -107,6 +107,7 @@ type Store struct {
 
 	pverify packVerifier // passthrough verification record (packverify.go)
 	ctr     counters     // for metrics (counters.go)
+	pchunks chunkChecks  // checks of a file's chunks in a shared pack (packchunks.go)
 }
 
 type sharedPack struct {
