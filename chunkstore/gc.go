@@ -2,7 +2,11 @@ package chunkstore
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -217,5 +221,46 @@ func (s *Store) Collect(ctx context.Context, opts GCOptions) (GCResult, error) {
 			return res, fmt.Errorf("chunkstore: gc: %w", err)
 		}
 	}
+	s.saveLastGC(res)
 	return res, nil
+}
+
+// LastGC is what the last completed GC freed, kept in the data directory
+// (gc.json) for kylix df.
+type LastGC struct {
+	At             time.Time `json:"at"`
+	BytesFreed     int64     `json:"bytes_freed"`
+	PacksRemoved   int       `json:"packs_removed"`
+	PacksCompacted int       `json:"packs_compacted"`
+	BytesMoved     int64     `json:"bytes_moved"`
+}
+
+func (s *Store) lastGCPath() string { return filepath.Join(s.dir, "gc.json") }
+
+// saveLastGC records res for df. It is a report, not store state: a failure
+// to write it is logged and changes nothing else.
+func (s *Store) saveLastGC(res GCResult) {
+	b, err := json.Marshal(LastGC{At: s.clock.now().UTC(), BytesFreed: res.BytesFreed, PacksRemoved: res.PacksRemoved,
+		PacksCompacted: res.PacksCompacted, BytesMoved: res.BytesMoved})
+	if err == nil {
+		tmp := s.lastGCPath() + ".tmp"
+		if err = os.WriteFile(tmp, b, filePerm); err == nil {
+			err = os.Rename(tmp, s.lastGCPath())
+		}
+	}
+	if err != nil {
+		s.log.Warn("recording the gc summary for kylix df", "err", err)
+	}
+}
+
+func (s *Store) lastGC() *LastGC {
+	b, err := os.ReadFile(s.lastGCPath())
+	if err != nil {
+		return nil
+	}
+	var l LastGC
+	if json.Unmarshal(b, &l) != nil {
+		return nil
+	}
+	return &l
 }
