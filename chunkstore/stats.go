@@ -30,9 +30,9 @@ type Stats struct {
 	// threshold (docs/design/gc.md).
 	DeadBytes int64 `json:"dead_bytes"`
 	// LastGC is the last completed kylix gc, if any.
-	LastGC *LastGC `json:"last_gc,omitempty"`
-	Packs  int64   `json:"packs"`
-	IndexBytes  int64 `json:"index_bytes"`
+	LastGC     *LastGC `json:"last_gc,omitempty"`
+	Packs      int64   `json:"packs"`
+	IndexBytes int64   `json:"index_bytes"`
 	// DedupRatio is LogicalBytes / StoredBytes.
 	DedupRatio float64 `json:"dedup_ratio"`
 	IO         string  `json:"io"`
