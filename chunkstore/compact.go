@@ -251,6 +251,11 @@ func (c *compactor) move(v victim, cs []chunkAt) error {
 		hook("created")
 	}
 	ls, err := s.packs.acquire(v.pack)
+	if errors.Is(err, ErrNotLocal) {
+		// Missing from disk: nothing to copy; verify names what is lost.
+		c.res.Skipped = append(c.res.Skipped, fmt.Sprintf("%s: %v", s.PackPath(v.pack), err))
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("pack %s: %w", s.PackPath(v.pack), err)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sort"
@@ -409,4 +410,80 @@ func TestCompactLeavesCorruptChunk(t *testing.T) {
 	fr, err := s.Fsck(context.Background())
 	require.NoError(t, err)
 	require.True(t, fr.OK(), "%+v", fr)
+}
+
+// stFile returns a safetensors file whose U8 tensors hold the given bytes:
+// the store cuts it into one chunk per tensor.
+func stFile(tensors [][]byte) []byte {
+	hdr := "{"
+	off := 0
+	for i, b := range tensors {
+		if i > 0 {
+			hdr += ","
+		}
+		hdr += fmt.Sprintf(`"t%03d":{"dtype":"U8","shape":[%d],"data_offsets":[%d,%d]}`, i, len(b), off, off+len(b))
+		off += len(b)
+	}
+	hdr += "}"
+	for len(hdr)%8 != 0 {
+		hdr += " "
+	}
+	out := make([]byte, 8, 8+len(hdr)+off)
+	for i := range 8 {
+		out[i] = byte(uint64(len(hdr)) >> (8 * i))
+	}
+	out = append(out, hdr...)
+	for _, b := range tensors {
+		out = append(out, b...)
+	}
+	return out
+}
+
+// TestCompactKeepsWholeFilePacks: a large file stored whole in its own pack
+// with a duplicate chunk in place (its index location is another pack) has
+// bytes that look dead; compaction leaves the pack whole, so FUSE
+// passthrough still serves the file from it.
+func TestCompactKeepsWholeFilePacks(t *testing.T) {
+	r := rand.New(rand.NewPCG(41, 1))
+	var tensors [][]byte
+	for range 20 {
+		tensors = append(tensors, randBytes(r, 200<<10))
+	}
+	src1, src2 := t.TempDir(), t.TempDir()
+	// c is tensor 5's bytes alone: one chunk with the same id.
+	require.NoError(t, os.WriteFile(filepath.Join(src1, "c"), tensors[5], 0o644))
+	big := stFile(tensors)
+	require.NoError(t, os.WriteFile(filepath.Join(src2, "b.safetensors"), big, 0o644))
+	s := openTest(t, t.TempDir())
+	ctx := context.Background()
+	_, err := s.Import(ctx, src1, "c", ImportOptions{})
+	require.NoError(t, err)
+	_, err = s.Import(ctx, src2, "b", ImportOptions{})
+	require.NoError(t, err)
+	f, _, err := s.OpenPath("b/b.safetensors")
+	require.NoError(t, err)
+	pack, _, ok := f.PassthroughCandidate()
+	require.True(t, ok, "the file is not stored whole")
+	res, err := s.Collect(ctx, GCOptions{Compact: true, CompactThreshold: 0.01})
+	require.NoError(t, err)
+	require.Equal(t, 1, res.WholeFileKept, "%+v", res)
+	require.Zero(t, res.PacksCompacted)
+	f, _, err = s.OpenPath("b/b.safetensors")
+	require.NoError(t, err)
+	p2, _, ok := f.PassthroughCandidate()
+	require.True(t, ok)
+	require.Equal(t, pack, p2)
+	chk, err := s.VerifyPack(ctx, f)
+	require.NoError(t, err)
+	require.True(t, chk.OK())
+
+	// Once the file is gone its pack holds nothing live (c's chunk is
+	// indexed in c's own pack) and goes whole.
+	require.NoError(t, s.Update(func(tx *NSTx) error { return tx.Remove("b", true) }))
+	res, err = s.Collect(ctx, GCOptions{Compact: true})
+	require.NoError(t, err)
+	require.Equal(t, 1, res.PacksRemoved, "%+v", res)
+	_, err = os.Stat(s.PackPath(pack))
+	require.True(t, os.IsNotExist(err))
+	sameFiles(t, "c", exported(t, s, "c"), map[string][]byte{"c": tensors[5]})
 }
