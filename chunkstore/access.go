@@ -70,7 +70,7 @@ type Plan struct {
 // chunks (a closed store, an unreadable pack file).
 func (f *File) Plan(off, n int64) (*Plan, error) {
 	if off < 0 || n < 0 {
-		return nil, fmt.Errorf("chunkstore: plan [%d, +%d): negative range", off, n)
+		return nil, fmt.Errorf("plan [%d, +%d): negative range", off, n)
 	}
 	end := min(off+n, f.M.Size)
 	p := &Plan{File: f, Off: min(off, f.M.Size)}
@@ -185,6 +185,7 @@ func (s *Store) load(ctx context.Context, refs []ChunkRef, locs []Location, entr
 		}
 	}()
 	fail := func(i int, err error) {
+		s.ctr.chunkFailed(err)
 		s.logChunkFailure(refs[i].ID, locs[i], err)
 		s.cache.finish(entries[i], nil, err, keep)
 	}
@@ -220,7 +221,7 @@ func (s *Store) load(ctx context.Context, refs []ChunkRef, locs []Location, entr
 				}
 			}
 			if err != nil {
-				fail(i, fmt.Errorf("chunkstore: read chunk %s: %w", refs[i].ID.Short(), err))
+				fail(i, fmt.Errorf("read chunk %s: %w", refs[i].ID.Short(), err))
 				continue
 			}
 		}
@@ -286,9 +287,9 @@ func (s *Store) fetch(ctx context.Context, r ChunkRef, l Location) ([]byte, erro
 	data, err := s.fetcher.Fetch(ctx, r.ID, r.Len)
 	if err != nil {
 		if errors.Is(err, ErrNotLocal) && l.Pack != 0 {
-			return nil, fmt.Errorf("chunkstore: chunk %s: its pack %016x is missing: %w", r.ID.Short(), l.Pack, err)
+			return nil, fmt.Errorf("chunk %s: its pack %016x is missing: %w", r.ID.Short(), l.Pack, err)
 		}
-		return nil, fmt.Errorf("chunkstore: chunk %s: %w", r.ID.Short(), err)
+		return nil, fmt.Errorf("chunk %s: %w", r.ID.Short(), err)
 	}
 	if uint32(len(data)) != r.Len {
 		return nil, &CorruptError{Chunk: r.ID, Reason: fmt.Sprintf("fetched %d bytes, want %d", len(data), r.Len)}

@@ -3,6 +3,7 @@ package chunkstore
 import (
 	"container/list"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -32,6 +33,9 @@ type chunkCache struct {
 	items   map[ID]*cacheEntry
 	failTTL time.Duration
 	now     func() time.Time
+	// hits: claims of cached chunks or of reads in flight; misses: claims
+	// that read (Counters). A failure remembered is neither.
+	hits, misses atomic.Int64
 }
 
 // DefaultFailTTL is how long a failed chunk read is remembered.
@@ -64,16 +68,21 @@ func (c *chunkCache) claim(id ID) (e *cacheEntry, owner bool) {
 	if e, ok := c.items[id]; ok {
 		if e.elem != nil {
 			c.ll.MoveToFront(e.elem)
+			c.hits.Add(1)
 			return e, false
 		}
 		if e.err == nil || c.now().Before(e.until) {
-			if e.err == nil && e.data == nil {
-				e.waiters++
+			if e.err == nil {
+				c.hits.Add(1) // a read in flight, shared
+				if e.data == nil {
+					e.waiters++
+				}
 			}
 			return e, false // in flight, or failed a moment ago
 		}
 		delete(c.items, id) // an old failure: try again
 	}
+	c.misses.Add(1)
 	e = &cacheEntry{id: id, ready: make(chan struct{})}
 	c.items[id] = e
 	return e, true

@@ -109,3 +109,17 @@ func Logged(err error) bool {
 	var re *ReadError
 	return errors.Is(err, ErrCorrupt) || errors.Is(err, ErrNotLocal) || errors.As(err, &re)
 }
+
+// PathError is an error about a namespace path: what was being done, the
+// path, and what went wrong (ErrNotFound, ErrNotDir, ErrIsDir, ErrNotEmpty,
+// ...: errors.Is sees through it). Front ends word it for their users from
+// these fields (kylix: "models/x: no such file or directory in the store").
+type PathError struct {
+	Op   string // lookup, list, remove, rename, open
+	Path string // the namespace path the error is about
+	Err  error
+}
+
+func (e *PathError) Error() string { return e.Op + " " + e.Path + ": " + e.Err.Error() }
+
+func (e *PathError) Unwrap() error { return e.Err }

@@ -56,11 +56,11 @@ func RebuildIndex(ctx context.Context, opts Options) (*RebuildReport, error) {
 	}
 	dir, err := filepath.Abs(opts.Dir)
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: rebuild index: %w", err)
+		return nil, fmt.Errorf("rebuild index: %w", err)
 	}
 	s := &Store{opts: opts, fs: opts.FS, dir: dir, log: opts.Logger}
 	if _, err := os.Stat(s.packsDir()); err != nil {
-		return nil, fmt.Errorf("chunkstore: rebuild index: %s is not a data directory: %w", dir, err)
+		return nil, fmt.Errorf("rebuild index: %s is not a data directory: %w", dir, err)
 	}
 	if err := s.takeLock(); err != nil {
 		return nil, err
@@ -68,10 +68,10 @@ func RebuildIndex(ctx context.Context, opts Options) (*RebuildReport, error) {
 	defer s.lock.Close()
 	gens, err := scanLogs(s.fs, s.packsDir())
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: rebuild index: %w", err)
+		return nil, fmt.Errorf("rebuild index: %w", err)
 	}
 	if len(gens) == 0 {
-		return nil, fmt.Errorf("chunkstore: rebuild index: %s holds no metadata log (packs/*.meta): the store was written by a kylix older than the log, or the log was removed; the index cannot be recreated from the packs alone", s.packsDir())
+		return nil, fmt.Errorf("rebuild index: %s holds no metadata log (packs/*.meta): the store was written by a kylix older than the log, or the log was removed; the index cannot be recreated from the packs alone", s.packsDir())
 	}
 	gen := gens[len(gens)-1]
 	logPath := filepath.Join(s.packsDir(), logName(gen))
@@ -79,11 +79,11 @@ func RebuildIndex(ctx context.Context, opts Options) (*RebuildReport, error) {
 
 	tmp := filepath.Join(dir, "index.db.rebuild")
 	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("chunkstore: rebuild index: %w", err)
+		return nil, fmt.Errorf("rebuild index: %w", err)
 	}
 	db, err := bolt.Open(tmp, filePerm, &bolt.Options{Timeout: time.Second, NoSync: true})
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: rebuild index: %w", err)
+		return nil, fmt.Errorf("rebuild index: %w", err)
 	}
 	ok := false
 	defer func() {
@@ -95,7 +95,7 @@ func RebuildIndex(ctx context.Context, opts Options) (*RebuildReport, error) {
 		}
 	}()
 	if err := initIndex(db); err != nil {
-		return nil, fmt.Errorf("chunkstore: rebuild index: %w", err)
+		return nil, fmt.Errorf("rebuild index: %w", err)
 	}
 	good, bad, err := readFrames(s.fs, logPath, 0, func(p []byte, _ int64) error {
 		return db.Update(func(tx *bolt.Tx) error {
@@ -109,7 +109,7 @@ func RebuildIndex(ctx context.Context, opts Options) (*RebuildReport, error) {
 		err = bad
 	}
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: rebuild index: read %s: %w", logPath, err)
+		return nil, fmt.Errorf("rebuild index: read %s: %w", logPath, err)
 	}
 	if bad != nil {
 		// Keep the whole log as it was for inspection, then cut it where
@@ -117,16 +117,16 @@ func RebuildIndex(ctx context.Context, opts Options) (*RebuildReport, error) {
 		rep.LogDamage = bad.Error()
 		rep.SavedLog = fmt.Sprintf("%s.damaged-%d", logPath, time.Now().Unix())
 		if err := copyFile(logPath, rep.SavedLog); err != nil {
-			return nil, fmt.Errorf("chunkstore: rebuild index: save damaged log: %w", err)
+			return nil, fmt.Errorf("rebuild index: save damaged log: %w", err)
 		}
 		if err := s.fs.Truncate(logPath, good); err != nil {
-			return nil, fmt.Errorf("chunkstore: rebuild index: %w", err)
+			return nil, fmt.Errorf("rebuild index: %w", err)
 		}
 		s.log.Warn("metadata log damaged; rebuilt from the part before the damage", "log", logPath, "at", good, "why", bad, "saved", rep.SavedLog)
 	}
 	dropped, err := verifyIndexedChunks(ctx, s, db)
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: rebuild index: %w", err)
+		return nil, fmt.Errorf("rebuild index: %w", err)
 	}
 	mlog, err := openLogFile(s.fs, s.packsDir(), gen)
 	if err != nil {
@@ -184,21 +184,21 @@ func RebuildIndex(ctx context.Context, opts Options) (*RebuildReport, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: rebuild index: %w", err)
+		return nil, fmt.Errorf("rebuild index: %w", err)
 	}
 	if err := db.Sync(); err != nil {
-		return nil, fmt.Errorf("chunkstore: rebuild index: %w", err)
+		return nil, fmt.Errorf("rebuild index: %w", err)
 	}
 	err = db.Close()
 	db = nil
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: rebuild index: %w", err)
+		return nil, fmt.Errorf("rebuild index: %w", err)
 	}
 	if err := os.Rename(tmp, filepath.Join(dir, "index.db")); err != nil {
-		return nil, fmt.Errorf("chunkstore: rebuild index: %w", err)
+		return nil, fmt.Errorf("rebuild index: %w", err)
 	}
 	if err := s.fs.SyncDir(dir); err != nil {
-		return nil, fmt.Errorf("chunkstore: rebuild index: %w", err)
+		return nil, fmt.Errorf("rebuild index: %w", err)
 	}
 	ok = true
 	return rep, nil
@@ -354,18 +354,18 @@ func (s *Store) Fsck(ctx context.Context) (*FsckReport, error) {
 		Unreferenced: []string{}, MissingPacks: []string{}, ShortPacks: []string{}}
 	scratch, err := os.CreateTemp(s.dir, "fsck-*.db")
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: fsck: %w", err)
+		return nil, fmt.Errorf("fsck: %w", err)
 	}
 	name := scratch.Name()
 	scratch.Close()
 	defer os.Remove(name)
 	db, err := bolt.Open(name, filePerm, &bolt.Options{Timeout: time.Second, NoSync: true})
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: fsck: %w", err)
+		return nil, fmt.Errorf("fsck: %w", err)
 	}
 	defer db.Close()
 	if err := initIndex(db); err != nil {
-		return nil, fmt.Errorf("chunkstore: fsck: %w", err)
+		return nil, fmt.Errorf("fsck: %w", err)
 	}
 	_, bad, err := readFrames(s.fs, s.mlog.path(), 0, func(p []byte, end int64) error {
 		if end > s.mlog.size {
@@ -382,7 +382,7 @@ func (s *Store) Fsck(ctx context.Context) (*FsckReport, error) {
 		})
 	})
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: fsck: read %s: %w", s.mlog.path(), err)
+		return nil, fmt.Errorf("fsck: read %s: %w", s.mlog.path(), err)
 	}
 	if bad != nil {
 		rep.LogDamage = bad.Error()
@@ -430,7 +430,7 @@ func (s *Store) Fsck(ctx context.Context) (*FsckReport, error) {
 		})
 	})
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: fsck: %w", err)
+		return nil, fmt.Errorf("fsck: %w", err)
 	}
 	// Known packs: those the index lists, committed or begun.
 	known := map[uint64]bool{}
@@ -446,14 +446,14 @@ func (s *Store) Fsck(ctx context.Context) (*FsckReport, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: fsck: %w", err)
+		return nil, fmt.Errorf("fsck: %w", err)
 	}
 	for _, r := range s.mlog.unapplied {
 		known[r.pack] = true
 	}
 	ents, err := os.ReadDir(s.packsDir())
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: fsck: %w", err)
+		return nil, fmt.Errorf("fsck: %w", err)
 	}
 	for _, e := range ents {
 		if id, ok := parsePackName(e.Name()); ok && !known[id] {

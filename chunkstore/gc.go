@@ -47,7 +47,7 @@ func (s *Store) Collect(ctx context.Context, opts GCOptions) (GCResult, error) {
 	var liveFiles []*FileManifest
 	heads, err := s.Heads()
 	if err != nil {
-		return res, fmt.Errorf("chunkstore: gc: %w", err)
+		return res, fmt.Errorf("gc: %w", err)
 	}
 	var mark func(e Entry) error
 	mark = func(e Entry) error {
@@ -86,7 +86,7 @@ func (s *Store) Collect(ctx context.Context, opts GCOptions) (GCResult, error) {
 		if err := mark(Entry{Kind: KindDir, ID: h.Root}); err != nil {
 			// Refuse to collect from a tree we could not read whole: we
 			// would delete what the unreadable part still uses.
-			return res, fmt.Errorf("chunkstore: gc: mark from head %q: %w (run kylix verify)", h.Name, err)
+			return res, fmt.Errorf("gc: mark from head %q: %w (run kylix verify)", h.Name, err)
 		}
 	}
 	livePack := map[uint64]bool{}
@@ -161,11 +161,11 @@ func (s *Store) Collect(ctx context.Context, opts GCOptions) (GCResult, error) {
 		})
 	})
 	if err != nil {
-		return res, fmt.Errorf("chunkstore: gc: %w", err)
+		return res, fmt.Errorf("gc: %w", err)
 	}
 	if len(recs) > 0 {
 		if err := s.commit(recs); err != nil {
-			return res, fmt.Errorf("chunkstore: gc: %w", err)
+			return res, fmt.Errorf("gc: %w", err)
 		}
 		for _, r := range recs {
 			if r.kind == recDelChunk {
@@ -182,7 +182,7 @@ func (s *Store) Collect(ctx context.Context, opts GCOptions) (GCResult, error) {
 		res.BytesFreed += allocated(s.fs, s.PackPath(id))
 		gone, err := s.packs.retire(id)
 		if err != nil {
-			return res, fmt.Errorf("chunkstore: gc: %w", err)
+			return res, fmt.Errorf("gc: %w", err)
 		}
 		res.PacksRemoved++
 		if gone {
@@ -193,10 +193,10 @@ func (s *Store) Collect(ctx context.Context, opts GCOptions) (GCResult, error) {
 		// The files are gone: clear their intents (a crash before this
 		// leaves them for the next open, which finds nothing to remove).
 		if err := s.fs.SyncDir(s.packsDir()); err != nil {
-			return res, fmt.Errorf("chunkstore: gc: %w", err)
+			return res, fmt.Errorf("gc: %w", err)
 		}
 		if err := s.commit(removed); err != nil {
-			return res, fmt.Errorf("chunkstore: gc: %w", err)
+			return res, fmt.Errorf("gc: %w", err)
 		}
 	}
 	compacted := false
@@ -205,7 +205,7 @@ func (s *Store) Collect(ctx context.Context, opts GCOptions) (GCResult, error) {
 		res.Compaction = c
 		res.BytesFreed += c.BytesFreed
 		if err != nil {
-			return res, fmt.Errorf("chunkstore: gc: compact packs: %w", err)
+			return res, fmt.Errorf("gc: compact packs: %w", err)
 		}
 		for _, v := range c.victims {
 			delete(liveBytes, v)
@@ -218,7 +218,7 @@ func (s *Store) Collect(ctx context.Context, opts GCOptions) (GCResult, error) {
 	if len(recs) > 0 || compacted {
 		// The log still holds what was just removed: rewrite it.
 		if err := s.compactLog(); err != nil {
-			return res, fmt.Errorf("chunkstore: gc: %w", err)
+			return res, fmt.Errorf("gc: %w", err)
 		}
 	}
 	s.saveLastGC(res)

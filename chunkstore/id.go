@@ -42,10 +42,10 @@ func (id *ID) UnmarshalText(b []byte) error {
 func ParseID(s string) (ID, error) {
 	var id ID
 	if len(s) != 2*IDSize {
-		return id, fmt.Errorf("chunkstore: parse id %q: want %d hex digits: %w", s, 2*IDSize, ErrInvalidPath)
+		return id, fmt.Errorf("parse id %q: want %d hex digits: %w", s, 2*IDSize, ErrInvalidPath)
 	}
 	if _, err := hex.Decode(id[:], []byte(s)); err != nil {
-		return id, fmt.Errorf("chunkstore: parse id %q: %w", s, err)
+		return id, fmt.Errorf("parse id %q: %w", s, err)
 	}
 	return id, nil
 }

@@ -59,6 +59,16 @@ type ImportResult struct {
 	Notes []string `json:"notes,omitempty"`
 }
 
+// sourceError words a failure to find the source of an import: the path
+// once, and the system's reason (ENOENT, EACCES: errors.Is sees them).
+func sourceError(src string, err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		err = pe.Err
+	}
+	return fmt.Errorf("import source %s: %w", src, err)
+}
+
 // Import stores the file or directory tree at src (a local path) under the
 // namespace path dest, replacing whatever dest named before. Nothing is
 // visible under dest until everything has been stored: the namespace changes
@@ -68,32 +78,33 @@ func (s *Store) Import(ctx context.Context, src, dest string, opts ImportOptions
 	var res ImportResult
 	parts, err := SplitPath(dest)
 	if err != nil {
-		return res, fmt.Errorf("chunkstore: import to %q: %w", dest, err)
+		return res, fmt.Errorf("import to %q: %w", dest, err)
 	}
 	if len(parts) == 0 {
-		return res, fmt.Errorf("chunkstore: import to %q: name a path inside the namespace, such as models/NAME: %w", dest, ErrInvalidPath)
+		return res, fmt.Errorf("import to %q: name a path inside the namespace, such as models/NAME: %w", dest, ErrInvalidPath)
 	}
 	st, err := os.Lstat(src)
 	if err != nil {
-		return res, fmt.Errorf("chunkstore: import %s: %w", src, err)
+		return res, sourceError(src, err)
 	}
 	if st.Mode()&fs.ModeSymlink != 0 && !opts.NoDereference {
 		// SRC named as a link is followed, as cp and tar follow the
 		// operands they are given.
 		if st, err = os.Stat(src); err != nil {
-			return res, fmt.Errorf("chunkstore: import %s: %w", src, err)
+			return res, sourceError(src, err)
 		}
 	}
 	if opts.root, err = filepath.Abs(src); err != nil {
-		return res, fmt.Errorf("chunkstore: import %s: %w", src, err)
+		return res, fmt.Errorf("import %s: %w", src, err)
 	}
 	var total int64
 	if err := scanSize(src, !opts.NoDereference, &total); err != nil {
-		return res, fmt.Errorf("chunkstore: import %s: %w", src, err)
+		return res, fmt.Errorf("import %s: %w", src, err)
 	}
 	var done int64
 	progress := func(n int64) {
 		done += n
+		s.ctr.importBytes.Add(n)
 		if opts.Progress != nil {
 			opts.Progress(done, total)
 		}
@@ -112,7 +123,7 @@ func (s *Store) Import(ctx context.Context, src, dest string, opts ImportOptions
 		return tx.Put(dest, e)
 	})
 	if err != nil {
-		return res, fmt.Errorf("chunkstore: import to %s: %w", dest, err)
+		return res, fmt.Errorf("import to %s: %w", dest, err)
 	}
 	return res, nil
 }
@@ -156,7 +167,7 @@ func (s *Store) importEntry(ctx context.Context, im *Importer, src string, st fs
 	case st.Mode().IsRegular():
 		f, err := os.Open(src)
 		if err != nil {
-			return e, fmt.Errorf("chunkstore: import %s: %w", src, err)
+			return e, fmt.Errorf("import %s: %w", src, err)
 		}
 		r, err := im.PutFile(ctx, f, st.Name(), progress)
 		f.Close()
@@ -177,7 +188,7 @@ func (s *Store) importEntry(ctx context.Context, im *Importer, src string, st fs
 	case st.Mode()&fs.ModeSymlink != 0 && !opts.NoDereference && followable(src, opts.root, res):
 		target, err := os.Stat(src)
 		if err != nil {
-			return e, fmt.Errorf("chunkstore: import %s: %w", src, err)
+			return e, fmt.Errorf("import %s: %w", src, err)
 		}
 		// Stored as the file it names, under the link's name, with the
 		// file's owner and mode (the link's own are meaningless).
@@ -189,30 +200,30 @@ func (s *Store) importEntry(ctx context.Context, im *Importer, src string, st fs
 	case st.Mode()&fs.ModeSymlink != 0:
 		t, err := os.Readlink(src)
 		if err != nil {
-			return e, fmt.Errorf("chunkstore: import %s: %w", src, err)
+			return e, fmt.Errorf("import %s: %w", src, err)
 		}
 		if len(t) == 0 || len(t) > maxSymlink {
-			return e, fmt.Errorf("chunkstore: import %s: symlink target of %d bytes: %w", src, len(t), ErrInvalidPath)
+			return e, fmt.Errorf("import %s: symlink target of %d bytes: %w", src, len(t), ErrInvalidPath)
 		}
 		e.Kind, e.Target, e.Size = KindSymlink, t, int64(len(t))
 		res.Symlinks++
 	case st.IsDir():
 		ents, err := os.ReadDir(src)
 		if err != nil {
-			return e, fmt.Errorf("chunkstore: import %s: %w", src, err)
+			return e, fmt.Errorf("import %s: %w", src, err)
 		}
 		sort.Slice(ents, func(i, j int) bool { return ents[i].Name() < ents[j].Name() })
 		m := &DirManifest{}
 		for _, de := range ents {
 			if err := checkName(de.Name()); err != nil {
-				return e, fmt.Errorf("chunkstore: import %s: %w", src, err)
+				return e, fmt.Errorf("import %s: %w", src, err)
 			}
 			info, err := de.Info()
 			if errors.Is(err, fs.ErrNotExist) {
 				continue // removed while we read the directory
 			}
 			if err != nil {
-				return e, fmt.Errorf("chunkstore: import %s: %w", src, err)
+				return e, fmt.Errorf("import %s: %w", src, err)
 			}
 			if !info.Mode().IsRegular() && !info.IsDir() && info.Mode()&fs.ModeSymlink == 0 {
 				res.Skipped = append(res.Skipped, fmt.Sprintf("%s: %s is not a regular file, directory or symlink", filepath.Join(src, de.Name()), info.Mode().Type()))
@@ -229,7 +240,7 @@ func (s *Store) importEntry(ctx context.Context, im *Importer, src string, st fs
 		e.ID = im.PutObject(m.Encode())
 		res.Dirs++
 	default:
-		return e, fmt.Errorf("chunkstore: import %s: %s is not a regular file, directory or symlink", src, st.Mode().Type())
+		return e, fmt.Errorf("import %s: %s is not a regular file, directory or symlink", src, st.Mode().Type())
 	}
 	return e, nil
 }
@@ -317,6 +328,7 @@ func (s *Store) Export(ctx context.Context, src, dest string, opts ExportOptions
 	var done int64
 	progress := func(n int64) {
 		done += n
+		s.ctr.exportBytes.Add(n)
 		if opts.Progress != nil {
 			opts.Progress(done, total)
 		}
@@ -332,14 +344,14 @@ func (s *Store) exportEntry(ctx context.Context, e Entry, dest string, opts Expo
 	switch e.Kind {
 	case KindDir:
 		if err := os.Mkdir(dest, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-			return fmt.Errorf("chunkstore: export: %w", err)
+			return fmt.Errorf("export: %w", err)
 		}
 		// Never write through a symlink planted where a directory goes
 		// (a root export into a shared directory would follow it anywhere).
 		if st, err := os.Lstat(dest); err != nil {
-			return fmt.Errorf("chunkstore: export: %w", err)
+			return fmt.Errorf("export: %w", err)
 		} else if !st.IsDir() {
-			return fmt.Errorf("chunkstore: export %s: exists and is not a directory (symlinks are not followed): %w", dest, fs.ErrExist)
+			return fmt.Errorf("export %s: exists and is not a directory (symlinks are not followed): %w", dest, fs.ErrExist)
 		}
 		d, err := s.dirAt(e.ID)
 		if err != nil {
@@ -355,7 +367,7 @@ func (s *Store) exportEntry(ctx context.Context, e Entry, dest string, opts Expo
 			// could still be filled.
 			dir, err := os.OpenFile(dest, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
 			if err != nil {
-				return fmt.Errorf("chunkstore: export: %w", err)
+				return fmt.Errorf("export: %w", err)
 			}
 			err = restoreMeta(dir, e, dest, opts)
 			dir.Close()
@@ -367,30 +379,30 @@ func (s *Store) exportEntry(ctx context.Context, e Entry, dest string, opts Expo
 		if opts.Overwrite {
 			// Removes a symlink itself, never its target.
 			if err := os.Remove(dest); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return fmt.Errorf("chunkstore: export: %w", err)
+				return fmt.Errorf("export: %w", err)
 			}
 		}
 		if err := os.Symlink(e.Target, dest); err != nil {
-			return fmt.Errorf("chunkstore: export: %w", err)
+			return fmt.Errorf("export: %w", err)
 		}
 		if os.Geteuid() == 0 && e.UID != OwnerUnknown {
 			if err := os.Lchown(dest, int(e.UID), int(e.GID)); err != nil {
-				return fmt.Errorf("chunkstore: export %s: owner: %w", dest, err)
+				return fmt.Errorf("export %s: owner: %w", dest, err)
 			}
 		}
 	case KindFile:
 		if !opts.Overwrite {
 			if _, err := os.Lstat(dest); err == nil {
-				return fmt.Errorf("chunkstore: export %s: %w", dest, fs.ErrExist)
+				return fmt.Errorf("export %s: %w", dest, fs.ErrExist)
 			}
 		}
 		f, err := s.OpenFile(e.ID)
 		if err != nil {
-			return fmt.Errorf("chunkstore: export %s: %w", dest, err)
+			return fmt.Errorf("export %s: %w", dest, err)
 		}
 		out, tmp, err := createTemp(dest)
 		if err != nil {
-			return fmt.Errorf("chunkstore: export: %w", err)
+			return fmt.Errorf("export: %w", err)
 		}
 		n, err := f.WriteTo(ctx, out, progress)
 		if err == nil {
@@ -408,9 +420,9 @@ func (s *Store) exportEntry(ctx context.Context, e Entry, dest string, opts Expo
 		if err != nil {
 			_ = os.Remove(tmp) // ours: created with O_EXCL under a random name
 			if errors.Is(err, syscall.ENOSPC) {
-				return fmt.Errorf("chunkstore: export %s: disk full: %w", dest, err)
+				return fmt.Errorf("export %s: disk full: %w", dest, err)
 			}
-			return fmt.Errorf("chunkstore: export %s: %w", dest, err)
+			return fmt.Errorf("export %s: %w", dest, err)
 		}
 		*files++
 		*bytes += n
@@ -430,7 +442,7 @@ func restoreMeta(f *os.File, e Entry, dest string, opts ExportOptions) error {
 	if os.Geteuid() == 0 {
 		if e.UID != OwnerUnknown {
 			if err := f.Chown(int(e.UID), int(e.GID)); err != nil {
-				return fmt.Errorf("chunkstore: export %s: owner: %w", dest, err)
+				return fmt.Errorf("export %s: owner: %w", dest, err)
 			}
 		}
 	} else if mode&(fs.ModeSetuid|fs.ModeSetgid) != 0 {
@@ -440,7 +452,7 @@ func restoreMeta(f *os.File, e Entry, dest string, opts ExportOptions) error {
 		}
 	}
 	if err := f.Chmod(mode); err != nil {
-		return fmt.Errorf("chunkstore: export %s: mode: %w", dest, err)
+		return fmt.Errorf("export %s: mode: %w", dest, err)
 	}
 	return nil
 }

@@ -54,7 +54,7 @@ func (l Location) encode() []byte {
 
 func decodeLocation(b []byte) (Location, error) {
 	if len(b) != 20 {
-		return Location{}, fmt.Errorf("chunkstore: index: chunk record of %d bytes: %w", len(b), ErrCorrupt)
+		return Location{}, fmt.Errorf("index: chunk record of %d bytes: %w", len(b), ErrCorrupt)
 	}
 	return Location{
 		Pack: binary.BigEndian.Uint64(b[0:]),
@@ -77,7 +77,7 @@ func (p packInfo) encode() []byte {
 
 func decodePackInfo(b []byte) (packInfo, error) {
 	if len(b) != 9 {
-		return packInfo{}, fmt.Errorf("chunkstore: index: pack record of %d bytes: %w", len(b), ErrCorrupt)
+		return packInfo{}, fmt.Errorf("index: pack record of %d bytes: %w", len(b), ErrCorrupt)
 	}
 	return packInfo{Size: int64(binary.BigEndian.Uint64(b)), Flags: b[8]}, nil
 }
@@ -104,7 +104,7 @@ func (h Head) encode() []byte {
 
 func decodeHead(name string, b []byte) (Head, error) {
 	if len(b) != IDSize+8 {
-		return Head{}, fmt.Errorf("chunkstore: index: head %q record of %d bytes: %w", name, len(b), ErrCorrupt)
+		return Head{}, fmt.Errorf("index: head %q record of %d bytes: %w", name, len(b), ErrCorrupt)
 	}
 	h := Head{Name: name, HLC: HLC(binary.BigEndian.Uint64(b[IDSize:]))}
 	copy(h.Root[:], b)

@@ -35,7 +35,7 @@ func guard(fn func() error) (err error) {
 
 // damaged is the error Open returns for an index it cannot use.
 func damaged(dir, reason string) error {
-	return fmt.Errorf("chunkstore: the index of %s is unusable: %s. Nothing was deleted and the packs are intact; rebuild the index from them with `kylix fsck --rebuild-index --data %s`: %w",
+	return fmt.Errorf("the index of %s is unusable: %s. Nothing was deleted and the packs are intact; rebuild the index from them with `kylix fsck --rebuild-index --data %s`: %w",
 		dir, reason, dir, ErrIndexDamaged)
 }
 
@@ -233,7 +233,7 @@ func (s *Store) openIndex() error {
 	pdir := s.packsDir()
 	ents, err := s.fs.ReadDir(pdir)
 	if err != nil {
-		return fmt.Errorf("chunkstore: open: %w", err)
+		return fmt.Errorf("open: %w", err)
 	}
 	packs := 0
 	for _, e := range ents {
@@ -245,13 +245,13 @@ func (s *Store) openIndex() error {
 			// file before anything depends on it: a leftover is an
 			// interrupted compaction whose source log is still whole.
 			if err := s.fs.Remove(filepath.Join(pdir, e.Name())); err != nil {
-				return fmt.Errorf("chunkstore: open: %w", err)
+				return fmt.Errorf("open: %w", err)
 			}
 		}
 	}
 	gens, err := scanLogs(s.fs, pdir)
 	if err != nil {
-		return fmt.Errorf("chunkstore: open: %w", err)
+		return fmt.Errorf("open: %w", err)
 	}
 	var gen uint64
 	logRecords := false
@@ -259,7 +259,7 @@ func (s *Store) openIndex() error {
 		gen = gens[len(gens)-1]
 		st, err := s.fs.Stat(filepath.Join(pdir, logName(gen)))
 		if err != nil {
-			return fmt.Errorf("chunkstore: open: %w", err)
+			return fmt.Errorf("open: %w", err)
 		}
 		logRecords = st.Size() > int64(len(logMagic))
 	}
@@ -272,7 +272,7 @@ func (s *Store) openIndex() error {
 			return damaged(s.dir, fmt.Sprintf("%s is missing while %d packs are present", dbPath, packs))
 		}
 	case err != nil:
-		return fmt.Errorf("chunkstore: open index: %w", err)
+		return fmt.Errorf("open index: %w", err)
 	case !st.Mode().IsRegular():
 		return damaged(s.dir, dbPath+" is not a regular file")
 	case st.Size() == 0:
@@ -280,7 +280,7 @@ func (s *Store) openIndex() error {
 			return damaged(s.dir, fmt.Sprintf("%s is empty (0 bytes) while %d packs are present", dbPath, packs))
 		}
 		if err := os.Remove(dbPath); err != nil {
-			return fmt.Errorf("chunkstore: open index: %w", err)
+			return fmt.Errorf("open index: %w", err)
 		}
 	}
 	if st != nil && st.Size() > 0 {
@@ -291,7 +291,7 @@ func (s *Store) openIndex() error {
 	db, err := openBolt(dbPath)
 	if err != nil {
 		if errors.Is(err, berrors.ErrTimeout) {
-			return fmt.Errorf("chunkstore: open index %s: %w", dbPath, err)
+			return fmt.Errorf("open index %s: %w", dbPath, err)
 		}
 		return damaged(s.dir, fmt.Sprintf("%s cannot be opened: %v", dbPath, err))
 	}
@@ -356,7 +356,7 @@ func (s *Store) adoptSnapshot(gen uint64) error {
 	}
 	if err := s.db.Update(func(tx *bolt.Tx) error { return putLogState(tx, logState{gen: gen, off: l.size}) }); err != nil {
 		l.close()
-		return fmt.Errorf("chunkstore: open index: %w", err)
+		return fmt.Errorf("open index: %w", err)
 	}
 	s.setLog(l)
 	return nil
@@ -407,17 +407,17 @@ func (s *Store) replay(gen uint64, from int64) error {
 	}
 	if err != nil {
 		l.close()
-		return fmt.Errorf("chunkstore: metadata log %s: %w", l.path(), err)
+		return fmt.Errorf("metadata log %s: %w", l.path(), err)
 	}
 	if bad != nil {
 		s.log.Warn("cutting off the torn end of the metadata log (a commit interrupted before it reached the index)", "log", l.path(), "at", good, "size", l.size, "why", bad)
 		if err := l.f.Truncate(good); err != nil {
 			l.close()
-			return fmt.Errorf("chunkstore: metadata log %s: %w", l.path(), err)
+			return fmt.Errorf("metadata log %s: %w", l.path(), err)
 		}
 		if err := l.f.Sync(); err != nil {
 			l.close()
-			return fmt.Errorf("chunkstore: metadata log %s: %w", l.path(), err)
+			return fmt.Errorf("metadata log %s: %w", l.path(), err)
 		}
 		l.size = good
 	}
@@ -432,7 +432,7 @@ func (s *Store) replay(gen uint64, from int64) error {
 		})
 		if err != nil {
 			l.close()
-			return fmt.Errorf("chunkstore: replay metadata log: %w", err)
+			return fmt.Errorf("replay metadata log: %w", err)
 		}
 	}
 	s.setLog(l)
@@ -470,7 +470,7 @@ func (s *Store) commit(recs []record) error {
 	})
 	if err != nil {
 		s.mlog.undo(start)
-		return fmt.Errorf("chunkstore: commit to index: %w", err)
+		return fmt.Errorf("commit to index: %w", err)
 	}
 	s.mlog.unapplied = nil
 	return nil
@@ -505,7 +505,7 @@ func (s *Store) compactLog() error {
 			return putLogState(tx, logState{gen: s.mlog.gen, off: s.mlog.size})
 		})
 		if err != nil {
-			return fmt.Errorf("chunkstore: compact metadata log: %w", err)
+			return fmt.Errorf("compact metadata log: %w", err)
 		}
 		s.mlog.unapplied = nil
 	}
@@ -521,7 +521,7 @@ func (s *Store) compactLog() error {
 		if rerr := s.fs.Remove(l.path()); rerr != nil {
 			s.mlog.err = errors.Join(s.mlog.err, rerr)
 		}
-		return fmt.Errorf("chunkstore: compact metadata log: %w", err)
+		return fmt.Errorf("compact metadata log: %w", err)
 	}
 	s.setLog(l)
 	return nil

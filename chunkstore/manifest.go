@@ -129,13 +129,13 @@ func (m *FileManifest) Encode() []byte {
 func DecodeFileManifest(b []byte) (*FileManifest, error) {
 	d := decoder{b: b}
 	if !d.magic(manifestFile) {
-		return nil, fmt.Errorf("chunkstore: file manifest: bad magic: %w", ErrCorrupt)
+		return nil, fmt.Errorf("file manifest: bad magic: %w", ErrCorrupt)
 	}
 	m := &FileManifest{Format: Format(d.byte())}
 	size := d.uvarint()
 	n := d.uvarint()
 	if d.err == nil && (size > maxFileSize || n > uint64(len(d.b))/(IDSize+1)) {
-		return nil, fmt.Errorf("chunkstore: file manifest: size %d with %d chunks is out of range: %w", size, n, ErrCorrupt)
+		return nil, fmt.Errorf("file manifest: size %d with %d chunks is out of range: %w", size, n, ErrCorrupt)
 	}
 	m.Size = int64(size)
 	m.Chunks = make([]ChunkRef, 0, n)
@@ -145,23 +145,23 @@ func DecodeFileManifest(b []byte) (*FileManifest, error) {
 		copy(c.ID[:], d.bytes(IDSize))
 		l := d.uvarint()
 		if l == 0 || l > MaxChunkLen {
-			return nil, fmt.Errorf("chunkstore: file manifest: chunk %d length %d: %w", i, l, ErrCorrupt)
+			return nil, fmt.Errorf("file manifest: chunk %d length %d: %w", i, l, ErrCorrupt)
 		}
 		c.Len = uint32(l)
 		total += l
 		m.Chunks = append(m.Chunks, c)
 	}
 	if d.err != nil {
-		return nil, fmt.Errorf("chunkstore: file manifest: %w", d.err)
+		return nil, fmt.Errorf("file manifest: %w", d.err)
 	}
 	if len(d.b) != 0 {
-		return nil, fmt.Errorf("chunkstore: file manifest: %d trailing bytes: %w", len(d.b), ErrCorrupt)
+		return nil, fmt.Errorf("file manifest: %d trailing bytes: %w", len(d.b), ErrCorrupt)
 	}
 	if total != size {
-		return nil, fmt.Errorf("chunkstore: file manifest: chunks hold %d bytes, size says %d: %w", total, size, ErrCorrupt)
+		return nil, fmt.Errorf("file manifest: chunks hold %d bytes, size says %d: %w", total, size, ErrCorrupt)
 	}
 	if m.Format > FormatSafetensors {
-		return nil, fmt.Errorf("chunkstore: file manifest: unknown format %d: %w", m.Format, ErrCorrupt)
+		return nil, fmt.Errorf("file manifest: unknown format %d: %w", m.Format, ErrCorrupt)
 	}
 	return m, nil
 }
@@ -268,23 +268,23 @@ func DecodeDirManifest(b []byte) (*DirManifest, error) {
 	d := decoder{b: b}
 	v2 := d.magic(manifestDir)
 	if !v2 && !d.magic(manifestDirV1) {
-		return nil, fmt.Errorf("chunkstore: dir manifest: bad magic: %w", ErrCorrupt)
+		return nil, fmt.Errorf("dir manifest: bad magic: %w", ErrCorrupt)
 	}
 	n := d.uvarint()
 	if v2 && n == 0 && d.err == nil {
 		// The empty directory has one encoding: KXD1's.
-		return nil, fmt.Errorf("chunkstore: dir manifest: empty KXD2 manifest: %w", ErrCorrupt)
+		return nil, fmt.Errorf("dir manifest: empty KXD2 manifest: %w", ErrCorrupt)
 	}
 	// Each entry takes at least 8 bytes, so a count larger than that is a lie.
 	if n > uint64(len(d.b))/8 {
-		return nil, fmt.Errorf("chunkstore: dir manifest: %d entries in %d bytes: %w", n, len(d.b), ErrCorrupt)
+		return nil, fmt.Errorf("dir manifest: %d entries in %d bytes: %w", n, len(d.b), ErrCorrupt)
 	}
 	m := &DirManifest{Entries: make([]Entry, 0, n)}
 	for i := uint64(0); i < n && d.err == nil; i++ {
 		var e Entry
 		nl := d.uvarint()
 		if nl == 0 || nl > MaxNameLen {
-			return nil, fmt.Errorf("chunkstore: dir manifest: entry %d: name length %d: %w", i, nl, ErrCorrupt)
+			return nil, fmt.Errorf("dir manifest: entry %d: name length %d: %w", i, nl, ErrCorrupt)
 		}
 		e.Name = string(d.bytes(int(nl)))
 		e.Kind = Kind(d.byte())
@@ -302,22 +302,22 @@ func DecodeDirManifest(b []byte) (*DirManifest, error) {
 			break
 		}
 		if err := checkName(e.Name); err != nil {
-			return nil, fmt.Errorf("chunkstore: dir manifest: entry %d: %w", i, err)
+			return nil, fmt.Errorf("dir manifest: entry %d: %w", i, err)
 		}
 		if flags&^entryDeleted != 0 || uid > math.MaxUint32 || gid > math.MaxUint32 || e.Size < 0 || e.Size > maxFileSize {
-			return nil, fmt.Errorf("chunkstore: dir manifest: entry %q: bad flags, owner or size: %w", e.Name, ErrCorrupt)
+			return nil, fmt.Errorf("dir manifest: entry %q: bad flags, owner or size: %w", e.Name, ErrCorrupt)
 		}
 		e.UID, e.GID = uint32(uid), uint32(gid)
 		if v2 {
 			if mode > 0o7777 {
-				return nil, fmt.Errorf("chunkstore: dir manifest: entry %q: mode %#o: %w", e.Name, mode, ErrCorrupt)
+				return nil, fmt.Errorf("dir manifest: entry %q: mode %#o: %w", e.Name, mode, ErrCorrupt)
 			}
 			e.Mode = ModeFromUnix(uint32(mode))
 		} else {
 			// KXD1 wrote Go's FileMode: permission bits and Go's
 			// setuid, setgid and sticky bits, nothing else.
 			if mode&^uint64(EntryModeMask) != 0 {
-				return nil, fmt.Errorf("chunkstore: dir manifest: entry %q: mode %#x: %w", e.Name, mode, ErrCorrupt)
+				return nil, fmt.Errorf("dir manifest: entry %q: mode %#x: %w", e.Name, mode, ErrCorrupt)
 			}
 			e.Mode = fs.FileMode(mode)
 		}
@@ -327,22 +327,22 @@ func DecodeDirManifest(b []byte) (*DirManifest, error) {
 		case KindSymlink:
 			tl := d.uvarint()
 			if tl == 0 || tl > maxSymlink {
-				return nil, fmt.Errorf("chunkstore: dir manifest: entry %q: symlink length %d: %w", e.Name, tl, ErrCorrupt)
+				return nil, fmt.Errorf("dir manifest: entry %q: symlink length %d: %w", e.Name, tl, ErrCorrupt)
 			}
 			e.Target = string(d.bytes(int(tl)))
 		default:
-			return nil, fmt.Errorf("chunkstore: dir manifest: entry %q: unknown kind %d: %w", e.Name, e.Kind, ErrCorrupt)
+			return nil, fmt.Errorf("dir manifest: entry %q: unknown kind %d: %w", e.Name, e.Kind, ErrCorrupt)
 		}
 		if i > 0 && m.Entries[i-1].Name >= e.Name {
-			return nil, fmt.Errorf("chunkstore: dir manifest: entry %q out of order or duplicate: %w", e.Name, ErrCorrupt)
+			return nil, fmt.Errorf("dir manifest: entry %q out of order or duplicate: %w", e.Name, ErrCorrupt)
 		}
 		m.Entries = append(m.Entries, e)
 	}
 	if d.err != nil {
-		return nil, fmt.Errorf("chunkstore: dir manifest: %w", d.err)
+		return nil, fmt.Errorf("dir manifest: %w", d.err)
 	}
 	if len(d.b) != 0 {
-		return nil, fmt.Errorf("chunkstore: dir manifest: %d trailing bytes: %w", len(d.b), ErrCorrupt)
+		return nil, fmt.Errorf("dir manifest: %d trailing bytes: %w", len(d.b), ErrCorrupt)
 	}
 	return m, nil
 }
@@ -402,7 +402,7 @@ func checkName(name string) error {
 // ".." and every other way out of the namespace.
 func SplitPath(p string) ([]string, error) {
 	if len(p) > MaxPathLen {
-		return nil, fmt.Errorf("chunkstore: path of %d bytes (max %d): %w", len(p), MaxPathLen, ErrInvalidPath)
+		return nil, fmt.Errorf("path of %d bytes (max %d): %w", len(p), MaxPathLen, ErrInvalidPath)
 	}
 	var parts []string
 	for _, c := range strings.Split(p, "/") {
@@ -410,7 +410,7 @@ func SplitPath(p string) ([]string, error) {
 			continue
 		}
 		if err := checkName(c); err != nil {
-			return nil, fmt.Errorf("chunkstore: path %q: %w", p, err)
+			return nil, fmt.Errorf("path %q: %w", p, err)
 		}
 		parts = append(parts, c)
 	}

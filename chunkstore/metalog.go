@@ -328,7 +328,7 @@ func (l *metaLog) path() string { return filepath.Join(l.dir, logName(l.gen)) }
 // log is cut back to where it was, so no torn frame sits before later ones.
 func (l *metaLog) append(payload []byte) (start int64, err error) {
 	if l.err != nil {
-		return 0, fmt.Errorf("chunkstore: metadata log failed earlier (reopen the store): %w", l.err)
+		return 0, fmt.Errorf("metadata log failed earlier (reopen the store): %w", l.err)
 	}
 	start = l.size
 	fr := frame(payload)
@@ -344,7 +344,7 @@ func (l *metaLog) append(payload []byte) (start int64, err error) {
 	}
 	if err != nil {
 		l.undo(start)
-		return 0, fmt.Errorf("chunkstore: append to metadata log %s: %w", l.path(), err)
+		return 0, fmt.Errorf("append to metadata log %s: %w", l.path(), err)
 	}
 	l.size = start + int64(len(fr))
 	return start, nil
@@ -436,12 +436,12 @@ func openLogFile(fsys vfs.FS, dir string, gen uint64) (*metaLog, error) {
 	l := &metaLog{fs: fsys, dir: dir, gen: gen}
 	f, err := fsys.OpenFile(l.path(), os.O_RDWR, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: open metadata log: %w", err)
+		return nil, fmt.Errorf("open metadata log: %w", err)
 	}
 	st, err := f.Stat()
 	if err != nil {
 		f.Close()
-		return nil, fmt.Errorf("chunkstore: open metadata log: %w", err)
+		return nil, fmt.Errorf("open metadata log: %w", err)
 	}
 	l.f, l.size = f, st.Size()
 	return l, nil
@@ -502,7 +502,7 @@ func writeSnapshotLog(fsys vfs.FS, dir string, gen uint64, db *bolt.DB) (*metaLo
 	tmp := l.path() + ".tmp"
 	f, err := fsys.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: write metadata log: %w", err)
+		return nil, fmt.Errorf("write metadata log: %w", err)
 	}
 	ok := false
 	defer func() {
@@ -521,7 +521,7 @@ func writeSnapshotLog(fsys vfs.FS, dir string, gen uint64, db *bolt.DB) (*metaLo
 		return err
 	}
 	if err := write([]byte(logMagic)); err != nil {
-		return nil, fmt.Errorf("chunkstore: write metadata log: %w", err)
+		return nil, fmt.Errorf("write metadata log: %w", err)
 	}
 	var payload []byte
 	err = db.View(func(tx *bolt.Tx) error {
@@ -548,7 +548,7 @@ func writeSnapshotLog(fsys vfs.FS, dir string, gen uint64, db *bolt.DB) (*metaLo
 		err = fsys.SyncDir(dir)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: write metadata log: %w", err)
+		return nil, fmt.Errorf("write metadata log: %w", err)
 	}
 	ok = true
 	l.f, l.size = f, off

@@ -52,15 +52,15 @@ func (s *Store) Lookup(path string) (Entry, error) {
 	e := rootEntry(root, h)
 	for i, name := range parts {
 		if e.Kind != KindDir {
-			return Entry{}, fmt.Errorf("chunkstore: lookup %s: %s: %w", path, strings.Join(parts[:i], "/"), ErrNotDir)
+			return Entry{}, &PathError{Op: "lookup", Path: strings.Join(parts[:i], "/"), Err: ErrNotDir}
 		}
 		d, err := s.dirAt(e.ID)
 		if err != nil {
-			return Entry{}, fmt.Errorf("chunkstore: lookup %s: %w", path, err)
+			return Entry{}, fmt.Errorf("lookup %s: %w", path, err)
 		}
 		j, ok := d.Find(name)
 		if !ok || d.Entries[j].Deleted {
-			return Entry{}, fmt.Errorf("chunkstore: lookup %s: %w", path, ErrNotFound)
+			return Entry{}, &PathError{Op: "lookup", Path: path, Err: ErrNotFound}
 		}
 		e = d.Entries[j]
 	}
@@ -74,11 +74,11 @@ func (s *Store) List(path string) ([]Entry, error) {
 		return nil, err
 	}
 	if e.Kind != KindDir {
-		return nil, fmt.Errorf("chunkstore: list %s: %w", path, ErrNotDir)
+		return nil, &PathError{Op: "list", Path: path, Err: ErrNotDir}
 	}
 	d, err := s.dirAt(e.ID)
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: list %s: %w", path, err)
+		return nil, fmt.Errorf("list %s: %w", path, err)
 	}
 	return d.Live(), nil
 }
@@ -104,7 +104,7 @@ func (s *Store) walk(p string, e Entry, fn func(string, Entry) error) error {
 	}
 	d, err := s.dirAt(e.ID)
 	if err != nil {
-		return fmt.Errorf("chunkstore: walk %s: %w", p, err)
+		return fmt.Errorf("walk %s: %w", p, err)
 	}
 	for _, c := range d.Live() {
 		if err := s.walk(joinPath(p, c.Name), c, fn); err != nil {
@@ -149,7 +149,7 @@ func (s *Store) Update(fn func(tx *NSTx) error) error {
 	}
 	rm, err := s.dirAt(root)
 	if err != nil {
-		return fmt.Errorf("chunkstore: namespace root: %w", err)
+		return fmt.Errorf("namespace root: %w", err)
 	}
 	tx := &NSTx{s: s, hlc: s.clock.Now(), root: &txDir{m: rm}}
 	if err := fn(tx); err != nil {
@@ -194,7 +194,7 @@ func (s *Store) commitObjects(objs [][]byte, head *Head) error {
 		recs = append(recs, record{kind: recHead, head: *head})
 	}
 	if err := s.commit(recs); err != nil {
-		return fmt.Errorf("chunkstore: commit namespace: %w", err)
+		return fmt.Errorf("commit namespace: %w", err)
 	}
 	return nil
 }
@@ -225,9 +225,9 @@ func (tx *NSTx) dir(parts []string, create, markDirty bool) (*txDir, error) {
 			}
 			child = &txDir{m: m}
 		case ok && !d.m.Entries[j].Deleted:
-			return nil, fmt.Errorf("chunkstore: %s: %w", strings.Join(parts[:i+1], "/"), ErrNotDir)
+			return nil, &PathError{Op: "lookup", Path: strings.Join(parts[:i+1], "/"), Err: ErrNotDir}
 		case !create:
-			return nil, fmt.Errorf("chunkstore: %s: %w", strings.Join(parts[:i+1], "/"), ErrNotFound)
+			return nil, &PathError{Op: "lookup", Path: strings.Join(parts[:i+1], "/"), Err: ErrNotFound}
 		default:
 			child = &txDir{m: &DirManifest{}}
 			d.m.Put(Entry{Name: name, Kind: KindDir, Mode: 0o755, UID: uint32(os.Getuid()), GID: uint32(os.Getgid()), MTime: tx.hlc.Wall().UnixNano(), ID: Sum(emptyDir), HLC: tx.hlc})
@@ -260,7 +260,7 @@ func (tx *NSTx) Lookup(path string) (Entry, error) {
 	}
 	i, ok := d.m.Find(parts[len(parts)-1])
 	if !ok || d.m.Entries[i].Deleted {
-		return Entry{}, fmt.Errorf("chunkstore: lookup %s: %w", path, ErrNotFound)
+		return Entry{}, &PathError{Op: "lookup", Path: path, Err: ErrNotFound}
 	}
 	return d.m.Entries[i], nil
 }
@@ -288,16 +288,16 @@ func (tx *NSTx) Put(path string, e Entry) error {
 		return err
 	}
 	if len(parts) == 0 {
-		return fmt.Errorf("chunkstore: put: the namespace root cannot be replaced: %w", ErrInvalidPath)
+		return fmt.Errorf("put: the namespace root cannot be replaced: %w", ErrInvalidPath)
 	}
 	switch e.Kind {
 	case KindFile, KindDir, KindSymlink:
 	default:
-		return fmt.Errorf("chunkstore: put %s: kind %v: %w", path, e.Kind, ErrInvalidPath)
+		return fmt.Errorf("put %s: kind %v: %w", path, e.Kind, ErrInvalidPath)
 	}
 	d, err := tx.dir(parts[:len(parts)-1], true, true)
 	if err != nil {
-		return fmt.Errorf("chunkstore: put %s: %w", path, err)
+		return fmt.Errorf("put %s: %w", path, err)
 	}
 	name := parts[len(parts)-1]
 	e.Name, e.HLC, e.Deleted = name, tx.hlc, false
@@ -318,16 +318,16 @@ func (tx *NSTx) Remove(path string, recursive bool) error {
 		return err
 	}
 	if len(parts) == 0 {
-		return fmt.Errorf("chunkstore: remove: the namespace root cannot be removed: %w", ErrInvalidPath)
+		return fmt.Errorf("remove: the namespace root cannot be removed: %w", ErrInvalidPath)
 	}
 	d, err := tx.dir(parts[:len(parts)-1], false, false)
 	if err != nil {
-		return fmt.Errorf("chunkstore: remove %s: %w", path, err)
+		return fmt.Errorf("remove %s: %w", path, err)
 	}
 	name := parts[len(parts)-1]
 	i, ok := d.m.Find(name)
 	if !ok || d.m.Entries[i].Deleted {
-		return fmt.Errorf("chunkstore: remove %s: %w", path, ErrNotFound)
+		return &PathError{Op: "remove", Path: path, Err: ErrNotFound}
 	}
 	if d.m.Entries[i].Kind == KindDir && !recursive {
 		sub, err := tx.dir(parts, false, false)
@@ -335,7 +335,7 @@ func (tx *NSTx) Remove(path string, recursive bool) error {
 			return err
 		}
 		if len(sub.m.Live()) > 0 {
-			return fmt.Errorf("chunkstore: remove %s: %w", path, ErrNotEmpty)
+			return &PathError{Op: "remove", Path: path, Err: ErrNotEmpty}
 		}
 	}
 	if _, err := tx.dir(parts[:len(parts)-1], false, true); err != nil {
@@ -358,16 +358,16 @@ func (tx *NSTx) Rename(from, to string) error {
 	}
 	if old, err := tx.Lookup(to); err == nil && old.Kind == KindDir {
 		if e.Kind != KindDir {
-			return fmt.Errorf("chunkstore: rename %s to %s: %w", from, to, ErrIsDir)
+			return &PathError{Op: "rename " + from + " to", Path: to, Err: ErrIsDir}
 		}
 		if l, err := tx.List(to); err == nil && len(l) > 0 {
-			return fmt.Errorf("chunkstore: rename %s to %s: %w", from, to, ErrNotEmpty)
+			return &PathError{Op: "rename " + from + " to", Path: to, Err: ErrNotEmpty}
 		}
 	}
 	cf, _ := CleanPath(from)
 	ct, _ := CleanPath(to)
 	if ct == cf || strings.HasPrefix(ct, cf+"/") {
-		return fmt.Errorf("chunkstore: rename %s into itself: %w", from, ErrInvalidPath)
+		return fmt.Errorf("rename %s into itself: %w", from, ErrInvalidPath)
 	}
 	// Make sure a loaded, modified subtree is written before it moves.
 	if parts, _ := SplitPath(from); e.Kind == KindDir {

@@ -71,15 +71,15 @@ func (t *packTable) acquire(id uint64) (*Lease, error) {
 			if os.IsNotExist(err) {
 				// The index names the pack but the file is gone: the
 				// chunk is not here, and verify will say which files lost it.
-				return nil, fmt.Errorf("chunkstore: pack %016x is missing (%w): %w", id, err, ErrNotLocal)
+				return nil, fmt.Errorf("pack %016x is missing (%w): %w", id, err, ErrNotLocal)
 			}
-			return nil, fmt.Errorf("chunkstore: open pack %016x: %w", id, err)
+			return nil, fmt.Errorf("open pack %016x: %w", id, err)
 		}
 		e = &packEntry{id: id, f: f}
 		t.m[id] = e
 	}
 	if e.retired {
-		return nil, fmt.Errorf("chunkstore: pack %016x was garbage collected: %w", id, ErrNotLocal)
+		return nil, fmt.Errorf("pack %016x was garbage collected: %w", id, ErrNotLocal)
 	}
 	e.leases++
 	return &Lease{t: t, e: e}, nil
@@ -135,7 +135,7 @@ func (t *packTable) remove(id uint64) {
 
 func (t *packTable) removeErr(id uint64) error {
 	if err := t.s.fs.Remove(t.s.PackPath(id)); err != nil && !os.IsNotExist(err) {
-		return fmt.Errorf("chunkstore: remove pack %016x: %w", id, err)
+		return fmt.Errorf("remove pack %016x: %w", id, err)
 	}
 	return nil
 }

@@ -49,7 +49,7 @@ func identityOf(st *unix.Stat_t) PackIdentity {
 func fileIdentity(f *os.File) (PackIdentity, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return PackIdentity{}, fmt.Errorf("chunkstore: stat pack %s: %w", f.Name(), err)
+		return PackIdentity{}, fmt.Errorf("stat pack %s: %w", f.Name(), err)
 	}
 	return identityOf(&st), nil
 }
@@ -250,11 +250,11 @@ func (s *Store) PackState(f *File) (pack uint64, check *PackCheck, ok bool) {
 func (s *Store) OpenPassthrough(ctx context.Context, f *File) (*os.File, error) {
 	pack, path, ok := f.PassthroughCandidate()
 	if !ok {
-		return nil, fmt.Errorf("chunkstore: passthrough %s: %w", f.ID.Short(), ErrNotWholeFile)
+		return nil, fmt.Errorf("passthrough %s: %w", f.ID.Short(), ErrNotWholeFile)
 	}
 	fh, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: passthrough %s: %w", f.ID.Short(), err)
+		return nil, fmt.Errorf("passthrough %s: %w", f.ID.Short(), err)
 	}
 	ok = false
 	defer func() {
@@ -276,7 +276,7 @@ func (s *Store) OpenPassthrough(ctx context.Context, f *File) (*os.File, error) 
 			return nil, err
 		}
 		if id.Size != f.M.Size {
-			return nil, fmt.Errorf("chunkstore: passthrough %s: pack %s is %d bytes, the file %d: %w",
+			return nil, fmt.Errorf("passthrough %s: pack %s is %d bytes, the file %d: %w",
 				f.ID.Short(), path, id.Size, f.M.Size, ErrNotWholeFile)
 		}
 		v.mu.Lock()
@@ -285,7 +285,7 @@ func (s *Store) OpenPassthrough(ctx context.Context, f *File) (*os.File, error) 
 		if c != nil && c.Identity == id {
 			v.mu.Unlock()
 			if err := c.Err(); err != nil {
-				return nil, fmt.Errorf("chunkstore: passthrough %s: %w", f.ID.Short(), err)
+				return nil, fmt.Errorf("passthrough %s: %w", f.ID.Short(), err)
 			}
 			if verity {
 				v.verOp.Add(1)
@@ -296,7 +296,7 @@ func (s *Store) OpenPassthrough(ctx context.Context, f *File) (*os.File, error) 
 		fl := v.flights[key]
 		if fl == nil && round >= 2 {
 			v.mu.Unlock()
-			return nil, fmt.Errorf("chunkstore: passthrough %s: pack %s keeps changing while it is verified: %w",
+			return nil, fmt.Errorf("passthrough %s: pack %s keeps changing while it is verified: %w",
 				f.ID.Short(), path, errPackChanged)
 		}
 		if fl == nil {
@@ -322,7 +322,7 @@ func (s *Store) OpenPassthrough(ctx context.Context, f *File) (*os.File, error) 
 			}
 		}
 		if fl.err != nil && !errors.Is(fl.err, errPackChanged) {
-			return nil, fmt.Errorf("chunkstore: passthrough %s: verify pack: %w", f.ID.Short(), fl.err)
+			return nil, fmt.Errorf("passthrough %s: verify pack: %w", f.ID.Short(), fl.err)
 		}
 	}
 }
@@ -359,11 +359,11 @@ func (s *Store) record(key packFileKey, c *PackCheck, err error) {
 func (s *Store) VerifyPack(ctx context.Context, f *File) (*PackCheck, error) {
 	pack, path, ok := f.PassthroughCandidate()
 	if !ok {
-		return nil, fmt.Errorf("chunkstore: verify pack of %s: %w", f.ID.Short(), ErrNotWholeFile)
+		return nil, fmt.Errorf("verify pack of %s: %w", f.ID.Short(), ErrNotWholeFile)
 	}
 	fh, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: verify pack of %s: %w", f.ID.Short(), err)
+		return nil, fmt.Errorf("verify pack of %s: %w", f.ID.Short(), err)
 	}
 	defer fh.Close()
 	c, err := s.checkPack(ctx, fh, pack, f, nil)

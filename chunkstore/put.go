@@ -107,20 +107,20 @@ func (im *Importer) Abort() {
 // returns its manifest. The manifest is committed with the next Flush.
 func (im *Importer) PutFile(ctx context.Context, f *os.File, name string, progress func(int64)) (PutResult, error) {
 	if im.closed {
-		return PutResult{}, fmt.Errorf("chunkstore: put %s: importer closed", name)
+		return PutResult{}, fmt.Errorf("put %s: importer closed", name)
 	}
 	st, err := f.Stat()
 	if err != nil {
-		return PutResult{}, fmt.Errorf("chunkstore: put %s: %w", name, err)
+		return PutResult{}, fmt.Errorf("put %s: %w", name, err)
 	}
 	if !st.Mode().IsRegular() {
-		return PutResult{}, fmt.Errorf("chunkstore: put %s: not a regular file", name)
+		return PutResult{}, fmt.Errorf("put %s: not a regular file", name)
 	}
 	size := st.Size()
 	res := PutResult{Size: size}
 	plan, err := planChunks(f, name, size)
 	if err != nil {
-		return res, fmt.Errorf("chunkstore: put %s: %w", name, err)
+		return res, fmt.Errorf("put %s: %w", name, err)
 	}
 	res.Format, res.FormatNote = plan.format, plan.note
 
@@ -159,7 +159,7 @@ func (im *Importer) PutFile(ctx context.Context, f *os.File, name string, progre
 	}
 	if err != nil {
 		w.abort()
-		return res, fmt.Errorf("chunkstore: put %s: %w", name, err)
+		return res, fmt.Errorf("put %s: %w", name, err)
 	}
 	obj := m.Encode()
 	res.ID = Sum(obj)
@@ -190,7 +190,7 @@ func (im *Importer) has(id ID) (bool, error) {
 		return nil
 	})
 	if err != nil {
-		return false, fmt.Errorf("chunkstore: index lookup %s: %w", id.Short(), err)
+		return false, fmt.Errorf("index lookup %s: %w", id.Short(), err)
 	}
 	return found, nil
 }
@@ -207,12 +207,12 @@ func (im *Importer) Flush() error {
 	for _, f := range im.dirty {
 		if err := f.Sync(); err != nil {
 			im.s.retireShared(f)
-			return fmt.Errorf("chunkstore: sync pack %s: %w", f.Name(), err)
+			return fmt.Errorf("sync pack %s: %w", f.Name(), err)
 		}
 	}
 	if im.newFiles {
 		if err := im.s.fs.SyncDir(im.s.packsDir()); err != nil {
-			return fmt.Errorf("chunkstore: sync %s: %w", im.s.packsDir(), err)
+			return fmt.Errorf("sync %s: %w", im.s.packsDir(), err)
 		}
 	}
 	var cerr error
@@ -220,7 +220,7 @@ func (im *Importer) Flush() error {
 		// Close after a successful fdatasync cannot lose data, but an
 		// error here still means something is wrong with the disk.
 		if err := f.Close(); err != nil && cerr == nil {
-			cerr = fmt.Errorf("chunkstore: close pack %s: %w", f.Name(), err)
+			cerr = fmt.Errorf("close pack %s: %w", f.Name(), err)
 		}
 	}
 	im.dirty, im.ownFiles, im.newFiles = nil, nil, false
@@ -238,7 +238,7 @@ func (im *Importer) Flush() error {
 		recs = append(recs, record{kind: recObject, obj: o, id: Sum(o)})
 	}
 	if err := im.s.commit(recs); err != nil {
-		return fmt.Errorf("chunkstore: commit: %w", err)
+		return fmt.Errorf("commit: %w", err)
 	}
 	clear(im.pending)
 	clear(im.pendingPacks)
@@ -470,7 +470,7 @@ func (s *Store) sharedPackFor(n int64) (*sharedPack, error) {
 	}
 	if err := s.fs.SyncDir(s.packsDir()); err != nil {
 		_ = f.Close()
-		return nil, fmt.Errorf("chunkstore: sync %s: %w", s.packsDir(), err)
+		return nil, fmt.Errorf("sync %s: %w", s.packsDir(), err)
 	}
 	s.mu.Lock()
 	// The previous shared pack's file is not closed here: importers that
@@ -505,7 +505,7 @@ func (s *Store) createPack(flags uint8) (vfs.File, uint64, error) {
 	}
 	f, err := s.fs.OpenFile(s.PackPath(id), os.O_RDWR|os.O_CREATE|os.O_EXCL, filePerm)
 	if err != nil {
-		return nil, 0, fmt.Errorf("chunkstore: create pack: %w", err)
+		return nil, 0, fmt.Errorf("create pack: %w", err)
 	}
 	return f, id, nil
 }
@@ -589,7 +589,7 @@ func writeFull(f vfs.File, p []byte, off int64) error {
 		err = io.ErrShortWrite
 	}
 	if err != nil {
-		return fmt.Errorf("chunkstore: write pack %s at %d: %w", f.Name(), off, err)
+		return fmt.Errorf("write pack %s at %d: %w", f.Name(), off, err)
 	}
 	return nil
 }

@@ -56,7 +56,7 @@ func (s *Store) OpenFile(id ID) (*File, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: open file %s: %w", id.Short(), err)
+		return nil, fmt.Errorf("open file %s: %w", id.Short(), err)
 	}
 	return f, nil
 }
@@ -68,7 +68,7 @@ func (s *Store) OpenPath(path string) (*File, Entry, error) {
 		return nil, e, err
 	}
 	if e.Kind != KindFile {
-		return nil, e, fmt.Errorf("chunkstore: open %s: %w", path, ErrIsDir)
+		return nil, e, &PathError{Op: "open", Path: path, Err: ErrIsDir}
 	}
 	f, err := s.OpenFile(e.ID)
 	return f, e, err
@@ -139,7 +139,7 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 // ReadAtContext is ReadAt with a context.
 func (f *File) ReadAtContext(ctx context.Context, p []byte, off int64) (int, error) {
 	if off < 0 {
-		return 0, fmt.Errorf("chunkstore: read at %d: negative offset", off)
+		return 0, fmt.Errorf("read at %d: negative offset", off)
 	}
 	if off >= f.M.Size {
 		return 0, io.EOF
@@ -148,7 +148,7 @@ func (f *File) ReadAtContext(ctx context.Context, p []byte, off int64) (int, err
 	first, last := f.chunkIndex(off), f.chunkIndex(end-1)
 	chunks, err := f.s.readChunks(ctx, f.M.Chunks[first:last+1], f.locs[first:last+1], end-off < f.offs[last+1]-f.offs[first])
 	if err != nil {
-		return 0, fmt.Errorf("chunkstore: read %s at %d: %w", f.ID.Short(), off, err)
+		return 0, fmt.Errorf("read %s at %d: %w", f.ID.Short(), off, err)
 	}
 	n := 0
 	for k, data := range chunks {
@@ -192,7 +192,7 @@ func (s *Store) ReadChunk(ctx context.Context, id ID) ([]byte, error) {
 	err := s.db.View(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bucketChunks).Get(id[:])
 		if v == nil {
-			return fmt.Errorf("chunkstore: chunk %s: %w", id.Short(), ErrNotLocal)
+			return fmt.Errorf("chunk %s: %w", id.Short(), ErrNotLocal)
 		}
 		var err error
 		loc, err = decodeLocation(v)
@@ -203,7 +203,7 @@ func (s *Store) ReadChunk(ctx context.Context, id ID) ([]byte, error) {
 	}
 	out, err := s.readChunks(ctx, []ChunkRef{{ID: id, Len: loc.Len}}, []Location{loc}, false)
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: chunk %s: %w", id.Short(), err)
+		return nil, fmt.Errorf("chunk %s: %w", id.Short(), err)
 	}
 	return out[0], nil
 }
@@ -243,7 +243,7 @@ func (f *File) WriteTo(ctx context.Context, w io.Writer, progress func(int64)) (
 			go func(i, j int) {
 				d, err := f.s.readChunks(ctx, f.M.Chunks[i:j], f.locs[i:j], false)
 				if err != nil {
-					err = fmt.Errorf("chunkstore: read %s at %d: %w", f.ID.Short(), f.offs[i], err)
+					err = fmt.Errorf("read %s at %d: %w", f.ID.Short(), f.offs[i], err)
 				}
 				fut <- batch{d, err}
 			}(i, j)

@@ -84,7 +84,7 @@ func (s *Store) Stats() (*Stats, error) {
 	}
 	t, err := dirSum(root)
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: stats: %w", err)
+		return nil, fmt.Errorf("stats: %w", err)
 	}
 	st.LogicalBytes, st.Files, st.Dirs = t.bytes, t.files, t.dirs
 	err = s.db.View(func(tx *bolt.Tx) error {
@@ -113,7 +113,7 @@ func (s *Store) Stats() (*Stats, error) {
 		})
 	})
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: stats: %w", err)
+		return nil, fmt.Errorf("stats: %w", err)
 	}
 	st.LastGC = s.lastGC()
 	if st.StoredBytes > 0 {

@@ -106,6 +106,7 @@ type Store struct {
 	sharedMu sync.Mutex  // held by the importer appending to shared
 
 	pverify packVerifier // passthrough verification record (packverify.go)
+	ctr     counters     // for metrics (counters.go)
 }
 
 type sharedPack struct {
@@ -122,7 +123,7 @@ type sharedPack struct {
 // returns ErrIndexDamaged, naming the command that rebuilds it.
 func Open(opts Options) (*Store, error) {
 	if opts.Dir == "" {
-		return nil, fmt.Errorf("chunkstore: open: no data directory given")
+		return nil, fmt.Errorf("open: no data directory given")
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -150,10 +151,10 @@ func Open(opts Options) (*Store, error) {
 	}
 	dir, err := filepath.Abs(opts.Dir)
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: open %s: %w", opts.Dir, err)
+		return nil, fmt.Errorf("open %s: %w", opts.Dir, err)
 	}
 	if err := opts.FS.MkdirAll(filepath.Join(dir, "packs"), 0o700); err != nil {
-		return nil, fmt.Errorf("chunkstore: open: %w", err)
+		return nil, fmt.Errorf("open the data directory %s: %w", dir, err)
 	}
 	s := &Store{
 		opts:  opts,
@@ -191,7 +192,7 @@ func Open(opts Options) (*Store, error) {
 	}
 	s.io, s.ioNote, err = openReader(opts.IO, opts.IODepth)
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: open %s: %w", dir, err)
+		return nil, fmt.Errorf("open %s: %w", dir, err)
 	}
 	ok = true
 	return s, nil
@@ -227,7 +228,7 @@ func (s *Store) takeLock() error {
 	path := filepath.Join(s.dir, "LOCK")
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
-		return fmt.Errorf("chunkstore: lock %s: %w", path, err)
+		return fmt.Errorf("lock %s: %w", path, err)
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		holder, _ := os.ReadFile(path)
@@ -237,9 +238,9 @@ func (s *Store) takeLock() error {
 			if pid := strings.TrimSpace(string(holder)); pid != "" {
 				who = "pid " + pid
 			}
-			return fmt.Errorf("chunkstore: %s is in use by %s: %w", s.dir, who, ErrLocked)
+			return fmt.Errorf("%s is in use by %s: %w", s.dir, who, ErrLocked)
 		}
-		return fmt.Errorf("chunkstore: lock %s: %w", path, err)
+		return fmt.Errorf("lock %s: %w", path, err)
 	}
 	// The pid only makes the "in use by" message better: failing to
 	// write it is worth a warning, not a refusal to open.
@@ -301,7 +302,7 @@ func (s *Store) closeAll() error {
 		errs = append(errs, s.lock.Close())
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("chunkstore: close: %w", err)
+		return fmt.Errorf("close: %w", err)
 	}
 	return nil
 }
@@ -327,7 +328,7 @@ func parsePackName(name string) (uint64, bool) {
 func (s *Store) recoverPacks() error {
 	ents, err := s.fs.ReadDir(s.packsDir())
 	if err != nil {
-		return fmt.Errorf("chunkstore: recover: %w", err)
+		return fmt.Errorf("recover: %w", err)
 	}
 	onDisk := map[uint64]bool{}
 	for _, e := range ents {
@@ -366,7 +367,7 @@ func (s *Store) recoverPacks() error {
 		})
 	})
 	if err != nil {
-		return fmt.Errorf("chunkstore: recover: %w", err)
+		return fmt.Errorf("recover: %w", err)
 	}
 	var abandon []record
 	for id := range intents {
@@ -376,7 +377,7 @@ func (s *Store) recoverPacks() error {
 		if onDisk[id] {
 			s.log.Warn("removing pack begun by a write that never committed", "pack", s.PackPath(id))
 			if err := s.fs.Remove(s.PackPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return fmt.Errorf("chunkstore: recover: %w", err)
+				return fmt.Errorf("recover: %w", err)
 			}
 			delete(onDisk, id)
 		}
@@ -384,10 +385,10 @@ func (s *Store) recoverPacks() error {
 	}
 	if len(abandon) > 0 {
 		if err := s.fs.SyncDir(s.packsDir()); err != nil {
-			return fmt.Errorf("chunkstore: recover: %w", err)
+			return fmt.Errorf("recover: %w", err)
 		}
 		if err := s.commit(abandon); err != nil {
-			return fmt.Errorf("chunkstore: recover: %w", err)
+			return fmt.Errorf("recover: %w", err)
 		}
 	}
 	for id := range onDisk {
@@ -399,12 +400,12 @@ func (s *Store) recoverPacks() error {
 		}
 		st, err := s.fs.Stat(path)
 		if err != nil {
-			return fmt.Errorf("chunkstore: recover: %w", err)
+			return fmt.Errorf("recover: %w", err)
 		}
 		if st.Size() > pi.Size {
 			s.log.Warn("cutting uncommitted bytes off pack", "pack", path, "size", st.Size(), "committed", pi.Size)
 			if err := s.fs.Truncate(path, pi.Size); err != nil {
-				return fmt.Errorf("chunkstore: recover: %w", err)
+				return fmt.Errorf("recover: %w", err)
 			}
 		} else if st.Size() < pi.Size {
 			s.log.Error("pack is shorter than committed; verify will list what is lost", "pack", path, "size", st.Size(), "committed", pi.Size)
@@ -442,13 +443,13 @@ func (s *Store) fixPerms() error {
 			return nil
 		}
 		if err != nil {
-			return fmt.Errorf("chunkstore: open: %w", err)
+			return fmt.Errorf("open: %w", err)
 		}
 		if st.Mode()&os.ModeSymlink != 0 || st.Mode().Perm() == want {
 			return nil
 		}
 		if err := s.fs.Chmod(path, want); err != nil {
-			return fmt.Errorf("chunkstore: open: fix permissions of %s: %w", path, err)
+			return fmt.Errorf("open: fix permissions of %s: %w", path, err)
 		}
 		fixed = append(fixed, fmt.Sprintf("%s (was %o)", path, st.Mode().Perm()))
 		return nil
@@ -465,7 +466,7 @@ func (s *Store) fixPerms() error {
 	}
 	ents, err := s.fs.ReadDir(s.packsDir())
 	if err != nil {
-		return fmt.Errorf("chunkstore: open: %w", err)
+		return fmt.Errorf("open: %w", err)
 	}
 	for _, e := range ents {
 		if e.Type().IsRegular() {
@@ -489,7 +490,7 @@ func (s *Store) observeHeads() error {
 		return tx.Bucket(bucketHeads).ForEach(func(k, v []byte) error {
 			h, err := decodeHead(string(k), v)
 			if err != nil {
-				return fmt.Errorf("chunkstore: open: %w", err)
+				return fmt.Errorf("open: %w", err)
 			}
 			s.clock.Observe(h.HLC)
 			return nil
@@ -508,7 +509,7 @@ func (s *Store) GetObject(id ID) ([]byte, error) {
 	err := s.db.View(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bucketObjects).Get(id[:])
 		if v == nil {
-			return fmt.Errorf("chunkstore: object %s: %w", id.Short(), ErrNotFound)
+			return fmt.Errorf("object %s: %w", id.Short(), ErrNotFound)
 		}
 		out = append([]byte(nil), v...)
 		return nil
@@ -517,7 +518,7 @@ func (s *Store) GetObject(id ID) ([]byte, error) {
 		return nil, err
 	}
 	if Sum(out) != id {
-		return nil, fmt.Errorf("chunkstore: object %s: hash mismatch: %w", id.Short(), ErrCorrupt)
+		return nil, fmt.Errorf("object %s: hash mismatch: %w", id.Short(), ErrCorrupt)
 	}
 	return out, nil
 }
@@ -530,7 +531,7 @@ func (s *Store) FileManifest(id ID) (*FileManifest, error) {
 	}
 	m, err := DecodeFileManifest(b)
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: object %s: %w", id.Short(), err)
+		return nil, fmt.Errorf("object %s: %w", id.Short(), err)
 	}
 	return m, nil
 }
@@ -543,7 +544,7 @@ func (s *Store) DirManifest(id ID) (*DirManifest, error) {
 	}
 	m, err := DecodeDirManifest(b)
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: object %s: %w", id.Short(), err)
+		return nil, fmt.Errorf("object %s: %w", id.Short(), err)
 	}
 	return m, nil
 }
@@ -554,7 +555,7 @@ func (s *Store) GetHead(name string) (Head, error) {
 	err := s.db.View(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bucketHeads).Get([]byte(name))
 		if v == nil {
-			return fmt.Errorf("chunkstore: head %q: %w", name, ErrNotFound)
+			return fmt.Errorf("head %q: %w", name, ErrNotFound)
 		}
 		var err error
 		h, err = decodeHead(name, v)

@@ -118,7 +118,7 @@ func (s *Store) Verify(ctx context.Context, path string, progress func(done, tot
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("chunkstore: verify: %w", err)
+		return nil, fmt.Errorf("verify: %w", err)
 	}
 	present := map[ID]bool{}
 	for _, it := range items {

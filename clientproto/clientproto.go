@@ -37,6 +37,11 @@ const (
 	FillFixedSize = 104
 	// RangeSize is one FILL range entry.
 	RangeSize = 24
+	// StridedRangeSize is one FILL range entry with FillStrided.
+	StridedRangeSize = 40
+	// MaxStridedRanges bounds a FillStrided request's range list (so
+	// that it fits MaxRequest too).
+	MaxStridedRanges = 2048
 	// MaxRequest is the largest request datagram: a FILL with MaxRanges.
 	MaxRequest = HeaderSize + FillFixedSize + MaxRanges*RangeSize
 	// MaxFds is the most descriptors a reply carries (PACKS).
@@ -53,6 +58,10 @@ const (
 const (
 	FillVerify = 1 // verification on the GPU required
 	FillStrict = 2 // the path asked for, or fail
+	// FillStrided: the range entries are StridedRangeSize bytes, with
+	// Rows and Pitch (a tensor-parallel share split along a later
+	// dimension: one range per tensor, not one per row).
+	FillStrided = 4
 )
 
 // Header starts every message.
@@ -66,11 +75,11 @@ type Header struct {
 
 // Errors of Parse*, each mapped to the errno the node answers with.
 var (
-	ErrShort      = fmt.Errorf("clientproto: message too short: %w", syscall.EINVAL)
-	ErrMagic      = fmt.Errorf("clientproto: bad magic (not a Kylix client message): %w", syscall.EPROTO)
-	ErrVersion    = fmt.Errorf("clientproto: unsupported protocol version (this node speaks %d): %w", Version, syscall.EPROTONOSUPPORT)
-	ErrBodyLength = fmt.Errorf("clientproto: body_len does not match the datagram: %w", syscall.EINVAL)
-	ErrBody       = fmt.Errorf("clientproto: malformed body: %w", syscall.EINVAL)
+	ErrShort      = fmt.Errorf("client message too short: %w", syscall.EINVAL)
+	ErrMagic      = fmt.Errorf("bad magic: not a Kylix client message: %w", syscall.EPROTO)
+	ErrVersion    = fmt.Errorf("unsupported client protocol version (this node speaks %d): %w", Version, syscall.EPROTONOSUPPORT)
+	ErrBodyLength = fmt.Errorf("client message: body_len does not match the datagram: %w", syscall.EINVAL)
+	ErrBody       = fmt.Errorf("malformed client message body: %w", syscall.EINVAL)
 )
 
 var le = binary.LittleEndian
@@ -210,11 +219,15 @@ func ParseStat(b []byte) (StatReply, error) {
 }
 
 // Range is one FILL range: file bytes [FileOffset, FileOffset+Length) go to
-// the caller's allocation at DstOffset.
+// the caller's allocation at DstOffset. With Rows > 1 (FillStrided) it is
+// Rows such rows, Pitch bytes apart in the file, packed densely at
+// DstOffset (row i at DstOffset + i*Length). Rows 0 means 1.
 type Range struct {
 	FileOffset uint64
 	Length     uint64
 	DstOffset  uint64
+	Rows       uint64
+	Pitch      uint64
 }
 
 // FillRequest is a FILL request body.
@@ -243,12 +256,16 @@ func (r FillRequest) Append(b []byte) []byte {
 		b = le.AppendUint64(b, x.FileOffset)
 		b = le.AppendUint64(b, x.Length)
 		b = le.AppendUint64(b, x.DstOffset)
+		if r.Flags&FillStrided != 0 {
+			b = le.AppendUint64(b, x.Rows)
+			b = le.AppendUint64(b, x.Pitch)
+		}
 	}
 	return b
 }
 
 // ErrTooManyRanges: n_ranges above MaxRanges.
-var ErrTooManyRanges = fmt.Errorf("clientproto: more than %d ranges: %w", MaxRanges, syscall.E2BIG)
+var ErrTooManyRanges = fmt.Errorf("more ranges than a FILL takes (%d, or %d strided): %w", MaxRanges, MaxStridedRanges, syscall.E2BIG)
 
 // ParseFill decodes a FILL request body. It checks the layout only (sizes,
 // reserved zero, range count); the node checks every range against the
@@ -262,18 +279,26 @@ func ParseFill(b []byte) (FillRequest, error) {
 	copy(r.IPCHandle[:], b[8:72])
 	r.DstOffset, r.FileOffset, r.Length = le.Uint64(b[72:]), le.Uint64(b[80:]), le.Uint64(b[88:])
 	n, reserved := le.Uint32(b[96:]), le.Uint32(b[100:])
-	if reserved != 0 || r.Flags&^(FillVerify|FillStrict) != 0 {
+	if reserved != 0 || r.Flags&^(FillVerify|FillStrict|FillStrided) != 0 {
 		return r, ErrBody
 	}
-	if n > MaxRanges {
+	size, max := RangeSize, uint32(MaxRanges)
+	if r.Flags&FillStrided != 0 {
+		size, max = StridedRangeSize, MaxStridedRanges
+	}
+	if n > max {
 		return r, ErrTooManyRanges
 	}
-	if len(b) != FillFixedSize+int(n)*RangeSize {
+	if len(b) != FillFixedSize+int(n)*size {
 		return r, ErrBody
 	}
 	for i := range int(n) {
-		p := b[FillFixedSize+i*RangeSize:]
-		r.Ranges = append(r.Ranges, Range{FileOffset: le.Uint64(p), Length: le.Uint64(p[8:]), DstOffset: le.Uint64(p[16:])})
+		p := b[FillFixedSize+i*size:]
+		x := Range{FileOffset: le.Uint64(p), Length: le.Uint64(p[8:]), DstOffset: le.Uint64(p[16:])}
+		if size == StridedRangeSize {
+			x.Rows, x.Pitch = le.Uint64(p[24:]), le.Uint64(p[32:])
+		}
+		r.Ranges = append(r.Ranges, x)
 	}
 	return r, nil
 }

@@ -31,11 +31,20 @@ func TestLayouts(t *testing.T) {
 
 func TestRoundTrips(t *testing.T) {
 	fr := FillRequest{Device: 3, Flags: FillVerify, DstOffset: 1, FileOffset: 2, Length: 3,
-		Ranges: []Range{{1, 2, 3}, {4, 5, 6}}}
+		Ranges: []Range{{FileOffset: 1, Length: 2, DstOffset: 3}, {FileOffset: 4, Length: 5, DstOffset: 6}}}
 	fr.IPCHandle[0], fr.IPCHandle[63] = 7, 9
 	got, err := ParseFill(fr.Append(nil))
 	if err != nil || !reflect.DeepEqual(got, fr) {
 		t.Errorf("FILL: %+v %v", got, err)
+	}
+	sr := FillRequest{Device: 1, Flags: FillStrided,
+		Ranges: []Range{{FileOffset: 1, Length: 2, DstOffset: 3, Rows: 4, Pitch: 5}, {FileOffset: 6, Length: 7, DstOffset: 8}}}
+	b := sr.Append(nil)
+	if len(b) != FillFixedSize+2*StridedRangeSize {
+		t.Errorf("strided FILL of %d bytes", len(b))
+	}
+	if got, err := ParseFill(b); err != nil || !reflect.DeepEqual(got, sr) {
+		t.Errorf("strided FILL: %+v %v", got, err)
 	}
 	es := []PackEntry{{1, 3, 99, 1 << 40}}
 	if g, err := ParsePacks(AppendPacks(nil, es)); err != nil || !reflect.DeepEqual(g, es) {
@@ -79,11 +88,25 @@ func TestParseErrors(t *testing.T) {
 	if _, err := ParseFill(fr); !errors.Is(err, syscall.EINVAL) {
 		t.Errorf("reserved set: %v", err)
 	}
+	// A plain request read as strided, and the strided range limit.
+	plain := FillRequest{Ranges: []Range{{}, {}, {}, {}, {}}}.Append(nil)
+	plain[4] = FillStrided
+	if _, err := ParseFill(plain); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("plain ranges flagged strided: %v", err)
+	}
+	many := FillRequest{Flags: FillStrided, Ranges: make([]Range, MaxStridedRanges+1)}.Append(nil)
+	if _, err := ParseFill(many); !errors.Is(err, syscall.E2BIG) {
+		t.Errorf("%d strided ranges: %v", MaxStridedRanges+1, err)
+	}
+	if HeaderSize+len(many)-StridedRangeSize > MaxRequest {
+		t.Errorf("the largest strided FILL (%d bytes) exceeds MaxRequest", HeaderSize+len(many)-StridedRangeSize)
+	}
 }
 
 // FuzzParse: no input panics the node's decoders.
 func FuzzParse(f *testing.F) {
-	f.Add(Request(OpFill, 1, FillRequest{Ranges: []Range{{1, 2, 3}}}.Append(nil)))
+	f.Add(Request(OpFill, 1, FillRequest{Ranges: []Range{{FileOffset: 1, Length: 2, DstOffset: 3}}}.Append(nil)))
+	f.Add(Request(OpFill, 1, FillRequest{Flags: FillStrided, Ranges: []Range{{FileOffset: 1, Length: 2, DstOffset: 3, Rows: 4, Pitch: 5}}}.Append(nil)))
 	f.Add(Reply(OpPacks, 1, 0, "x", AppendPacks(nil, []PackEntry{{}})))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if _, body, err := ParseHeader(b); err == nil {

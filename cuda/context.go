@@ -46,7 +46,7 @@ func (dev Device) PrimaryContext() (*Context, error) {
 	}
 	var h uintptr
 	if err := d.err("cuDevicePrimaryCtxRetain", d.cuDevicePrimaryCtxRetain(&h, dev.h)); err != nil {
-		return nil, fmt.Errorf("cuda: %s: %w", dev, err)
+		return nil, fmt.Errorf("CUDA: %s: %w", dev, err)
 	}
 	return &Context{d: d, dev: dev, h: h}, nil
 }
@@ -77,10 +77,10 @@ func (c *Context) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return fmt.Errorf("cuda: close context: %w", ErrClosed)
+		return fmt.Errorf("CUDA: close context: %w", ErrClosed)
 	}
 	if c.live > 0 {
-		return fmt.Errorf("cuda: close context: %w (%d objects alive)", ErrBusy, c.live)
+		return fmt.Errorf("CUDA: close context: %w (%d objects alive)", ErrBusy, c.live)
 	}
 	c.closed = true
 	// No stream is alive, so no transfer is pending: pollers are exiting.
@@ -97,7 +97,7 @@ func (c *Context) check(op string) error {
 	closed := c.closed
 	c.mu.Unlock()
 	if closed {
-		return fmt.Errorf("cuda: %s: %w", op, ErrClosed)
+		return fmt.Errorf("CUDA: %s: %w", op, ErrClosed)
 	}
 	return nil
 }
@@ -110,7 +110,7 @@ func (c *Context) addLive(op string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return fmt.Errorf("cuda: %s: %w", op, ErrClosed)
+		return fmt.Errorf("CUDA: %s: %w", op, ErrClosed)
 	}
 	c.live++
 	return nil

@@ -42,7 +42,7 @@ func (s *Stream) Copy2D(dst *DeviceMem, dstOff, dstPitch int, srcHost *HostMem, 
 		return doneTransfer(), nil
 	}
 	if width < 0 || rows < 0 || width > dstPitch || width > srcPitch {
-		return nil, fmt.Errorf("cuda: copy 2D: width %d, pitches %d/%d, rows %d: %w", width, dstPitch, srcPitch, rows, ErrInvalid)
+		return nil, fmt.Errorf("CUDA: copy 2D: width %d, pitches %d/%d, rows %d: %w", width, dstPitch, srcPitch, rows, ErrInvalid)
 	}
 	span := func(pitch int) int { return (rows-1)*pitch + width }
 	if err := checkRange("copy 2D (dst)", dst.size, dstOff, span(dstPitch)); err != nil {
@@ -67,7 +67,7 @@ func (s *Stream) Copy2D(dst *DeviceMem, dstOff, dstPitch int, srcHost *HostMem, 
 	}
 	d := s.ctx.d
 	if d.cuMemcpy2DAsync == nil {
-		return nil, fmt.Errorf("cuda: cuMemcpy2DAsync_v2 not in this driver: %w", ErrUnavailable)
+		return nil, fmt.Errorf("CUDA: cuMemcpy2DAsync_v2 not in this driver: %w", ErrUnavailable)
 	}
 	return s.issue("cuMemcpy2DAsync_v2", rows*width, what, holds, func() cuResult {
 		return d.cuMemcpy2DAsync(unsafe.Pointer(p), s.h)

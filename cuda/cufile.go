@@ -213,7 +213,7 @@ func FileDriverClose() error {
 		return nil
 	}
 	if fileHandles > 0 || fileBufs.Load() > 0 {
-		return fmt.Errorf("cufile: close driver: %w (%d handles, %d buffers registered)", ErrBusy, fileHandles, fileBufs.Load())
+		return fmt.Errorf("cuFile: close driver: %w (%d handles, %d buffers registered)", ErrBusy, fileHandles, fileBufs.Load())
 	}
 	if err := fileErr(d, "cuFileDriverClose", l.driverClose()); err != nil {
 		return err
@@ -459,7 +459,7 @@ func HandleRegister(fd int) (*FileHandle, error) {
 		return nil, err
 	}
 	if fd < 0 {
-		return nil, fmt.Errorf("cufile: register fd %d: %w", fd, ErrInvalid)
+		return nil, fmt.Errorf("cuFile: register fd %d: %w", fd, ErrInvalid)
 	}
 	fileMu.Lock()
 	defer fileMu.Unlock()
@@ -469,7 +469,7 @@ func HandleRegister(fd int) (*FileHandle, error) {
 	descr := cufileDescr{typ: cuFileHandleTypeOpaqueFD, fd: int32(fd)}
 	var h uintptr
 	if err := fileErr(d, "cuFileHandleRegister", l.handleRegister(&h, unsafe.Pointer(&descr))); err != nil {
-		return nil, fmt.Errorf("cufile: register fd %d: %w", fd, err)
+		return nil, fmt.Errorf("cuFile: register fd %d: %w", fd, err)
 	}
 	fileHandles++
 	return &FileHandle{d: d, l: l, h: h, fd: fd}, nil
@@ -496,7 +496,7 @@ func (h *FileHandle) Read(dst *DeviceMem, size int, fileOffset int64, dstOffset 
 		return 0, err
 	}
 	if fileOffset < 0 {
-		return 0, fmt.Errorf("cufile: read at %d: %w", fileOffset, ErrInvalid)
+		return 0, fmt.Errorf("cuFile: read at %d: %w", fileOffset, ErrInvalid)
 	}
 	if size == 0 {
 		return 0, nil
@@ -516,9 +516,9 @@ func (h *FileHandle) Read(dst *DeviceMem, size int, fileOffset int64, dstOffset 
 	case n >= 0:
 		return int(n), nil
 	case n == -1 && errno != 0:
-		return 0, fmt.Errorf("cufile: cuFileRead fd %d at %d: %w", h.fd, fileOffset, syscall.Errno(errno))
+		return 0, fmt.Errorf("cuFile: cuFileRead fd %d at %d: %w", h.fd, fileOffset, syscall.Errno(errno))
 	case n == -1:
-		return 0, fmt.Errorf("cufile: cuFileRead fd %d at %d: returned -1 without errno: %w", h.fd, fileOffset, syscall.EIO)
+		return 0, fmt.Errorf("cuFile: cuFileRead fd %d at %d: returned -1 without errno: %w", h.fd, fileOffset, syscall.EIO)
 	default:
 		code := int(-n)
 		return 0, &FileError{Op: "cuFileRead", Code: code, Name: cuFileErrName(code)}
@@ -563,7 +563,7 @@ func BufRegister(m *DeviceMem) error {
 		return err
 	}
 	if m.fileReg.Load() {
-		return fmt.Errorf("cufile: register buffer %#x: %w", m.ptr, &FileError{Op: "cuFileBufRegister", Code: cuFileBaseErr + 23, Name: cuFileErrName(cuFileBaseErr + 23)})
+		return fmt.Errorf("cuFile: register buffer %#x: %w", m.ptr, &FileError{Op: "cuFileBufRegister", Code: cuFileBaseErr + 23, Name: cuFileErrName(cuFileBaseErr + 23)})
 	}
 	if err := m.ctx.enter(); err != nil {
 		return err
@@ -571,7 +571,7 @@ func BufRegister(m *DeviceMem) error {
 	r := l.bufRegister(m.ptr, uintptr(m.size), 0)
 	m.ctx.leave()
 	if err := fileErr(d, "cuFileBufRegister", r); err != nil {
-		return fmt.Errorf("cufile: register buffer %#x+%d: %w", m.ptr, m.size, err)
+		return fmt.Errorf("cuFile: register buffer %#x+%d: %w", m.ptr, m.size, err)
 	}
 	m.fileReg.Store(true)
 	fileBufs.Add(1)
@@ -588,10 +588,10 @@ func BufDeregister(m *DeviceMem) error {
 		return invalid("cufile deregister buffer")
 	}
 	if n := m.use.busy(); n > 0 {
-		return fmt.Errorf("cufile: deregister buffer: %w (%d in flight)", ErrBusy, n)
+		return fmt.Errorf("cuFile: deregister buffer: %w (%d in flight)", ErrBusy, n)
 	}
 	if !m.fileReg.Swap(false) {
-		return fmt.Errorf("cufile: deregister buffer %#x: %w", m.ptr, &FileError{Op: "cuFileBufDeregister", Code: cuFileBaseErr + 24, Name: cuFileErrName(cuFileBaseErr + 24)})
+		return fmt.Errorf("cuFile: deregister buffer %#x: %w", m.ptr, &FileError{Op: "cuFileBufDeregister", Code: cuFileBaseErr + 24, Name: cuFileErrName(cuFileBaseErr + 24)})
 	}
 	return fileBufDeregister(m)
 }
@@ -623,25 +623,25 @@ func CuFileProbe(dir string) error {
 	}
 	f, err := os.CreateTemp(dir, ".kylix-cufile-probe-*")
 	if err != nil {
-		return fmt.Errorf("cufile: probe %s: %w", dir, err)
+		return fmt.Errorf("cuFile: probe %s: %w", dir, err)
 	}
 	name := f.Name()
 	defer os.Remove(name)
 	_, werr := f.Write(make([]byte, 4096))
 	f.Close()
 	if werr != nil {
-		return fmt.Errorf("cufile: probe %s: %w", dir, werr)
+		return fmt.Errorf("cuFile: probe %s: %w", dir, werr)
 	}
 	fd, err := syscall.Open(name, syscall.O_RDONLY|oDirect, 0)
 	if err != nil {
 		if fd, err = syscall.Open(name, syscall.O_RDONLY, 0); err != nil {
-			return fmt.Errorf("cufile: probe %s: %w", dir, err)
+			return fmt.Errorf("cuFile: probe %s: %w", dir, err)
 		}
 	}
 	defer syscall.Close(fd)
 	h, err := HandleRegister(fd)
 	if err != nil {
-		return fmt.Errorf("cufile: probe %s: %w", dir, err)
+		return fmt.Errorf("cuFile: probe %s: %w", dir, err)
 	}
 	return h.Close()
 }

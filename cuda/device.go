@@ -55,7 +55,7 @@ func GetDevice(ordinal int) (Device, error) {
 	}
 	var h int32
 	if err := d.err("cuDeviceGet", d.cuDeviceGet(&h, int32(ordinal))); err != nil {
-		return Device{}, fmt.Errorf("cuda: device %d: %w", ordinal, err)
+		return Device{}, fmt.Errorf("CUDA: device %d: %w", ordinal, err)
 	}
 	return Device{ordinal: ordinal, h: h}, nil
 }
@@ -113,7 +113,7 @@ func (dev Device) Attribute(a DeviceAttribute) (int, error) {
 	}
 	var v int32
 	if err := d.err("cuDeviceGetAttribute", d.cuDeviceGetAttribute(&v, int32(a), dev.h)); err != nil {
-		return 0, fmt.Errorf("cuda: attribute %d: %w", int32(a), err)
+		return 0, fmt.Errorf("CUDA: attribute %d: %w", int32(a), err)
 	}
 	return int(v), nil
 }

@@ -11,28 +11,28 @@ var (
 	// ErrUnavailable: the CUDA driver (libcuda.so.1), a GPU, or libcufile is
 	// not present or could not be initialised. The wrapped text says which
 	// and why (library not found, cuInit's error code and name, ...).
-	ErrUnavailable = errors.New("cuda: unavailable")
+	ErrUnavailable = errors.New("CUDA unavailable")
 
 	// ErrBusy: memory, a stream, a file handle or a context cannot be freed
 	// or closed because transfers (or allocations) that use it are still in
 	// flight. Nothing was freed; wait for the transfers and try again.
-	ErrBusy = errors.New("cuda: busy")
+	ErrBusy = errors.New("CUDA object busy")
 
 	// ErrFreed: the memory or handle was already freed or closed.
-	ErrFreed = errors.New("cuda: already freed")
+	ErrFreed = errors.New("CUDA memory already freed")
 
 	// ErrClosed: the context or stream was closed.
-	ErrClosed = errors.New("cuda: closed")
+	ErrClosed = errors.New("CUDA context or object closed")
 
 	// ErrInvalid: an invalid argument (nil object, negative size, ...).
-	ErrInvalid = errors.New("cuda: invalid argument")
+	ErrInvalid = errors.New("invalid argument to CUDA")
 
 	// ErrRange: an offset/length pair falls outside a buffer.
-	ErrRange = errors.New("cuda: out of range")
+	ErrRange = errors.New("out of range of CUDA memory")
 
 	// ErrOutOfMemory matches CUDA_ERROR_OUT_OF_MEMORY (and cuFile's
 	// CU_FILE_NOMEM_ERROR) through errors.Is.
-	ErrOutOfMemory = errors.New("cuda: out of memory")
+	ErrOutOfMemory = errors.New("out of GPU memory")
 )
 
 // CUresult codes this package looks at.

@@ -45,7 +45,7 @@ func (e *Event) check(op string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.destroyed {
-		return fmt.Errorf("cuda: %s: event: %w", op, ErrFreed)
+		return fmt.Errorf("CUDA: %s: event: %w", op, ErrFreed)
 	}
 	return nil
 }
@@ -95,7 +95,7 @@ func (e *Event) Destroy() error {
 	e.mu.Lock()
 	if e.destroyed {
 		e.mu.Unlock()
-		return fmt.Errorf("cuda: destroy event: %w", ErrFreed)
+		return fmt.Errorf("CUDA: destroy event: %w", ErrFreed)
 	}
 	e.destroyed = true
 	e.mu.Unlock()

@@ -24,7 +24,7 @@ func (c *Context) OpenIPCMem(handle [IPCHandleSize]byte) (*DeviceMem, error) {
 		return nil, err
 	}
 	if c.d.cuIpcOpenMemHandle == nil || c.d.cuIpcCloseMemHandle == nil {
-		return nil, fmt.Errorf("cuda: open IPC memory: %w: the driver %s has no cuIpcOpenMemHandle", ErrUnavailable, c.d.path)
+		return nil, fmt.Errorf("CUDA: open IPC memory: %w: the driver %s has no cuIpcOpenMemHandle", ErrUnavailable, c.d.path)
 	}
 	if err := c.addLive("open IPC memory"); err != nil {
 		return nil, err
@@ -35,7 +35,7 @@ func (c *Context) OpenIPCMem(handle [IPCHandleSize]byte) (*DeviceMem, error) {
 	})
 	if err != nil {
 		c.dropLive()
-		return nil, fmt.Errorf("cuda: open IPC memory: %w", err)
+		return nil, fmt.Errorf("CUDA: open IPC memory: %w", err)
 	}
 	err = c.do("cuMemGetAddressRange_v2", func() cuResult { return c.d.cuMemGetAddressRange(&base, &n, ptr) })
 	if err == nil && (ptr < base || ptr-base >= n) {
@@ -44,7 +44,7 @@ func (c *Context) OpenIPCMem(handle [IPCHandleSize]byte) (*DeviceMem, error) {
 	if err != nil {
 		c.do("cuIpcCloseMemHandle", func() cuResult { return c.d.cuIpcCloseMemHandle(ptr) })
 		c.dropLive()
-		return nil, fmt.Errorf("cuda: open IPC memory: %w", err)
+		return nil, fmt.Errorf("CUDA: open IPC memory: %w", err)
 	}
 	return &DeviceMem{ctx: c, ptr: ptr, size: int(n - (ptr - base)), ipc: true}, nil
 }

@@ -269,5 +269,5 @@ func invalid(op string) error {
 	if err := Available(); err != nil {
 		return err
 	}
-	return fmt.Errorf("cuda: %s: %w", op, ErrInvalid)
+	return fmt.Errorf("CUDA: %s: %w", op, ErrInvalid)
 }

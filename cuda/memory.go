@@ -30,7 +30,7 @@ func (u *useCount) acquire(what string) error {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.freed {
-		return fmt.Errorf("cuda: use %s: %w", what, ErrFreed)
+		return fmt.Errorf("CUDA: use %s: %w", what, ErrFreed)
 	}
 	u.n++
 	return nil
@@ -47,10 +47,10 @@ func (u *useCount) markFreed(op string) error {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.freed {
-		return fmt.Errorf("cuda: %s: %w", op, ErrFreed)
+		return fmt.Errorf("CUDA: %s: %w", op, ErrFreed)
 	}
 	if u.n > 0 {
-		return fmt.Errorf("cuda: %s: %w (%d transfers in flight)", op, ErrBusy, u.n)
+		return fmt.Errorf("CUDA: %s: %w (%d transfers in flight)", op, ErrBusy, u.n)
 	}
 	u.freed = true
 	return nil
@@ -90,7 +90,7 @@ func releaseAll(us []*useCount) {
 // checkRange validates [off, off+n) within a buffer of size bytes.
 func checkRange(what string, size, off, n int) error {
 	if off < 0 || n < 0 || off > size || n > size-off {
-		return fmt.Errorf("cuda: %s: [%d, %d+%d) outside %d bytes: %w", what, off, off, n, size, ErrRange)
+		return fmt.Errorf("CUDA: %s: [%d, %d+%d) outside %d bytes: %w", what, off, off, n, size, ErrRange)
 	}
 	return nil
 }
@@ -121,12 +121,12 @@ func (c *Context) Alloc(size int) (*DeviceMem, error) {
 	}
 	if size <= 0 {
 		c.dropLive()
-		return nil, fmt.Errorf("cuda: alloc %d bytes: %w", size, ErrInvalid)
+		return nil, fmt.Errorf("CUDA: alloc %d bytes: %w", size, ErrInvalid)
 	}
 	var p uintptr
 	if err := c.do("cuMemAlloc_v2", func() cuResult { return c.d.cuMemAlloc(&p, uintptr(size)) }); err != nil {
 		c.dropLive()
-		return nil, fmt.Errorf("cuda: alloc %d bytes on %s: %w", size, c.dev, err)
+		return nil, fmt.Errorf("CUDA: alloc %d bytes on %s: %w", size, c.dev, err)
 	}
 	return &DeviceMem{ctx: c, ptr: p, size: size, owned: true}, nil
 }
@@ -142,17 +142,17 @@ func (c *Context) WrapDevicePtr(ptr uintptr, size int) (*DeviceMem, error) {
 	}
 	if ptr == 0 || size <= 0 {
 		c.dropLive()
-		return nil, fmt.Errorf("cuda: wrap device pointer %#x+%d: %w", ptr, size, ErrInvalid)
+		return nil, fmt.Errorf("CUDA: wrap device pointer %#x+%d: %w", ptr, size, ErrInvalid)
 	}
 	var base, n uintptr
 	err := c.do("cuMemGetAddressRange_v2", func() cuResult { return c.d.cuMemGetAddressRange(&base, &n, ptr) })
 	if err != nil {
 		c.dropLive()
-		return nil, fmt.Errorf("cuda: wrap device pointer %#x: %w", ptr, err)
+		return nil, fmt.Errorf("CUDA: wrap device pointer %#x: %w", ptr, err)
 	}
 	if ptr+uintptr(size) > base+n {
 		c.dropLive()
-		return nil, fmt.Errorf("cuda: wrap device pointer %#x+%d: allocation is [%#x, %#x): %w", ptr, size, base, base+n, ErrRange)
+		return nil, fmt.Errorf("CUDA: wrap device pointer %#x+%d: allocation is [%#x, %#x): %w", ptr, size, base, base+n, ErrRange)
 	}
 	return &DeviceMem{ctx: c, ptr: ptr, size: size}, nil
 }
@@ -358,7 +358,7 @@ func (c *Context) AllocHost(size int) (*HostMem, error) {
 	}
 	if size <= 0 {
 		c.dropLive()
-		return nil, fmt.Errorf("cuda: alloc host %d bytes: %w", size, ErrInvalid)
+		return nil, fmt.Errorf("CUDA: alloc host %d bytes: %w", size, ErrInvalid)
 	}
 	var p unsafe.Pointer
 	err := c.do("cuMemHostAlloc", func() cuResult {
@@ -366,7 +366,7 @@ func (c *Context) AllocHost(size int) (*HostMem, error) {
 	})
 	if err != nil {
 		c.dropLive()
-		return nil, fmt.Errorf("cuda: alloc pinned host memory, %d bytes: %w", size, err)
+		return nil, fmt.Errorf("CUDA: alloc pinned host memory, %d bytes: %w", size, err)
 	}
 	return &HostMem{ctx: c, p: p, size: size}, nil
 }
@@ -395,7 +395,7 @@ func (c *Context) registerHost(b []byte, flags uint32) (*HostMem, error) {
 	}
 	if len(b) == 0 {
 		c.dropLive()
-		return nil, fmt.Errorf("cuda: register host: empty buffer: %w", ErrInvalid)
+		return nil, fmt.Errorf("CUDA: register host: empty buffer: %w", ErrInvalid)
 	}
 	p := unsafe.Pointer(&b[0])
 	err := c.do("cuMemHostRegister_v2", func() cuResult {
@@ -403,7 +403,7 @@ func (c *Context) registerHost(b []byte, flags uint32) (*HostMem, error) {
 	})
 	if err != nil {
 		c.dropLive()
-		return nil, fmt.Errorf("cuda: register host memory, %d bytes: %w", len(b), err)
+		return nil, fmt.Errorf("CUDA: register host memory, %d bytes: %w", len(b), err)
 	}
 	return &HostMem{ctx: c, p: p, size: len(b), registered: true, keep: b}, nil
 }

@@ -53,7 +53,7 @@ func (c *Context) LoadModule(image []byte) (*Module, error) {
 	}
 	if len(image) == 0 {
 		c.dropLive()
-		return nil, fmt.Errorf("cuda: load module: empty image: %w", ErrInvalid)
+		return nil, fmt.Errorf("CUDA: load module: empty image: %w", ErrInvalid)
 	}
 	img := image
 	if !bytes.HasPrefix(img, []byte("\x7fELF")) && img[len(img)-1] != 0 {
@@ -79,9 +79,9 @@ func (c *Context) LoadModule(image []byte) (*Module, error) {
 	if err != nil {
 		c.dropLive()
 		if l := strings.TrimSpace(bufString(logBuf)); l != "" {
-			return nil, fmt.Errorf("cuda: load module: %w:\n%s", err, l)
+			return nil, fmt.Errorf("CUDA: load module: %w:\n%s", err, l)
 		}
-		return nil, fmt.Errorf("cuda: load module: %w", err)
+		return nil, fmt.Errorf("CUDA: load module: %w", err)
 	}
 	return &Module{ctx: c, h: h}, nil
 }
@@ -124,7 +124,7 @@ func (m *Module) Function(name string) (*Function, error) {
 	var h uintptr
 	c := m.ctx
 	if err := c.do("cuModuleGetFunction", func() cuResult { return c.d.cuModuleGetFunction(&h, m.h, name) }); err != nil {
-		return nil, fmt.Errorf("cuda: function %q: %w", name, err)
+		return nil, fmt.Errorf("CUDA: function %q: %w", name, err)
 	}
 	return &Function{mod: m, h: h, name: name}, nil
 }
@@ -211,7 +211,7 @@ func (s *Stream) Launch(f *Function, cfg LaunchConfig, args ...any) (*Transfer, 
 		return nil, fmt.Errorf("%w: %s has no cuLaunchKernel", ErrUnavailable, d.path)
 	}
 	if f.mod.ctx.h != s.ctx.h {
-		return nil, fmt.Errorf("cuda: launch %s: module and stream belong to different contexts: %w", f.name, ErrInvalid)
+		return nil, fmt.Errorf("CUDA: launch %s: module and stream belong to different contexts: %w", f.name, ErrInvalid)
 	}
 	// One 8-byte slot per parameter (little-endian: a 4-byte value sits at
 	// the slot's start), and the array of their addresses that
@@ -224,21 +224,21 @@ func (s *Stream) Launch(f *Function, cfg LaunchConfig, args ...any) (*Transfer, 
 		switch v := a.(type) {
 		case *DeviceMem:
 			if v == nil || v.ctx == nil {
-				return nil, fmt.Errorf("cuda: launch %s: argument %d: nil device memory: %w", f.name, i, ErrInvalid)
+				return nil, fmt.Errorf("CUDA: launch %s: argument %d: nil device memory: %w", f.name, i, ErrInvalid)
 			}
 			if v.ctx.h != s.ctx.h {
-				return nil, fmt.Errorf("cuda: launch %s: argument %d: device memory of another context: %w", f.name, i, ErrInvalid)
+				return nil, fmt.Errorf("CUDA: launch %s: argument %d: device memory of another context: %w", f.name, i, ErrInvalid)
 			}
 			slots[i] = uint64(v.ptr)
 			what = append(what, fmt.Sprintf("argument %d", i))
 			holds = append(holds, &v.use)
 		case *HostMem:
 			if v == nil || v.ctx == nil {
-				return nil, fmt.Errorf("cuda: launch %s: argument %d: nil host memory: %w", f.name, i, ErrInvalid)
+				return nil, fmt.Errorf("CUDA: launch %s: argument %d: nil host memory: %w", f.name, i, ErrInvalid)
 			}
 			p, err := v.DevicePtr()
 			if err != nil {
-				return nil, fmt.Errorf("cuda: launch %s: argument %d: %w", f.name, i, err)
+				return nil, fmt.Errorf("CUDA: launch %s: argument %d: %w", f.name, i, err)
 			}
 			slots[i] = uint64(p)
 			what = append(what, fmt.Sprintf("argument %d", i))
@@ -262,7 +262,7 @@ func (s *Stream) Launch(f *Function, cfg LaunchConfig, args ...any) (*Transfer, 
 		case float64:
 			slots[i] = math.Float64bits(v)
 		default:
-			return nil, fmt.Errorf("cuda: launch %s: argument %d: unsupported type %T: %w", f.name, i, a, ErrInvalid)
+			return nil, fmt.Errorf("CUDA: launch %s: argument %d: unsupported type %T: %w", f.name, i, a, ErrInvalid)
 		}
 		params[i] = unsafe.Pointer(&slots[i])
 	}
@@ -281,7 +281,7 @@ func (s *Stream) Launch(f *Function, cfg LaunchConfig, args ...any) (*Transfer, 
 	runtime.KeepAlive(slots)
 	runtime.KeepAlive(params)
 	if err != nil {
-		return nil, fmt.Errorf("cuda: launch %s: %w", f.name, err)
+		return nil, fmt.Errorf("CUDA: launch %s: %w", f.name, err)
 	}
 	t.n = 0
 	return t, nil

@@ -267,7 +267,7 @@ func Compile(src, name string, o CompileOptions) (image []byte, log string, err 
 		return nil, "", fmt.Errorf("%w: %s has no nvrtcGetCUBIN", ErrUnavailable, l.path)
 	}
 	if o.CUBIN && !strings.HasPrefix(o.Arch, "sm_") {
-		return nil, "", fmt.Errorf("cuda: compile %s: a CUBIN needs an sm_XX architecture, not %q: %w", name, o.Arch, ErrInvalid)
+		return nil, "", fmt.Errorf("CUDA: compile %s: a CUBIN needs an sm_XX architecture, not %q: %w", name, o.Arch, ErrInvalid)
 	}
 	if name == "" {
 		name = "kernel.cu"
@@ -299,7 +299,7 @@ func Compile(src, name string, o CompileOptions) (image []byte, log string, err 
 	if r != 0 {
 		e := l.err("nvrtcCompileProgram", r).(*NVRTCError)
 		e.Log = log
-		return nil, log, fmt.Errorf("cuda: compile %s (%s): %w", name, strings.Join(opts, " "), e)
+		return nil, log, fmt.Errorf("CUDA: compile %s (%s): %w", name, strings.Join(opts, " "), e)
 	}
 	sizeFn, getFn, op := l.getPTXSize, l.getPTX, "nvrtcGetPTX"
 	if o.CUBIN {
@@ -310,7 +310,7 @@ func Compile(src, name string, o CompileOptions) (image []byte, log string, err 
 		return nil, log, err
 	}
 	if n == 0 {
-		return nil, log, fmt.Errorf("cuda: compile %s: %s returned nothing: %w", name, op, ErrInvalid)
+		return nil, log, fmt.Errorf("CUDA: compile %s: %s returned nothing: %w", name, op, ErrInvalid)
 	}
 	out := make([]byte, n+1) // +1: PTX must be NUL-terminated for cuModuleLoadData
 	if err := l.err(op, getFn(prog, unsafe.Pointer(&out[0]))); err != nil {

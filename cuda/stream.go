@@ -288,7 +288,7 @@ func (s *Stream) issue(op string, n int, what []string, holds []*useCount, call 
 	defer s.mu.Unlock()
 	if s.closed {
 		releaseAll(holds)
-		return nil, fmt.Errorf("cuda: %s: stream: %w", op, ErrClosed)
+		return nil, fmt.Errorf("CUDA: %s: stream: %w", op, ErrClosed)
 	}
 	d := s.ctx.d
 	if err := s.ctx.enter(); err != nil {
@@ -440,10 +440,10 @@ func (s *Stream) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return fmt.Errorf("cuda: close stream: %w", ErrClosed)
+		return fmt.Errorf("CUDA: close stream: %w", ErrClosed)
 	}
 	if n := len(s.pending); n > 0 {
-		return fmt.Errorf("cuda: close stream: %w (%d transfers in flight)", ErrBusy, n)
+		return fmt.Errorf("CUDA: close stream: %w (%d transfers in flight)", ErrBusy, n)
 	}
 	s.closed = true
 	d := s.ctx.d

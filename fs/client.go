@@ -29,40 +29,40 @@ import (
 func (f *FS) FileOfFd(fd int) (*chunkstore.File, error) {
 	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
 	if err != nil {
-		return nil, fmt.Errorf("fs: client fd: %w", err)
+		return nil, fmt.Errorf("client fd: %w", err)
 	}
 	// An O_PATH fd is made without any permission check: it proves nothing.
 	if fl&unix.O_PATH != 0 {
-		return nil, fmt.Errorf("fs: client fd is an O_PATH descriptor; open the file for reading: %w", syscall.EBADF)
+		return nil, fmt.Errorf("client fd is an O_PATH descriptor; open the file for reading: %w", syscall.EBADF)
 	}
 	if fl&unix.O_ACCMODE == unix.O_WRONLY {
-		return nil, fmt.Errorf("fs: client fd is open for writing only; open the file for reading: %w", syscall.EBADF)
+		return nil, fmt.Errorf("client fd is open for writing only; open the file for reading: %w", syscall.EBADF)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("fs: client fd: %w", err)
+		return nil, fmt.Errorf("client fd: %w", err)
 	}
 	dev, err := f.mountDev()
 	if err != nil {
 		return nil, err
 	}
 	if st.Dev != dev {
-		return nil, fmt.Errorf("fs: client fd is not a file in this node's mount %s: %w", f.mountDir, syscall.EXDEV)
+		return nil, fmt.Errorf("client fd is not a file in this node's mount %s: %w", f.mountDir, syscall.EXDEV)
 	}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFREG:
 	case unix.S_IFDIR:
-		return nil, fmt.Errorf("fs: client fd is a directory: %w", syscall.EISDIR)
+		return nil, fmt.Errorf("client fd is a directory: %w", syscall.EISDIR)
 	default:
-		return nil, fmt.Errorf("fs: client fd is not a regular file: %w", syscall.EINVAL)
+		return nil, fmt.Errorf("client fd is not a regular file: %w", syscall.EINVAL)
 	}
 	n := f.fileNodeByIno(st.Ino)
 	if n == nil {
-		return nil, fmt.Errorf("fs: the file of the client fd (inode %d) is no longer in the mount: %w", st.Ino, syscall.ESTALE)
+		return nil, fmt.Errorf("the file of the client fd (inode %d) is no longer in the mount: %w", st.Ino, syscall.ESTALE)
 	}
 	sf, errno := n.committedFile()
 	if errno != 0 {
-		return nil, fmt.Errorf("fs: the file of the client fd is being written or was never committed: %w", errno)
+		return nil, fmt.Errorf("the file of the client fd is being written or was never committed: %w", errno)
 	}
 	return sf, nil
 }
@@ -72,11 +72,11 @@ func (f *FS) FileOfFd(fd int) (*chunkstore.File, error) {
 // the mount's root is answered from the kernel's attribute cache mostly.
 func (f *FS) mountDev() (uint64, error) {
 	if f.mountDir == "" {
-		return 0, fmt.Errorf("fs: not mounted: %w", syscall.ENODEV)
+		return 0, fmt.Errorf("not mounted: %w", syscall.ENODEV)
 	}
 	var st unix.Stat_t
 	if err := unix.Stat(f.mountDir, &st); err != nil {
-		return 0, fmt.Errorf("fs: mount %s: %w", f.mountDir, err)
+		return 0, fmt.Errorf("mount %s: %w", f.mountDir, err)
 	}
 	return st.Dev, nil
 }

@@ -61,7 +61,7 @@ func (c *committer) wait(t uint64) error {
 		if c.closed && len(c.queue) == 0 {
 			select {
 			case <-c.exited:
-				return errors.New("fs: committer stopped")
+				return errors.New("committer stopped")
 			default:
 			}
 		}
@@ -206,7 +206,7 @@ func (c *committer) commit(batch []*fileNode) {
 		st := n.st
 		switch {
 		case err != nil:
-			err = fmt.Errorf("fs: commit %s: %w", it.name, err)
+			err = fmt.Errorf("commit %s: %w", it.name, err)
 			f.log.Error("commit failed; the file keeps its last committed version", "name", it.name, "err", err)
 			if st == nil {
 				break

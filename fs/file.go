@@ -294,7 +294,7 @@ func (n *fileNode) ensureTmpLocked(st *fileState, priv bool) error {
 	}
 	if err := n.fsys.space.admit(tf, size, priv); err != nil {
 		tf.release()
-		return fmt.Errorf("fs: copy %s for writing: %w", n.name, err)
+		return fmt.Errorf("copy %s for writing: %w", n.name, err)
 	}
 	switch {
 	case st.committing != nil:
@@ -308,7 +308,7 @@ func (n *fileNode) ensureTmpLocked(st *fileState, priv bool) error {
 	n.fsys.space.done(tf, size)
 	if err != nil {
 		tf.release()
-		return fmt.Errorf("fs: copy version %s for writing: %w", n.id.Short(), err)
+		return fmt.Errorf("copy version %s for writing: %w", n.id.Short(), err)
 	}
 	n.newTmpLocked(st, tf)
 	return nil
@@ -341,7 +341,7 @@ func (n *fileNode) resizeLocked(st *fileState, size int64, priv bool) error {
 		return err
 	}
 	if err := st.tmp.f.Truncate(size); err != nil {
-		return fmt.Errorf("fs: truncate: %w", err)
+		return fmt.Errorf("truncate: %w", err)
 	}
 	n.fsys.space.done(st.tmp, 0)
 	n.mtime = time.Now().UnixNano()
@@ -568,6 +568,8 @@ func (n *fileNode) tryPassthrough(ctx context.Context) gofs.FileHandle {
 	}
 	st.ptOpen++
 	n.fsys.stats.ptOpens.Add(1)
+	n.fsys.stats.ptOpenBytes.Add(sf.Size())
+	n.fsys.stats.openFiles.Add(1)
 	return &ptHandle{n: n, fd: fd}
 }
 
@@ -583,6 +585,7 @@ func (n *fileNode) openLocked(write bool) *handle {
 	}
 	st.cachedOpen++
 	n.fsys.stats.daemonOpens.Add(1)
+	n.fsys.stats.openFiles.Add(1)
 	return h
 }
 
@@ -614,7 +617,12 @@ const PrefetchBytes = 8 << 20
 // or missing chunk fails once, as EIO, naming the file (docs/design/access.md).
 func (n *fileNode) readAt(ctx context.Context, p []byte, off int64, seq bool) (int, error) {
 	n.fsys.stats.reads.Add(1)
-	n.fsys.stats.readBytes.Add(int64(len(p)))
+	m, err := n.readSource(ctx, p, off, seq)
+	n.fsys.stats.readBytes.Add(int64(m))
+	return m, err
+}
+
+func (n *fileNode) readSource(ctx context.Context, p []byte, off int64, seq bool) (int, error) {
 	tf, sf, err := n.source()
 	if err != nil {
 		return 0, err
@@ -657,6 +665,7 @@ func (n *fileNode) release(h *handle) {
 		delete(st.whandles, h)
 	}
 	st.cachedOpen--
+	n.fsys.stats.openFiles.Add(-1)
 	last := st.writers == 0 && st.tmp != nil
 	settle := st.writers == 0 && (st.lost || st.inval)
 	closing := st.writers == 0 && n.clearClosingLocked(st)
@@ -779,7 +788,7 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 // failWriteLocked discards the working copy after a failed write and logs
 // it (one line per lost version). Callers hold mu.
 func (n *fileNode) failWriteLocked(st *fileState, op string, err error) {
-	err = fmt.Errorf("fs: %s %s: %w", op, n.name, err)
+	err = fmt.Errorf("%s %s: %w", op, n.name, err)
 	n.fsys.log.Error("write failed; the file keeps its last committed version", "name", n.name, "err", err)
 	n.discardLocked(st, err)
 }
@@ -899,6 +908,7 @@ func (h *ptHandle) Release(ctx context.Context) syscall.Errno {
 	h.once.Do(func() {
 		unix.Close(h.fd)
 		n := h.n
+		n.fsys.stats.openFiles.Add(-1)
 		n.mu.Lock()
 		n.st.ptOpen--
 		if n.st.cachedOpen == 0 && n.st.ptOpen == 0 {
@@ -925,7 +935,7 @@ type tempFile struct {
 func (f *FS) newTemp() (*tempFile, error) {
 	file, err := os.CreateTemp(f.opts.TempDir, "w-*")
 	if err != nil {
-		return nil, fmt.Errorf("fs: working copy: %w", err)
+		return nil, fmt.Errorf("working copy: %w", err)
 	}
 	os.Remove(file.Name())
 	t := &tempFile{f: file, sp: f.space}

@@ -17,7 +17,7 @@ import (
 func ClearStaleMount(dir string) (bool, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
-		return false, fmt.Errorf("fs: mount point %s: %w", dir, err)
+		return false, fmt.Errorf("mount point %s: %w", dir, err)
 	}
 	if !isMountPoint(abs) {
 		return false, nil
@@ -29,12 +29,12 @@ func ClearStaleMount(dir string) (bool, error) {
 	switch {
 	case errors.Is(err, unix.ENOTCONN), errors.Is(err, unix.ECONNABORTED):
 	case err == nil:
-		return false, fmt.Errorf("fs: %s is already a mount point (another node, or another file system); unmount it first", abs)
+		return false, fmt.Errorf("%s is already a mount point (another node, or another file system); unmount it first", abs)
 	default:
-		return false, fmt.Errorf("fs: mount point %s: %w", abs, err)
+		return false, fmt.Errorf("mount point %s: %w", abs, err)
 	}
 	if err := unix.Unmount(abs, unix.MNT_DETACH); err != nil {
-		return false, fmt.Errorf("fs: clear stale mount %s: %w", abs, err)
+		return false, fmt.Errorf("clear stale mount %s: %w", abs, err)
 	}
 	return true, nil
 }

@@ -127,7 +127,7 @@ type spaceState struct {
 func (s *space) stat() (spaceState, error) {
 	var st spaceState
 	if err := unix.Statfs(s.dir, &st.raw); err != nil {
-		return st, fmt.Errorf("fs: statfs %s: %w", s.dir, err)
+		return st, fmt.Errorf("statfs %s: %w", s.dir, err)
 	}
 	st.frsize = st.raw.Frsize
 	if st.frsize <= 0 {
@@ -152,7 +152,7 @@ func (s *space) usableLocked(st spaceState) (root, user int64) {
 }
 
 // errNoSpace is the refusal of a write the node cannot commit.
-var errNoSpace = fmt.Errorf("fs: not enough free space to commit the write (reserve and pending commits included): %w", syscall.ENOSPC)
+var errNoSpace = fmt.Errorf("not enough free space to commit the write (reserve and pending commits included): %w", syscall.ENOSPC)
 
 // admit makes room for t's working copy to grow by up to grow bytes now,
 // and for its commit to grow with it. The caller calls done(t, grow)

@@ -49,7 +49,7 @@ func (d *CUDADevice) VerifyAsync(s Stream, mem DeviceMem, msgs []VerifyMsg) (Ver
 	}
 	cs, ok := s.(*cudaStream)
 	if !ok {
-		return nil, fmt.Errorf("gpuio: stream %T is not a CUDA stream", s)
+		return nil, fmt.Errorf("stream %T is not a CUDA stream", s)
 	}
 	m, err := devOf(mem)
 	if err != nil {
@@ -76,11 +76,11 @@ var (
 func NewCUDADevice(ordinal int) (*CUDADevice, error) {
 	dev, err := cuda.GetDevice(ordinal)
 	if err != nil {
-		return nil, fmt.Errorf("gpuio: cuda:%d: %w", ordinal, err)
+		return nil, fmt.Errorf("cuda:%d: %w", ordinal, err)
 	}
 	ctx, err := dev.PrimaryContext()
 	if err != nil {
-		return nil, fmt.Errorf("gpuio: cuda:%d: %w", ordinal, err)
+		return nil, fmt.Errorf("cuda:%d: %w", ordinal, err)
 	}
 	d := &CUDADevice{dev: dev, ctx: ctx}
 	d.name, _ = dev.Name()
@@ -219,7 +219,7 @@ type cudaStream struct{ s *cuda.Stream }
 func devOf(m DeviceMem) (*cuda.DeviceMem, error) {
 	c, ok := m.(*cudaMem)
 	if !ok {
-		return nil, fmt.Errorf("gpuio: memory %T is not CUDA device memory", m)
+		return nil, fmt.Errorf("memory %T is not CUDA device memory", m)
 	}
 	return c.m, nil
 }
@@ -227,7 +227,7 @@ func devOf(m DeviceMem) (*cuda.DeviceMem, error) {
 func hostOf(p PinnedMem) (*cuda.HostMem, error) {
 	h, ok := p.(*cuda.HostMem)
 	if !ok {
-		return nil, fmt.Errorf("gpuio: memory %T is not CUDA pinned memory", p)
+		return nil, fmt.Errorf("memory %T is not CUDA pinned memory", p)
 	}
 	return h, nil
 }

@@ -78,7 +78,7 @@ func (m *hostMem) HostView() []byte { return m.b }
 
 func (m *hostMem) CopyToHost(dst []byte, off int64) error {
 	if off < 0 || off+int64(len(dst)) > int64(len(m.b)) {
-		return fmt.Errorf("hostdev: copy to host [%d,+%d) outside %d bytes", off, len(dst), len(m.b))
+		return fmt.Errorf("host device: copy to host [%d,+%d) outside %d bytes", off, len(dst), len(m.b))
 	}
 	copy(dst, m.b[off:])
 	return nil
@@ -88,10 +88,10 @@ func (m *hostMem) Free() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.freed {
-		return errors.New("hostdev: double free")
+		return errors.New("host device: double free")
 	}
 	if m.busy > 0 {
-		return fmt.Errorf("hostdev: free with %d transfers in flight", m.busy)
+		return fmt.Errorf("host device: free with %d transfers in flight", m.busy)
 	}
 	m.freed = true
 	m.d.track(-1)
@@ -102,7 +102,7 @@ func (m *hostMem) hold() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.freed {
-		return errors.New("hostdev: use after free")
+		return errors.New("host device: use after free")
 	}
 	m.busy++
 	return nil
@@ -117,7 +117,7 @@ func (m *hostMem) release() {
 // Alloc implements Device.
 func (d *HostDevice) Alloc(n int64) (DeviceMem, error) {
 	if n < 0 {
-		return nil, fmt.Errorf("hostdev: alloc %d bytes", n)
+		return nil, fmt.Errorf("host device: alloc %d bytes", n)
 	}
 	d.track(1)
 	return &hostMem{d: d, b: storeio.AlignedBuffer(int(n))[:n]}, nil
@@ -175,7 +175,7 @@ func (t *hostTransfer) Wait(ctx context.Context) error {
 func asHost(x any) (*hostMem, error) {
 	m, ok := x.(*hostMem)
 	if !ok {
-		return nil, fmt.Errorf("hostdev: memory %T is not from a HostDevice", x)
+		return nil, fmt.Errorf("host device: memory %T is not from a HostDevice", x)
 	}
 	return m, nil
 }
@@ -183,7 +183,7 @@ func asHost(x any) (*hostMem, error) {
 // enqueue checks ranges, holds both buffers and queues fn.
 func (s *hostStream) enqueue(dst, src *hostMem, dstEnd, srcEnd int64, fn func()) (Transfer, error) {
 	if dstEnd > int64(len(dst.b)) || srcEnd > int64(len(src.b)) {
-		return nil, fmt.Errorf("hostdev: copy out of range (dst end %d of %d, src end %d of %d)", dstEnd, len(dst.b), srcEnd, len(src.b))
+		return nil, fmt.Errorf("host device: copy out of range (dst end %d of %d, src end %d of %d)", dstEnd, len(dst.b), srcEnd, len(src.b))
 	}
 	if err := dst.hold(); err != nil {
 		return nil, err
@@ -212,7 +212,7 @@ func (s *hostStream) CopyHtoD(dst DeviceMem, dstOff int64, src PinnedMem, srcOff
 		return nil, err
 	}
 	if dstOff < 0 || srcOff < 0 || n < 0 {
-		return nil, fmt.Errorf("hostdev: negative copy range")
+		return nil, fmt.Errorf("host device: negative copy range")
 	}
 	return s.enqueue(d, p, dstOff+int64(n), int64(srcOff+n), func() { copy(d.b[dstOff:dstOff+int64(n)], p.b[srcOff:srcOff+n]) })
 }
@@ -239,7 +239,7 @@ func (s *hostStream) copy2D(dst DeviceMem, dstOff int64, dstPitch int, src any, 
 		return &hostTransfer{done: closedChan}, nil
 	}
 	if width > dstPitch || width > srcPitch || dstOff < 0 || srcOff < 0 {
-		return nil, fmt.Errorf("hostdev: bad 2D copy (width %d, pitches %d/%d)", width, dstPitch, srcPitch)
+		return nil, fmt.Errorf("host device: bad 2D copy (width %d, pitches %d/%d)", width, dstPitch, srcPitch)
 	}
 	dEnd := dstOff + int64((rows-1)*dstPitch+width)
 	sEnd := int64(srcOff + (rows-1)*srcPitch + width)
@@ -280,7 +280,7 @@ func (d *HostDevice) RegisterReadOnly(b []byte) (PinnedMem, error) {
 func (d *HostDevice) VerifyAsync(s Stream, mem DeviceMem, msgs []VerifyMsg) (VerifyWait, error) {
 	hs, ok := s.(*hostStream)
 	if !ok {
-		return nil, fmt.Errorf("hostdev: stream %T is not from a HostDevice", s)
+		return nil, fmt.Errorf("host device: stream %T is not from a HostDevice", s)
 	}
 	m, err := asHost(mem)
 	if err != nil {
@@ -288,7 +288,7 @@ func (d *HostDevice) VerifyAsync(s Stream, mem DeviceMem, msgs []VerifyMsg) (Ver
 	}
 	for _, g := range msgs {
 		if g.Off < 0 || g.Len < 0 || g.Off+g.Len > int64(len(m.b)) {
-			return nil, fmt.Errorf("hostdev: verify [%d,+%d) outside %d bytes", g.Off, g.Len, len(m.b))
+			return nil, fmt.Errorf("host device: verify [%d,+%d) outside %d bytes", g.Off, g.Len, len(m.b))
 		}
 	}
 	if err := m.hold(); err != nil {

@@ -15,16 +15,16 @@ func (l *Loader) ReadRange(ctx context.Context, f *chunkstore.File, off, n int64
 	// Compared by subtraction: the offsets may come from another process
 	// (the node's FILL), and off+n could overflow past the checks.
 	if off < 0 || n < 0 || off > f.Size() || n > f.Size()-off {
-		return res, fmt.Errorf("gpuio: range [%d, +%d) outside the file's %d bytes", off, n, f.Size())
+		return res, fmt.Errorf("range [%d, +%d) outside the file's %d bytes", off, n, f.Size())
 	}
 	if dstOff < 0 || dstOff > dst.Size() || n > dst.Size()-dstOff {
-		return res, fmt.Errorf("gpuio: range of %d bytes at %d does not fit device memory of %d bytes", n, dstOff, dst.Size())
+		return res, fmt.Errorf("range of %d bytes at %d does not fit device memory of %d bytes", n, dstOff, dst.Size())
 	}
 	// The plan's leases keep GC from deleting the packs while they are read
 	// (docs/design/access.md).
 	plan, err := f.Plan(off, n)
 	if err != nil {
-		return res, fmt.Errorf("gpuio: %w", err)
+		return res, err
 	}
 	defer plan.Release()
 	gs, err := planGroups(plan.Pieces, off, n, l.opts.BufferSize)
@@ -72,14 +72,14 @@ func (s *Share) Layout(t safetensors.Tensor) (ShareLayout, error) {
 		return ShareLayout{Shape: t.Shape, Bytes: t.Size(), Rows: 1, Pitch: t.Size(), Width: t.Size()}, nil
 	}
 	if s.Dim < 0 || s.Dim >= len(t.Shape) {
-		return ShareLayout{}, fmt.Errorf("gpuio: tensor %s of rank %d has no dimension %d to split", t.Name, len(t.Shape), s.Dim)
+		return ShareLayout{}, fmt.Errorf("tensor %s of rank %d has no dimension %d to split", t.Name, len(t.Shape), s.Dim)
 	}
 	if s.Rank < 0 || s.Rank >= s.Size {
-		return ShareLayout{}, fmt.Errorf("gpuio: rank %d outside tensor-parallel size %d", s.Rank, s.Size)
+		return ShareLayout{}, fmt.Errorf("rank %d outside tensor-parallel size %d", s.Rank, s.Size)
 	}
 	d := t.Shape[s.Dim]
 	if d%int64(s.Size) != 0 {
-		return ShareLayout{}, fmt.Errorf("gpuio: tensor %s dimension %d (%d) does not split into %d equal parts", t.Name, s.Dim, d, s.Size)
+		return ShareLayout{}, fmt.Errorf("tensor %s dimension %d (%d) does not split into %d equal parts", t.Name, s.Dim, d, s.Size)
 	}
 	outer, inner := int64(1), es
 	for _, x := range t.Shape[:s.Dim] {
@@ -118,21 +118,21 @@ func (l *Loader) LoadTensors(ctx context.Context, f *chunkstore.File, h *safeten
 	for _, tt := range targets {
 		t, ok := h.Tensor(tt.Name)
 		if !ok {
-			return res, fmt.Errorf("gpuio: no tensor %q in the file", tt.Name)
+			return res, fmt.Errorf("no tensor %q in the file", tt.Name)
 		}
 		sl, err := tt.Share.Layout(t)
 		if err != nil {
 			return res, err
 		}
 		if tt.Off < 0 || tt.Off+sl.Bytes > tt.Mem.Size() {
-			return res, fmt.Errorf("gpuio: tensor %s share of %d bytes at %d does not fit device memory of %d bytes", t.Name, sl.Bytes, tt.Off, tt.Mem.Size())
+			return res, fmt.Errorf("tensor %s share of %d bytes at %d does not fit device memory of %d bytes", t.Name, sl.Bytes, tt.Off, tt.Mem.Size())
 		}
 		ws = append(ws, want{t, tt, sl})
 	}
 	sort.Slice(ws, func(i, j int) bool { return ws[i].t.Begin < ws[j].t.Begin })
 	plan, err := f.Plan(0, f.Size())
 	if err != nil {
-		return res, fmt.Errorf("gpuio: %w", err)
+		return res, err
 	}
 	defer plan.Release()
 	layout := plan.Pieces

@@ -61,7 +61,7 @@ const (
 
 // ErrStrict reports that the path asked for is unavailable and Strict forbids
 // taking a slower one.
-var ErrStrict = errors.New("gpuio: the path asked for is not available (strict)")
+var ErrStrict = errors.New("the path asked for is not available (strict)")
 
 // ErrNotLocal reports that a chunk is not stored on this node: the store's
 // sentinel (chunkstore.ErrNotLocal), so errors.Is works with either.
@@ -91,12 +91,16 @@ type Options struct {
 	// Reader is the storage reader (default: a pread pool with one worker
 	// per buffer; pass the store's Reader() for io_uring).
 	Reader storeio.Reader
+	// Pinned, when set, is a node's locked pack ranges: the loader
+	// registers them with its device (New) and copies bytes inside them
+	// straight from there; Close unregisters them.
+	Pinned *PinnedHost
 }
 
 // Result reports one load.
 type Result struct {
 	Path     Path          `json:"path"`
-	IO       string        `json:"io"`                    // how storage was read: "O_DIRECT", "page cache", "page cache (mapped)", "cufile", "unified", joined with " + "
+	IO       string        `json:"io"`                    // how storage was read: "O_DIRECT", "page cache", "page cache (mapped)", "page cache (pinned)", "page cache (pinned, verified)" (chunks hashed when pinned, not again), "cufile", "unified", joined with " + "
 	Bytes    int64         `json:"bytes"`                 // bytes placed on the device
 	Read     int64         `json:"read_bytes"`            // bytes read from storage (whole chunks, alignment)
 	Duration time.Duration `json:"duration_ns"`           //
@@ -179,7 +183,7 @@ func New(st *chunkstore.Store, dev Device, opts Options) (*Loader, error) {
 		opts.IO = IOAuto
 	case IOAuto, IODirect, IOBuffered, IOMapped:
 	default:
-		return nil, fmt.Errorf("gpuio: unknown IO mode %q (want auto, direct, buffered or mapped)", opts.IO)
+		return nil, fmt.Errorf("unknown IO mode %q (want auto, direct, buffered or mapped)", opts.IO)
 	}
 	if opts.BufferSize <= 0 {
 		opts.BufferSize = 16<<20 + 2*storeio.BlockSize
@@ -210,14 +214,14 @@ func New(st *chunkstore.Store, dev Device, opts Options) (*Loader, error) {
 		p, err := dev.AllocPinned(opts.BufferSize)
 		if err != nil {
 			l.Close()
-			return nil, fmt.Errorf("gpuio: allocate %d pinned buffers of %d bytes: %w", opts.Buffers, opts.BufferSize, err)
+			return nil, fmt.Errorf("allocate %d pinned buffers of %d bytes: %w", opts.Buffers, opts.BufferSize, err)
 		}
 		l.all = append(l.all, p)
 		l.free <- p
 		s, err := dev.NewStream()
 		if err != nil {
 			l.Close()
-			return nil, fmt.Errorf("gpuio: stream: %w", err)
+			return nil, fmt.Errorf("stream: %w", err)
 		}
 		l.streams <- s
 	}
@@ -227,10 +231,13 @@ func New(st *chunkstore.Store, dev Device, opts Options) (*Loader, error) {
 			m, err := dev.Alloc(int64(opts.BufferSize))
 			if err != nil {
 				l.Close()
-				return nil, fmt.Errorf("gpuio: gds staging buffers: %w", err)
+				return nil, fmt.Errorf("gds staging buffers: %w", err)
 			}
 			l.stage <- m
 		}
+	}
+	if opts.Pinned != nil {
+		opts.Pinned.attach(l)
 	}
 	return l, nil
 }
@@ -282,7 +289,7 @@ func resolvePath(dev Device, dir string, want Path, strict bool) (Path, string, 
 	case PathBounce:
 		return PathBounce, "bounce asked", nil
 	}
-	return "", "", fmt.Errorf("gpuio: unknown path %q (want auto, gds, gds-compat, unified or bounce)", want)
+	return "", "", fmt.Errorf("unknown path %q (want auto, gds, gds-compat, unified or bounce)", want)
 }
 
 // Path returns the path this loader uses and why.
@@ -294,6 +301,9 @@ func (l *Loader) Device() Device { return l.dev }
 // Close frees the buffers and closes files. Loads must have finished.
 func (l *Loader) Close() error {
 	var errs []error
+	if l.opts.Pinned != nil {
+		errs = append(errs, l.opts.Pinned.detach(l))
+	}
 	for _, p := range l.all {
 		errs = append(errs, p.Free())
 	}
@@ -350,14 +360,14 @@ func (l *Loader) pack(id uint64) (*packFiles, error) {
 	pf := &packFiles{}
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("gpuio: %w", err)
+		return nil, err
 	}
 	pf.buffered = f
 	if l.opts.IO != IOBuffered {
 		d, err := storeio.OpenDirect(path)
 		if err != nil {
 			f.Close()
-			return nil, fmt.Errorf("gpuio: %w (use buffered IO on this filesystem)", err)
+			return nil, fmt.Errorf("%w (use buffered IO on this filesystem)", err)
 		}
 		pf.direct = d
 	}
@@ -429,11 +439,11 @@ func (l *Loader) resolveVerify() error {
 		l.verifyNote = "verified on the CPU (asked)"
 	case VerifyDevice:
 		if why != nil {
-			return fmt.Errorf("gpuio: verification on the device asked for: %w", why)
+			return fmt.Errorf("verification on the device asked for: %w", why)
 		}
 		l.verifier, l.verifyNote = dv, "verified on the device"
 	default:
-		return fmt.Errorf("gpuio: unknown verify place %q (want auto, cpu or device)", l.opts.VerifyOn)
+		return fmt.Errorf("unknown verify place %q (want auto, cpu or device)", l.opts.VerifyOn)
 	}
 	return nil
 }

@@ -19,6 +19,13 @@ type job struct {
 	// into, on the unified path, is the device memory (as the CPU sees it)
 	// that the group's chunks go to whole: they are read straight there.
 	into []byte
+	// shared, when set and true at the read, says others read the same
+	// bytes now (ReadOptions.Shared): an IOAuto read of bytes not in the
+	// page cache goes through it too.
+	shared func() bool
+	// verifyEveryLoad: hash the group's chunks even when they come from
+	// pinned pages verified when pinned (ReadOptions.VerifyEveryLoad).
+	verifyEveryLoad bool
 }
 
 // placer issues the copies of the wanted part of a group. src addresses the
@@ -148,6 +155,7 @@ func (l *Loader) run(ctx context.Context, jobs []job, res *Result) error {
 		mu           sync.Mutex
 		placed, read int64
 		kinds        [nIOKinds]int
+		atPin        int // groups verified when pinned, not hashed again
 	)
 	res.Path, res.Note, res.Verified = l.path, l.note, !l.opts.NoVerify
 	if res.Verified {
@@ -187,6 +195,9 @@ loop:
 			placed += p
 			read += j.g.readLen
 			kinds[kind]++
+			if kind == ioPinnedAtPin {
+				atPin++
+			}
 			mu.Unlock()
 		}()
 	}
@@ -199,6 +210,13 @@ loop:
 		}
 	}
 	res.IO = strings.Join(used, " + ")
+	switch {
+	case !res.Verified || atPin == 0:
+	case atPin == len(jobs):
+		res.VerifyOn = "pin"
+	default:
+		res.VerifyOn += " + pin"
+	}
 	if err := context.Cause(ctx); err != nil {
 		return err
 	}
@@ -209,15 +227,17 @@ loop:
 type ioKind int
 
 const (
-	ioBuffered ioKind = iota // page cache, copied into a pinned buffer
-	ioDirect                 // O_DIRECT into a pinned buffer
-	ioMapped                 // straight from the registered page cache
-	ioCuFile                 // cuFile into device staging memory
-	ioUnified                // straight into unified memory
+	ioBuffered    ioKind = iota // page cache, copied into a pinned buffer
+	ioDirect                    // O_DIRECT into a pinned buffer
+	ioMapped                    // straight from the registered page cache
+	ioCuFile                    // cuFile into device staging memory
+	ioUnified                   // straight into unified memory
+	ioPinned                    // straight from a node's pinned, registered pages
+	ioPinnedAtPin               // the same, chunks verified when pinned: not hashed again
 	nIOKinds
 )
 
-var ioKindNames = [nIOKinds]string{"page cache", "O_DIRECT", "page cache (mapped)", "cufile", "unified"}
+var ioKindNames = [nIOKinds]string{"page cache", "O_DIRECT", "page cache (mapped)", "cufile", "unified", "page cache (pinned)", "page cache (pinned, verified)"}
 
 // source is where a group's bytes are once read: host memory (a pinned
 // buffer, or the registered page cache) or device staging memory (cuFile).
@@ -228,6 +248,10 @@ type source struct {
 	onDev   bool      // bytes are in stage already (cuFile)
 	devOff  int64     // offset of the first data byte in stage
 	kind    ioKind
+	done    func() // called once the group's copies completed (pinned sources)
+	// verified: pinned pages whose chunks were hashed when pinned
+	// (PinnedRange.verified).
+	verified bool
 }
 
 // doJob reads, verifies and places one group. It returns only when every copy
@@ -240,9 +264,19 @@ func (l *Loader) doJob(ctx context.Context, j job, buf PinnedMem, s Stream, stag
 	if j.into != nil {
 		return l.readInto(ctx, g, j.into)
 	}
-	src, err := l.read(ctx, g, buf, stage)
+	src, err := l.read(ctx, j, buf, stage)
 	if err != nil {
 		return 0, src.kind, err
+	}
+	if src.done != nil {
+		defer src.done() // after the waits below
+	}
+	// Pinned pages whose chunks were hashed when pinned are placed as
+	// they are: straight from the locked pages to their destination, only
+	// the bytes wanted (a share's columns, not its rows' chunks).
+	atPin := src.kind == ioPinned && src.verified && !j.verifyEveryLoad && !l.opts.NoVerify
+	if atPin {
+		src.kind = ioPinnedAtPin
 	}
 	var ts []Transfer
 	var vw VerifyWait
@@ -250,6 +284,8 @@ func (l *Loader) doJob(ctx context.Context, j job, buf PinnedMem, s Stream, stag
 	var base int64
 	placed, err := func() (int64, error) {
 		switch {
+		case atPin:
+			c, base = hostCopier{s: s, buf: src.pinned}, g.fileOff-src.hostOff
 		case l.verifier != nil:
 			// Whole chunks to the device, hashed there, then placed with
 			// device-to-device copies.
@@ -311,7 +347,7 @@ func (l *Loader) doJob(ctx context.Context, j job, buf PinnedMem, s Stream, stag
 		}
 	}
 	if err = errors.Join(err, werr); err != nil {
-		return 0, src.kind, fmt.Errorf("gpuio: %w", err)
+		return 0, src.kind, err
 	}
 	return placed, src.kind, nil
 }
@@ -328,10 +364,16 @@ func verifyHost(g group, data []byte) error {
 }
 
 // read brings a group's bytes where the device can copy them from.
-func (l *Loader) read(ctx context.Context, g group, buf PinnedMem, stage DeviceMem) (source, error) {
+func (l *Loader) read(ctx context.Context, j job, buf PinnedMem, stage DeviceMem) (source, error) {
+	g := j.g
 	if l.path == PathGDS || l.path == PathGDSCompat {
 		src := source{onDev: true, devOff: g.dataOff - g.readOff, kind: ioCuFile}
 		return src, l.readGDS(g, stage)
+	}
+	if l.opts.Pinned != nil {
+		if src, ok := l.opts.Pinned.source(l, g); ok {
+			return src, nil
+		}
 	}
 	pf, err := l.pack(g.pack)
 	if err != nil {
@@ -340,24 +382,24 @@ func (l *Loader) read(ctx context.Context, g group, buf PinnedMem, stage DeviceM
 	if l.opts.IO == IOMapped {
 		reg, err := l.registered(pf)
 		if err != nil {
-			return source{kind: ioMapped}, fmt.Errorf("gpuio: mapped read of pack %016x: %w", g.pack, err)
+			return source{kind: ioMapped}, fmt.Errorf("mapped read of pack %016x: %w", g.pack, err)
 		}
 		if g.dataOff+g.dataLen > int64(len(pf.mapped)) {
-			return source{kind: ioMapped}, fmt.Errorf("gpuio: pack %016x is %d bytes, chunk data ends at %d: %w", g.pack, len(pf.mapped), g.dataOff+g.dataLen, chunkstore.ErrCorrupt)
+			return source{kind: ioMapped}, fmt.Errorf("pack %016x is %d bytes, chunk data ends at %d: %w", g.pack, len(pf.mapped), g.dataOff+g.dataLen, chunkstore.ErrCorrupt)
 		}
 		return source{host: pf.mapped, pinned: reg, hostOff: g.dataOff, kind: ioMapped}, nil
 	}
 	f, kind := pf.buffered, ioBuffered
-	if l.opts.IO == IODirect || (l.opts.IO == IOAuto && !pf.resident(g.readOff, g.readLen)) {
+	if l.opts.IO == IODirect || (l.opts.IO == IOAuto && !(j.shared != nil && j.shared()) && !pf.resident(g.readOff, g.readLen)) {
 		f, kind = pf.direct, ioDirect
 	}
 	src := source{host: buf.Bytes()[:g.readLen], pinned: buf, hostOff: g.dataOff - g.readOff, kind: kind}
 	req := &storeio.Request{Fd: int(f.Fd()), Off: g.readOff, Buf: src.host}
 	if err := l.io.Read(ctx, []*storeio.Request{req}); err != nil {
-		return src, fmt.Errorf("gpuio: read pack %016x at %d: %w", g.pack, g.readOff, err)
+		return src, fmt.Errorf("read pack %016x at %d: %w", g.pack, g.readOff, err)
 	}
 	if need := g.dataOff + g.dataLen - g.readOff; int64(req.N) < need {
-		return src, fmt.Errorf("gpuio: pack %016x holds %d of %d bytes at %d: %w", g.pack, req.N, need, g.readOff, chunkstore.ErrCorrupt)
+		return src, fmt.Errorf("pack %016x holds %d of %d bytes at %d: %w", g.pack, req.N, need, g.readOff, chunkstore.ErrCorrupt)
 	}
 	return src, nil
 }
@@ -372,12 +414,12 @@ func (l *Loader) readGDS(g group, stage DeviceMem) error {
 			return err
 		}
 		if pf.direct == nil {
-			return fmt.Errorf("gpuio: gds needs O_DIRECT pack files")
+			return fmt.Errorf("gds needs O_DIRECT pack files")
 		}
 		gd := l.dev.(GDSDevice)
 		gf, err = gd.OpenGDS(int(pf.direct.Fd()))
 		if err != nil {
-			return fmt.Errorf("gpuio: cuFile register pack %016x: %w", g.pack, err)
+			return fmt.Errorf("cuFile register pack %016x: %w", g.pack, err)
 		}
 		l.mu.Lock()
 		if old, ok := l.gds[g.pack]; ok {
@@ -390,10 +432,10 @@ func (l *Loader) readGDS(g group, stage DeviceMem) error {
 	}
 	n, err := gf.Read(stage, 0, g.readOff, int(g.readLen))
 	if err != nil {
-		return fmt.Errorf("gpuio: cuFile read pack %016x at %d: %w", g.pack, g.readOff, err)
+		return fmt.Errorf("cuFile read pack %016x at %d: %w", g.pack, g.readOff, err)
 	}
 	if int64(n) < g.dataOff+g.dataLen-g.readOff {
-		return fmt.Errorf("gpuio: cuFile read pack %016x at %d: short (%d bytes): %w", g.pack, g.readOff, n, chunkstore.ErrCorrupt)
+		return fmt.Errorf("cuFile read pack %016x at %d: short (%d bytes): %w", g.pack, g.readOff, n, chunkstore.ErrCorrupt)
 	}
 	return nil
 }
@@ -407,10 +449,10 @@ func (l *Loader) readInto(ctx context.Context, g group, into []byte) (int64, ioK
 	}
 	req := &storeio.Request{Fd: int(pf.buffered.Fd()), Off: g.dataOff, Buf: into[:g.dataLen]}
 	if err := l.io.Read(ctx, []*storeio.Request{req}); err != nil {
-		return 0, ioUnified, fmt.Errorf("gpuio: read pack %016x at %d: %w", g.pack, g.dataOff, err)
+		return 0, ioUnified, fmt.Errorf("read pack %016x at %d: %w", g.pack, g.dataOff, err)
 	}
 	if int64(req.N) < g.dataLen {
-		return 0, ioUnified, fmt.Errorf("gpuio: pack %016x holds %d of %d bytes at %d: %w", g.pack, req.N, g.dataLen, g.dataOff, chunkstore.ErrCorrupt)
+		return 0, ioUnified, fmt.Errorf("pack %016x holds %d of %d bytes at %d: %w", g.pack, req.N, g.dataLen, g.dataOff, chunkstore.ErrCorrupt)
 	}
 	if !l.opts.NoVerify {
 		for _, ch := range g.chunks {
@@ -418,7 +460,7 @@ func (l *Loader) readInto(ctx context.Context, g group, into []byte) (int64, ioK
 			if chunkstore.Sum(into[o:o+ch.Len]) != ch.ID {
 				// Never leave unverified bytes where the device reads.
 				clear(into[:g.dataLen])
-				return 0, ioUnified, fmt.Errorf("gpuio: %w", &chunkstore.CorruptError{Chunk: ch.ID, Pack: g.pack, PackOff: ch.PackOff, Reason: "hash mismatch"})
+				return 0, ioUnified, fmt.Errorf("%w", &chunkstore.CorruptError{Chunk: ch.ID, Pack: g.pack, PackOff: ch.PackOff, Reason: "hash mismatch"})
 			}
 		}
 	}

@@ -31,10 +31,10 @@ func planGroups(layout []chunkstore.Piece, off, n int64, bufSize int) ([]group, 
 			continue
 		}
 		if c.Pack == 0 {
-			return nil, fmt.Errorf("gpuio: chunk %s at file offset %d: %w", c.ID.Short(), c.FileOff, ErrNotLocal)
+			return nil, fmt.Errorf("chunk %s at file offset %d: %w", c.ID.Short(), c.FileOff, ErrNotLocal)
 		}
 		if c.Len+2*storeio.BlockSize > int64(bufSize) {
-			return nil, fmt.Errorf("gpuio: chunk %s of %d bytes does not fit a %d-byte buffer (raise BufferSize)", c.ID.Short(), c.Len, bufSize)
+			return nil, fmt.Errorf("chunk %s of %d bytes does not fit a %d-byte buffer (raise BufferSize)", c.ID.Short(), c.Len, bufSize)
 		}
 		if k := len(gs) - 1; k >= 0 {
 			g := &gs[k]

@@ -25,6 +25,11 @@ def drop():
         f.write("3\n")
 
 
+def pin(cmd):
+    import subprocess
+    subprocess.run(cmd, check=True)
+
+
 def rank_main(mode, rank, n, files, barrier, q, check_src):
     import torch
     import kylix.torch as kt
@@ -84,6 +89,7 @@ def main():
     ap.add_argument("--mount-files", nargs="+", required=True)
     ap.add_argument("--source-files", nargs="+", required=True)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--pinned", nargs="+", help="after the warm runs, run this command (kylix pin PATH) and measure again")
     a = ap.parse_args()
     import torch
     n = torch.cuda.device_count()
@@ -94,7 +100,17 @@ def main():
     r = run("kylix", n, a.mount_files, check_src=a.source_files)
     print("check:", json.dumps(r), flush=True)
     ok &= r["equal"]
-    for state in ("cold", "warm"):
+    states = ["cold", "warm"] + (["pinned"] if a.pinned else [])
+    for state in states:
+        if state != "cold":
+            # Cold loads read with O_DIRECT and leave nothing in the page
+            # cache: read the files once, untimed, so "warm" is warm.
+            for f in a.mount_files:
+                with open(f, "rb") as fh:
+                    while fh.read(64 << 20):
+                        pass
+        if state == "pinned":
+            pin(a.pinned)
         for i in range(a.reps):
             for mode, ranks, files in (("kylix", n, a.mount_files), ("st", n, a.mount_files), ("kylix", 1, a.mount_files)):
                 if state == "cold":
@@ -106,7 +122,7 @@ def main():
     print("\n| what | ranks | state | median s | runs |\n|---|---|---|---|---|")
     for (mode, ranks, state), v in rows.items():
         print(f"| {mode} | {ranks} | {state} | {statistics.median(v):.3f} | {', '.join(f'{x:.3f}' for x in v)} |")
-    for state in ("cold", "warm"):
+    for state in states:
         kn, st1 = statistics.median(rows[("kylix", n, state)]), statistics.median(rows[("st", n, state)])
         k1 = statistics.median(rows[("kylix", 1, state)])
         print(f"{state}: {n} ranks kylix {kn:.3f} s = {k1 / kn:.2f}x faster than one GPU whole ({k1:.3f} s; "

@@ -17,7 +17,11 @@ node=$!
 for _ in $(seq 1 300); do [ -f "$work/mnt/m/config.json" ] && break; sleep 0.1; done
 [ -f "$work/mnt/m/config.json" ] || { cat "$work/serve.log"; exit 1; }
 cat "$work"/mnt/m/*.safetensors > /dev/null   # the packs' first-open check, before timing
-python3 scripts/gpu-tp.py --reps "${REPS:-3}" --mount-files "$work"/mnt/m/*.safetensors --source-files "$work"/src/base/*.safetensors
+pinned=()
+# With pins built (kylix pin), the model is measured pinned as well.
+$k pin --help >/dev/null 2>&1 && pinned=(--pinned "$k" pin m)
+python3 scripts/gpu-tp.py --reps "${REPS:-3}" --mount-files "$work"/mnt/m/*.safetensors --source-files "$work"/src/base/*.safetensors "${pinned[@]}"
 rc=$?
-$k node | grep -E "clients|gpu" || true
+$k node | grep -E "clients|gpu|filled" || true
+grep -E "CUDA context" "$work/serve.log" | cut -c1-160 || true
 exit $rc

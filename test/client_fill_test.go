@@ -3,6 +3,7 @@ package test
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kylix/kylix/clientproto"
+	"github.com/stretchr/testify/require"
 )
 
 // startStubGPUNode starts a node whose CUDA driver is the stub of package
@@ -128,8 +130,37 @@ func TestClientFillStubGPU(t *testing.T) {
 		}
 	}
 
+	// Strided ranges (a share split along a later dimension): rows packed
+	// densely, mixed with a plain range, several batches' worth of rows.
+	sa := newShmAlloc(t, 8<<20)
+	srs := []clientproto.Range{
+		{FileOffset: 1000, Length: 300, DstOffset: 0, Rows: 7000, Pitch: 1000},               // 2.1 MB in rows of 300
+		{FileOffset: 12 << 20, Length: 1 << 20, DstOffset: 3 << 20},                          // plain
+		{FileOffset: 3 << 20, Length: 64 << 10, DstOffset: 5 << 20, Rows: 8, Pitch: 1 << 20}, // rows longer than a page
+	}
+	r = c.req(clientproto.OpFill, clientproto.FillRequest{IPCHandle: sa.handle, Flags: clientproto.FillStrided, Ranges: srs}.Append(nil), int(f.Fd()))
+	if r.status != 0 {
+		t.Fatalf("strided FILL: %d %s", r.status, r.msg)
+	}
+	fr, err = clientproto.ParseFillReply(r.fields)
+	if err != nil || fr.Bytes != 7000*300+1<<20+8*64<<10 {
+		t.Fatalf("strided FILL reply %+v (%v): bytes placed must be the share's, not the rows' span", fr, err)
+	}
+	got = sa.bytes(t)
+	for _, x := range srs {
+		for row := uint64(0); row < max(1, x.Rows); row++ {
+			d, o := x.DstOffset+row*x.Length, x.FileOffset+row*x.Pitch
+			if !bytes.Equal(got[d:d+x.Length], want[o:o+x.Length]) {
+				t.Fatalf("strided range %+v row %d: wrong bytes", x, row)
+			}
+		}
+	}
+
 	// Refusals: nothing is written.
 	z := newShmAlloc(t, 1<<20)
+	strided := func(rs ...clientproto.Range) []byte {
+		return clientproto.FillRequest{IPCHandle: z.handle, Flags: clientproto.FillStrided, Ranges: rs}.Append(nil)
+	}
 	for _, tc := range []struct {
 		name string
 		body []byte
@@ -140,6 +171,11 @@ func TestClientFillStubGPU(t *testing.T) {
 		{"one range of many past the allocation", fillReq(z, 0, 0, 0, clientproto.Range{Length: 10}, clientproto.Range{Length: 4096, DstOffset: 1<<20 - 1}), syscall.EFAULT},
 		{"past the file", fillReq(z, 0, uint64(len(want))-10, 4096), syscall.EINVAL},
 		{"file offset near 2^64", fillReq(z, 0, ^uint64(0)-10, 4096), syscall.EINVAL},
+		{"strided rows past the file", strided(clientproto.Range{FileOffset: 0, Length: 10, Rows: 3, Pitch: uint64(len(want)) / 2}), syscall.EINVAL},
+		{"strided rows that overlap", strided(clientproto.Range{Length: 10, Rows: 2, Pitch: 5}), syscall.EINVAL},
+		{"strided rows overflowing", strided(clientproto.Range{Length: 1, Rows: 1 << 63, Pitch: 1 << 62}), syscall.EINVAL},
+		{"strided rows past the allocation", strided(clientproto.Range{Length: 1000, Rows: 1100, Pitch: 1000}), syscall.EFAULT},
+		{"strided size overflowing", strided(clientproto.Range{Length: 1 << 20, Rows: 1 << 44, Pitch: 0}), syscall.EINVAL},
 		{"garbage handle", clientproto.FillRequest{Length: 10}.Append(nil), syscall.EINVAL},
 		{"no such device", clientproto.FillRequest{Device: 7, IPCHandle: z.handle, Length: 10}.Append(nil), syscall.ENODEV},
 	} {
@@ -153,9 +189,28 @@ func TestClientFillStubGPU(t *testing.T) {
 	}
 
 	out := mustKylix(t, t.TempDir(), "node", "--data", data)
-	if !strings.Contains(out, "cuda:0: CUDA context held") || !strings.Contains(out, "2 GPU fills") {
+	if !strings.Contains(out, "cuda:0: CUDA context held") || !strings.Contains(out, "3 GPU fills") {
 		t.Errorf("kylix node during fills:\n%s", out)
 	}
+	// Per process: what it was given, and what was read for it.
+	if !strings.Contains(out, fmt.Sprintf("filled:   pid %d (uid %d) on cuda:0: 3 fills", os.Getpid(), os.Getuid())) {
+		t.Errorf("kylix node lists no fills for this process:\n%s", out)
+	}
+	var ns struct {
+		Clients struct {
+			ByProcess []struct {
+				PID       int   `json:"pid"`
+				Bytes     int64 `json:"bytes"`
+				ReadBytes int64 `json:"read_bytes"`
+			} `json:"by_process"`
+		} `json:"clients"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(mustKylix(t, t.TempDir(), "node", "--json", "--data", data)), &ns))
+	require.Len(t, ns.Clients.ByProcess, 1)
+	placed := int64(len(want)) + 3<<20 + 1<<20 + 100 + 7000*300 + 1<<20 + 8*64<<10
+	require.Equal(t, os.Getpid(), ns.Clients.ByProcess[0].PID)
+	require.Equal(t, placed, ns.Clients.ByProcess[0].Bytes)
+	require.GreaterOrEqual(t, ns.Clients.ByProcess[0].ReadBytes, placed, "whole chunks are read for what is placed")
 	waitFor(t, 20*time.Second, "the context given back after --gpu-idle", func() bool {
 		return strings.Contains(mustKylix(t, t.TempDir(), "node", "--data", data), "no CUDA context held")
 	})

@@ -51,7 +51,7 @@ func TestServeAdminSocket(t *testing.T) {
 		t.Errorf("export: %d bytes, %v", len(b), err)
 	}
 	// Errors and exit codes come back.
-	if _, errs, code := kylix(t, work, "stat", "--data", data, "no/such"); code != 1 || !strings.Contains(errs, "not found") {
+	if _, errs, code := kylix(t, work, "stat", "--data", data, "no/such"); code != 1 || !strings.Contains(errs, "kylix: no/such: no such file or directory in the store (kylix ls no to list)") {
 		t.Errorf("stat of a missing path: exit %d, %q", code, errs)
 	}
 	mustKylix(t, work, "rm", "--data", data, "models/m/a.txt")

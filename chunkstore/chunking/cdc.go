@@ -49,7 +49,7 @@ type CDC struct {
 // needs 64 <= min < avg < max <= 1 GiB.
 func NewCDC(min, avg, max int) (*CDC, error) {
 	if min < 64 || min >= avg || avg >= max || max > 1<<30 {
-		return nil, fmt.Errorf("chunking: CDC sizes min %d avg %d max %d: need 64 <= min < avg < max <= 1 GiB", min, avg, max)
+		return nil, fmt.Errorf("CDC sizes min %d avg %d max %d: need 64 <= min < avg < max <= 1 GiB", min, avg, max)
 	}
 	b := bits.Len(uint(avg)) - 1 // floor(log2(avg))
 	if avg-(1<<b) > (1<<(b+1))-avg {
@@ -155,7 +155,7 @@ func (c *CDC) Split(r io.Reader, fn func(s Span, chunk []byte) error) error {
 				if errors.Is(err, io.EOF) {
 					eof = true
 				} else if err != nil {
-					return fmt.Errorf("chunking: read at %d: %w", off+int64(end-start), err)
+					return fmt.Errorf("read at %d: %w", off+int64(end-start), err)
 				}
 			}
 		}
@@ -185,7 +185,7 @@ func (c *CDC) SpansReaderAt(r io.ReaderAt, size int64) ([]Span, error) {
 		return nil, err
 	}
 	if n := len(spans); (n == 0 && size != 0) || (n > 0 && spans[n-1].End() != size) {
-		return nil, fmt.Errorf("chunking: %w: reader ended before %d bytes", io.ErrUnexpectedEOF, size)
+		return nil, fmt.Errorf("%w: reader ended before %d bytes", io.ErrUnexpectedEOF, size)
 	}
 	return spans, nil
 }

@@ -116,7 +116,7 @@ func (f Format) String() string {
 // ErrBadSafetensors reports a file named *.safetensors whose header does not
 // parse. Detect's error wraps both it and the parser's error
 // (safetensors.ErrMalformed, or the read error).
-var ErrBadSafetensors = errors.New("chunking: file named .safetensors is not valid safetensors")
+var ErrBadSafetensors = errors.New("file named .safetensors is not valid safetensors")
 
 // Detect decides how the file name, of size bytes readable through r, is
 // chunked. A name ending in ".safetensors" (any case) is parsed: if it parses,

@@ -20,9 +20,9 @@ func OpenDirect(path string) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_DIRECT, 0)
 	if err != nil {
 		if errors.Is(err, unix.EINVAL) {
-			return nil, fmt.Errorf("storeio: %w: %w", ErrNoDirect, err)
+			return nil, fmt.Errorf("%w: %w", ErrNoDirect, err)
 		}
-		return nil, fmt.Errorf("storeio: %w", err)
+		return nil, err
 	}
 	return f, nil
 }
@@ -40,14 +40,14 @@ var memoryFS = map[int64]string{
 func ProbeDirect(dir string) error {
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
-		return fmt.Errorf("storeio: statfs %s: %w", dir, err)
+		return fmt.Errorf("statfs %s: %w", dir, err)
 	}
 	if name, ok := memoryFS[int64(st.Type)]; ok {
-		return fmt.Errorf("storeio: %s is on %s, which accepts O_DIRECT but serves it from memory: %w", dir, name, ErrNoDirect)
+		return fmt.Errorf("%s is on %s, which accepts O_DIRECT but serves it from memory: %w", dir, name, ErrNoDirect)
 	}
 	f, err := os.CreateTemp(dir, ".kylix-direct-probe-*")
 	if err != nil {
-		return fmt.Errorf("storeio: probe O_DIRECT: %w", err)
+		return fmt.Errorf("probe O_DIRECT: %w", err)
 	}
 	name := f.Name()
 	defer os.Remove(name)
@@ -58,7 +58,7 @@ func ProbeDirect(dir string) error {
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("storeio: probe O_DIRECT: %w", err)
+		return fmt.Errorf("probe O_DIRECT: %w", err)
 	}
 	d, err := OpenDirect(name)
 	if err != nil {
@@ -69,12 +69,12 @@ func ProbeDirect(dir string) error {
 	n, err := unix.Pread(int(d.Fd()), buf, BlockSize)
 	if err != nil {
 		if errors.Is(err, unix.EINVAL) {
-			return fmt.Errorf("storeio: aligned O_DIRECT read in %s: %w: %w", dir, ErrNoDirect, err)
+			return fmt.Errorf("aligned O_DIRECT read in %s: %w: %w", dir, ErrNoDirect, err)
 		}
-		return fmt.Errorf("storeio: aligned O_DIRECT read in %s: %w", dir, err)
+		return fmt.Errorf("aligned O_DIRECT read in %s: %w", dir, err)
 	}
 	if n != BlockSize || !bytes.Equal(buf, want[BlockSize:]) {
-		return fmt.Errorf("storeio: O_DIRECT read in %s returned %d bytes, not what was written", dir, n)
+		return fmt.Errorf("O_DIRECT read in %s returned %d bytes, not what was written", dir, n)
 	}
 	return nil
 }

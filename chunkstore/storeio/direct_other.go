@@ -9,10 +9,10 @@ import (
 
 // OpenDirect fails with ErrNoDirect: O_DIRECT is Linux only here.
 func OpenDirect(path string) (*os.File, error) {
-	return nil, fmt.Errorf("storeio: open %s: O_DIRECT is Linux only: %w", path, ErrNoDirect)
+	return nil, fmt.Errorf("open %s: O_DIRECT is Linux only: %w", path, ErrNoDirect)
 }
 
 // ProbeDirect fails with ErrNoDirect: O_DIRECT is Linux only here.
 func ProbeDirect(dir string) error {
-	return fmt.Errorf("storeio: %s: O_DIRECT is Linux only: %w", dir, ErrNoDirect)
+	return fmt.Errorf("%s: O_DIRECT is Linux only: %w", dir, ErrNoDirect)
 }

@@ -34,15 +34,15 @@ const DefaultDepth = 64
 var (
 	// ErrUnavailable reports that an implementation cannot run on this system
 	// (for example io_uring disabled by the kernel or a seccomp policy).
-	ErrUnavailable = errors.New("storeio: not available on this system")
+	ErrUnavailable = errors.New("not available on this system")
 
 	// ErrNoDirect reports that a filesystem refuses O_DIRECT, or accepts the
 	// flag without doing direct I/O (tmpfs).
-	ErrNoDirect = errors.New("storeio: filesystem does not do O_DIRECT")
+	ErrNoDirect = errors.New("filesystem does not do O_DIRECT")
 
 	// ErrClosed reports a Read on a closed Reader, or requests that did not run
 	// because the Reader was closed while they waited.
-	ErrClosed = errors.New("storeio: reader closed")
+	ErrClosed = errors.New("storage reader closed")
 )
 
 // Request is one positional read. Fd is any readable file descriptor; when it was
@@ -115,7 +115,7 @@ func New(prefer string, depth int) (Reader, error) {
 		p.fallback = err
 		return p, nil
 	default:
-		return nil, fmt.Errorf("storeio: unknown reader %q (want %q, %q or %q)", prefer, Auto, NameUring, NamePread)
+		return nil, fmt.Errorf("unknown reader %q (want %q, %q or %q)", prefer, Auto, NameUring, NamePread)
 	}
 }
 
@@ -144,7 +144,7 @@ func preadWorkers(depth int) int {
 func resetRequests(reqs []*Request) error {
 	for i, r := range reqs {
 		if r == nil {
-			return fmt.Errorf("storeio: request %d is nil: %w", i, syscall.EINVAL)
+			return fmt.Errorf("request %d is nil: %w", i, syscall.EINVAL)
 		}
 		r.N, r.Err = 0, nil
 	}
@@ -166,10 +166,10 @@ func needsIO(name string, r *Request) bool {
 // partial read, how far it got.
 func readError(name string, r *Request, done int, err error) error {
 	if done > 0 {
-		return fmt.Errorf("storeio: %s read fd %d off %d len %d (failed after %d bytes): %w",
+		return fmt.Errorf("%s read fd %d off %d len %d (failed after %d bytes): %w",
 			name, r.Fd, r.Off, len(r.Buf), done, err)
 	}
-	return fmt.Errorf("storeio: %s read fd %d off %d len %d: %w", name, r.Fd, r.Off, len(r.Buf), err)
+	return fmt.Errorf("%s read fd %d off %d len %d: %w", name, r.Fd, r.Off, len(r.Buf), err)
 }
 
 // firstError returns the Err of the first failed request.

@@ -140,7 +140,7 @@ func Probe() error {
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("storeio: io_uring NOP did not complete (%w): %w", err, ErrUnavailable)
+		return fmt.Errorf("io_uring NOP did not complete (%w): %w", err, ErrUnavailable)
 	}
 	return nil
 }
@@ -158,7 +158,7 @@ func setupRing(entries uint32) (*ring, error) {
 		if err != nil {
 			why = fmt.Sprintf("io_uring probe: %v (Linux before 5.6?)", err)
 		}
-		return nil, fmt.Errorf("storeio: io_uring: %s: %w", why, ErrUnavailable)
+		return nil, fmt.Errorf("io_uring: %s: %w", why, ErrUnavailable)
 	}
 	return rg, nil
 }
@@ -168,7 +168,7 @@ func setupRing(entries uint32) (*ring, error) {
 func unavailable(op string, err error) error {
 	switch {
 	case errors.Is(err, syscall.ENOSYS):
-		return fmt.Errorf("storeio: %s: %w (kernel without io_uring): %w", op, err, ErrUnavailable)
+		return fmt.Errorf("%s: %w (kernel without io_uring): %w", op, err, ErrUnavailable)
 	case errors.Is(err, syscall.EPERM), errors.Is(err, syscall.EACCES):
 		hint := "seccomp or container policy?"
 		if b, rerr := os.ReadFile("/proc/sys/kernel/io_uring_disabled"); rerr == nil {
@@ -176,11 +176,11 @@ func unavailable(op string, err error) error {
 				hint = "kernel.io_uring_disabled=" + v
 			}
 		}
-		return fmt.Errorf("storeio: %s: %w (%s): %w", op, err, hint, ErrUnavailable)
+		return fmt.Errorf("%s: %w (%s): %w", op, err, hint, ErrUnavailable)
 	case errors.Is(err, syscall.ENOMEM):
-		return fmt.Errorf("storeio: %s: %w (RLIMIT_MEMLOCK too low on kernels before 5.12?): %w", op, err, ErrUnavailable)
+		return fmt.Errorf("%s: %w (RLIMIT_MEMLOCK too low on kernels before 5.12?): %w", op, err, ErrUnavailable)
 	}
-	return fmt.Errorf("storeio: %s: %w", op, err)
+	return fmt.Errorf("%s: %w", op, err)
 }
 
 func (u *uringReader) Name() string { return NameUring }
@@ -310,7 +310,7 @@ func (u *uringReader) flushLocked(want int) (int, error) {
 			time.Sleep(10 * time.Microsecond)
 			continue
 		}
-		err = fmt.Errorf("storeio: io_uring_enter: %w", err)
+		err = fmt.Errorf("io_uring_enter: %w", err)
 		u.broken.CompareAndSwap(nil, &err)
 		return got, err
 	}

@@ -18,4 +18,4 @@ const MaxDepth = 4096
 func NewUring(opts UringOptions) (Reader, error) { return nil, Probe() }
 
 // Probe reports why io_uring cannot run: it is Linux only.
-func Probe() error { return fmt.Errorf("storeio: io_uring is Linux only: %w", ErrUnavailable) }
+func Probe() error { return fmt.Errorf("io_uring is Linux only: %w", ErrUnavailable) }

@@ -148,8 +148,8 @@ func lockedByNode(dataDir string) bool {
 	if err != nil || pid == "" {
 		return false
 	}
-	args := strings.Split(string(cmd), "\x00")
-	return len(args) > 1 && args[1] == "serve"
+	args := strings.Split(strings.TrimRight(string(cmd), "\x00"), "\x00")
+	return len(args) > 1 && commandName(args[1:]) == "serve"
 }
 
 // adminServer serves the admin socket of a node.
@@ -295,7 +295,7 @@ func (a *adminServer) handle(conn *net.UnixConn) {
 	if err == nil && (len(req.Args) == 0 || !filepath.IsAbs(req.Cwd)) {
 		err = errors.New("empty command line or relative working directory")
 	}
-	if err == nil && req.Args[0] == "serve" {
+	if err == nil && commandName(req.Args) == "serve" {
 		err = fmt.Errorf("a node already serves %s", a.s.Dir())
 	}
 	if err != nil {

@@ -61,6 +61,10 @@ type clientStats struct {
 	Fills     int64     `json:"fills"`
 	FillBytes int64     `json:"fill_bytes"`
 	GPU       []gpuHeld `json:"gpu,omitempty"`
+	// ByProcess is the fills of the latest client processes (at most
+	// maxFillProcs), oldest first: the ranks of a tensor-parallel job
+	// each show the bytes they were given and the bytes read for them.
+	ByProcess []procFills `json:"by_process,omitempty"`
 }
 
 type clientServer struct {
@@ -79,6 +83,10 @@ type clientServer struct {
 	closeOnce sync.Once
 
 	connected, accepted, requests, refused, packFds, fills, fillBytes atomic.Int64
+	packFdBytes                                                       atomic.Int64
+	fillPaths                                                         labeledCounts // GPU fills by I/O path (metrics.go)
+	fillFailures                                                      labeledCounts // failed GPU fills by the chunk failure met (metrics.go)
+	procs                                                             fillProcs
 }
 
 // listenClient makes the client socket at path: its directory is made
@@ -194,6 +202,7 @@ func (c *clientServer) stats() *clientStats {
 	if c.fill != nil {
 		st.GPU = c.fill.held()
 	}
+	st.ByProcess = c.procs.list()
 	return st
 }
 
@@ -376,5 +385,6 @@ func (c *clientServer) opPacks(sf *chunkstore.File) reply {
 	e := clientproto.PackEntry{PackIndex: 0, Flags: clientproto.PackWholeFile | clientproto.PackChecked,
 		Generation: layout.Generation(st.Dev, st.Ino, st.Size, st.Mtim.Nano(), st.Ctim.Nano()), Size: uint64(st.Size)}
 	c.packFds.Add(1)
+	c.packFdBytes.Add(st.Size)
 	return reply{fields: clientproto.AppendPacks(nil, []clientproto.PackEntry{e}), fds: []*os.File{pf}}
 }

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -57,6 +58,9 @@ type fillService struct {
 	mu     sync.Mutex
 	devs   map[int]*fillDev
 	closed bool
+	// reading counts FILLs in flight per file (manifest id) and device,
+	// to tell when the ranks of one job read the same file at once.
+	reading map[chunkstore.ID]map[int]int
 }
 
 type fillDev struct {
@@ -74,7 +78,7 @@ func newFillService(s *chunkstore.Store, idle time.Duration, log *slog.Logger) *
 	if idle <= 0 {
 		idle = defaultGPUIdle
 	}
-	return &fillService{s: s, log: log, idle: idle, devs: map[int]*fillDev{}}
+	return &fillService{s: s, log: log, idle: idle, devs: map[int]*fillDev{}, reading: map[chunkstore.ID]map[int]int{}}
 }
 
 // acquire returns device ord's loader, making it on first use, and marks a
@@ -110,7 +114,7 @@ func (fs *fillService) acquire(ord int) (*fillDev, error) {
 		return nil, fmt.Errorf("cuda:%d: %v: %w", ord, err, syscall.ENODEV)
 	}
 	free0, _, _ := dev.MemInfo()
-	l, err := gpuio.New(fs.s, dev, gpuio.Options{})
+	l, err := gpuio.New(fs.s, dev, gpuio.Options{Pinned: runningNode.pins.hostOrNil()}) // pinned packs registered (pin.go)
 	if err != nil {
 		dev.Close()
 		return nil, fmt.Errorf("cuda:%d: %w", ord, err)
@@ -131,6 +135,38 @@ func (fs *fillService) release(d *fillDev) {
 	if d.active == 0 && !fs.closed {
 		d.timer = time.AfterFunc(fs.idle, func() { fs.expire(d) })
 	}
+}
+
+// startReading records a FILL of file id on device dev; the returned func
+// ends it.
+func (fs *fillService) startReading(id chunkstore.ID, dev int) func() {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	m := fs.reading[id]
+	if m == nil {
+		m = map[int]int{}
+		fs.reading[id] = m
+	}
+	m[dev]++
+	return func() {
+		fs.mu.Lock()
+		defer fs.mu.Unlock()
+		if m[dev]--; m[dev] == 0 {
+			delete(m, dev)
+		}
+		if len(m) == 0 {
+			delete(fs.reading, id)
+		}
+	}
+}
+
+// sharedRead reports whether file id is being filled on more than one
+// device now: then reads go through the page cache, so the disk is read
+// once for all of them (gpuio.ReadOptions.Shared).
+func (fs *fillService) sharedRead(id chunkstore.ID) bool {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return len(fs.reading[id]) > 1
 }
 
 // expire gives d's loader and context back if it is still idle.
@@ -197,6 +233,15 @@ func (c *clientServer) opFill(sf *chunkstore.File, body []byte, p peer) reply {
 		if r.FileOffset > size || r.Length > size-r.FileOffset {
 			return refuse(fmt.Errorf("range %d [%d, +%d) is outside the file's %d bytes: %w", i, r.FileOffset, r.Length, size, syscall.EINVAL))
 		}
+		// Strided: by division, so that no product can wrap past the check.
+		if rows := max(1, r.Rows); rows > 1 {
+			if r.Pitch < r.Length || r.Pitch == 0 {
+				return refuse(fmt.Errorf("range %d: %d rows of %d bytes with a pitch of %d overlap: %w", i, rows, r.Length, r.Pitch, syscall.EINVAL))
+			}
+			if rows-1 > (size-r.FileOffset-r.Length)/r.Pitch {
+				return refuse(fmt.Errorf("range %d: %d rows of %d bytes, %d apart, from %d pass the file's end (%d bytes): %w", i, rows, r.Length, r.Pitch, r.FileOffset, size, syscall.EINVAL))
+			}
+		}
 	}
 	if c.fill == nil {
 		return refuse(fmt.Errorf("this node serves no GPU fill: %w", syscall.ENODEV))
@@ -213,18 +258,22 @@ func (c *clientServer) opFill(sf *chunkstore.File, body []byte, p peer) reply {
 	defer dst.Free()
 	alloc := uint64(dst.Size())
 	for i, r := range ranges {
-		if r.DstOffset > alloc || r.Length > alloc-r.DstOffset {
-			return refuse(fmt.Errorf("range %d: %d bytes at offset %d do not fit the allocation's %d bytes: %w", i, r.Length, r.DstOffset, alloc, syscall.EFAULT))
+		if rows := max(1, r.Rows); r.DstOffset > alloc || (r.Length > 0 && rows > (alloc-r.DstOffset)/r.Length) {
+			return refuse(fmt.Errorf("range %d: %d x %d bytes at offset %d do not fit the allocation's %d bytes: %w", i, rows, r.Length, r.DstOffset, alloc, syscall.EFAULT))
 		}
 	}
 	start := time.Now()
-	res, err := c.fillSlices(d, sf, dst, ranges, uint64(p.pid))
+	defer c.fill.startReading(sf.ID, d.ord)()
+	res, err := c.fillSlices(d, sf, dst, ranges, uint64(p.pid), req.Flags&clientproto.FillVerify != 0)
 	if err != nil {
+		c.fillFailures.add(chunkstore.FailureKind(err), 0)
 		return refuse(fmt.Errorf("fill: %w", errnoOr(err, syscall.EIO)))
 	}
 	d.fills.Add(1)
+	c.procs.add(p, d.ord, res)
 	c.fills.Add(1)
 	c.fillBytes.Add(res.Bytes)
+	c.fillPaths.add(string(res.Path), res.Bytes)
 	verified := "no"
 	if res.Verified {
 		verified = res.VerifyOn
@@ -246,10 +295,14 @@ func errnoOr(err error, def syscall.Errno) error {
 	return fmt.Errorf("%w: %w", err, def)
 }
 
-// fillSlices cuts the ranges into slices of at most fillSlice bytes and
-// runs each under one of the device's fair slots, all slices of the
-// request at once (the slots bound them).
-func (c *clientServer) fillSlices(d *fillDev, sf *chunkstore.File, dst gpuio.DeviceMem, ranges []clientproto.Range, client uint64) (gpuio.Result, error) {
+// fillSlices cuts the ranges into batches of about fillSlice bytes (a
+// large range is split; small ranges, like a tensor-parallel share's one
+// per tensor, are packed together) and runs each batch as one pipeline
+// run (gpuio.ReadRanges) under one of the device's fair slots, all batches
+// of the request at once (the slots bound them). Packing matters: with one
+// run per small range, only as many of the loader's buffers were busy as
+// there were slots (docs/bench.md, issue 11).
+func (c *clientServer) fillSlices(d *fillDev, sf *chunkstore.File, dst gpuio.DeviceMem, ranges []clientproto.Range, client uint64, verifyEach bool) (gpuio.Result, error) {
 	ctx, cancel := context.WithCancel(c.ctx)
 	defer cancel()
 	var (
@@ -259,41 +312,86 @@ func (c *clientServer) fillSlices(d *fillDev, sf *chunkstore.File, dst gpuio.Dev
 		wg    sync.WaitGroup
 	)
 	total.Verified = true
-	for _, r := range ranges {
-		for o := uint64(0); o < r.Length; o += fillSlice {
-			n := min(uint64(fillSlice), r.Length-o)
-			off, dstOff := int64(r.FileOffset+o), int64(r.DstOffset+o)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				d.sched.acquire(client)
-				defer d.sched.release()
-				if ctx.Err() != nil {
-					return
+	for _, batch := range fillBatches(ranges, fillSlice) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d.sched.acquire(client)
+			defer d.sched.release()
+			if ctx.Err() != nil {
+				return
+			}
+			o := gpuio.ReadOptions{Shared: func() bool { return c.fill.sharedRead(sf.ID) }, VerifyEveryLoad: verifyEach}
+			res, err := d.loader.ReadRangesWith(ctx, sf, batch, dst, o)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				if first == nil {
+					first = err
+					cancel()
 				}
-				res, err := d.loader.ReadRange(ctx, sf, off, int64(n), dst, dstOff)
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil {
-					if first == nil {
-						first = err
-						cancel()
-					}
-					return
-				}
-				total.Bytes += res.Bytes
-				total.Path, total.VerifyOn = res.Path, res.VerifyOn
-				total.Verified = total.Verified && res.Verified
-				if total.IO == "" {
-					total.IO = res.IO
-				} else if res.IO != total.IO && res.IO != "" {
-					total.IO = mergeIO(total.IO, res.IO)
-				}
-			}()
-		}
+				return
+			}
+			total.Bytes += res.Bytes
+			total.Read += res.Read
+			total.Path, total.VerifyOn = res.Path, res.VerifyOn
+			total.Verified = total.Verified && res.Verified
+			if total.IO == "" {
+				total.IO = res.IO
+			} else if res.IO != total.IO && res.IO != "" {
+				total.IO = mergeIO(total.IO, res.IO)
+			}
+		}()
 	}
 	wg.Wait()
 	return total, first
+}
+
+// fillBatches splits ranges into batches of at most limit bytes each: ranges
+// longer than max are cut (a strided one by whole rows, so a batch may pass
+// limit by less than one row), shorter ones packed in order.
+func fillBatches(ranges []clientproto.Range, limit uint64) [][]gpuio.Range {
+	var (
+		out   [][]gpuio.Range
+		cur   []gpuio.Range
+		bytes uint64
+	)
+	flush := func() {
+		if len(cur) > 0 {
+			out, cur, bytes = append(out, cur), nil, 0
+		}
+	}
+	for _, r := range ranges {
+		if r.Rows <= 1 {
+			for o := uint64(0); o < r.Length; {
+				n := min(limit-bytes, r.Length-o)
+				cur = append(cur, gpuio.Range{Off: int64(r.FileOffset + o), N: int64(n), DstOff: int64(r.DstOffset + o)})
+				bytes += n
+				o += n
+				if bytes == limit {
+					flush()
+				}
+			}
+			continue
+		}
+		if r.Length == 0 {
+			continue
+		}
+		for i := uint64(0); i < r.Rows; {
+			if limit-bytes < r.Length {
+				flush()
+			}
+			k := max(1, min(r.Rows-i, (limit-bytes)/r.Length))
+			cur = append(cur, gpuio.Range{Off: int64(r.FileOffset + i*r.Pitch), N: int64(r.Length), DstOff: int64(r.DstOffset + i*r.Length), Rows: int64(k), Pitch: int64(r.Pitch)})
+			bytes += k * r.Length
+			i += k
+			if bytes >= limit {
+				flush()
+			}
+		}
+	}
+	flush()
+	return out
 }
 
 func mergeIO(a, b string) string {
@@ -369,4 +467,57 @@ func (s *fairSched) release() {
 		delete(s.queues, c)
 	}
 	close(ch)
+}
+
+// maxFillProcs bounds the client processes whose fills kylix node lists.
+const maxFillProcs = 16
+
+// procFills is one client process's GPU fills.
+type procFills struct {
+	PID     int32  `json:"pid"`
+	UID     uint32 `json:"uid"`
+	Devices []int  `json:"devices"`
+	Fills   int64  `json:"fills"`
+	// Bytes were placed in the process's memory; ReadBytes were read
+	// from the packs for them (whole chunks: a share's rows need their
+	// chunks whole, for verification).
+	Bytes     int64 `json:"bytes"`
+	ReadBytes int64 `json:"read_bytes"`
+}
+
+// fillProcs keeps the latest maxFillProcs client processes' fills.
+type fillProcs struct {
+	mu    sync.Mutex
+	procs []procFills // oldest first
+}
+
+func (f *fillProcs) add(p peer, dev int, res gpuio.Result) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	i := slices.IndexFunc(f.procs, func(x procFills) bool { return x.PID == p.pid && x.UID == p.uid })
+	if i < 0 {
+		if len(f.procs) == maxFillProcs {
+			f.procs = f.procs[1:]
+		}
+		f.procs = append(f.procs, procFills{PID: p.pid, UID: p.uid})
+		i = len(f.procs) - 1
+	}
+	x := &f.procs[i]
+	if !slices.Contains(x.Devices, dev) {
+		x.Devices = append(x.Devices, dev)
+	}
+	x.Fills++
+	x.Bytes += res.Bytes
+	x.ReadBytes += res.Read
+}
+
+func (f *fillProcs) list() []procFills {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]procFills, len(f.procs))
+	for i, x := range f.procs {
+		x.Devices = slices.Clone(x.Devices)
+		out[i] = x
+	}
+	return out
 }

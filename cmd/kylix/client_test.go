@@ -4,6 +4,9 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+
+	"github.com/kylix/kylix/clientproto"
+	"github.com/kylix/kylix/gpuio"
 )
 
 // TestFairSchedRoundRobin: with one slot, a client that queued many slices
@@ -75,5 +78,65 @@ func TestMergeIO(t *testing.T) {
 		if got := mergeIO(c[0], c[1]); got != c[2] {
 			t.Errorf("mergeIO(%q, %q) = %q, want %q", c[0], c[1], got, c[2])
 		}
+	}
+}
+
+// TestFillBatches: a FILL's ranges become batches of at most max bytes,
+// small ranges packed together and large ones cut, every byte once, in order.
+func TestFillBatches(t *testing.T) {
+	ranges := []clientproto.Range{
+		{FileOffset: 0, Length: 10, DstOffset: 1000},
+		{FileOffset: 10, Length: 3, DstOffset: 1016},
+		{FileOffset: 100, Length: 25, DstOffset: 0},
+		{FileOffset: 5, Length: 0, DstOffset: 7},
+		{FileOffset: 200, Length: 4, DstOffset: 500},
+		{FileOffset: 300, Length: 3, DstOffset: 600, Rows: 5, Pitch: 10}, // strided: 15 bytes
+		{FileOffset: 400, Length: 9, DstOffset: 700, Rows: 2, Pitch: 9},  // rows longer than a batch
+	}
+	bs := fillBatches(ranges, 8)
+	var flat []gpuio.Range
+	for i, b := range bs {
+		var n int64
+		for _, r := range b {
+			n += r.Bytes()
+			flat = append(flat, r)
+		}
+		// Full batches, except before a strided row that does not fit,
+		// and a lone row longer than a batch.
+		if (n > 8 && len(b) > 1) || n == 0 {
+			t.Fatalf("batch %d holds %d bytes: %+v", i, n, b)
+		}
+	}
+	// Every byte of every range maps to the same destination as before.
+	want := map[int64]int64{}
+	for _, r := range ranges {
+		for row := uint64(0); row < max(1, r.Rows); row++ {
+			for k := uint64(0); k < r.Length; k++ {
+				want[int64(r.FileOffset+row*r.Pitch+k)] = int64(r.DstOffset + row*r.Length + k)
+			}
+		}
+	}
+	got := map[int64]int64{}
+	for _, r := range flat {
+		for row := int64(0); row < max(1, r.Rows); row++ {
+			for k := int64(0); k < r.N; k++ {
+				fo := r.Off + row*r.Pitch + k
+				if _, dup := got[fo]; dup {
+					t.Fatalf("file byte %d placed twice", fo)
+				}
+				got[fo] = r.DstOff + row*r.N + k
+			}
+		}
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d bytes placed, want %d", len(got), len(want))
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Fatalf("file byte %d goes to %d, want %d", k, got[k], v)
+		}
+	}
+	if len(bs) < 8 { // 75 bytes in batches of 8 or one row
+		t.Fatalf("%d batches: %+v", len(bs), bs)
 	}
 }

@@ -168,6 +168,8 @@ func doctor(data string) doctorReport {
 	// pack; no Kylix code sees them).
 	name, ok, detail := passthroughGuarantee(existingDir(filepath.Join(data, "packs")))
 	add(name, ok, "%s", detail)
+	name, ok, detail = pinDoctor() // pin.go
+	add(name, ok, "%s", detail)
 	// The path kylix load would take.
 	r.Path, r.PathNote = "none", "no GPU"
 	if gpuOK {

@@ -7,12 +7,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
 	"golang.org/x/term"
 
 	"github.com/kylix/kylix/chunkstore"
@@ -38,6 +40,9 @@ type env struct {
 	// forwarding it to a running node.
 	ctx  context.Context
 	args []string
+	// onFlags, if set, is told of each flag set newFlags makes (shell
+	// completion learns the commands' flags this way).
+	onFlags func(*flags)
 }
 
 func newEnv(stdin io.Reader, stdout, stderr *os.File) *env {
@@ -72,23 +77,31 @@ func (e *env) defaultDataDir() string {
 	return filepath.Join(home, ".local", "share", "kylix")
 }
 
-// flags is a FlagSet with the flags every store command shares.
+// flags is a command's flag set (pflag: GNU-style --long and -x flags,
+// anywhere among the arguments), with the flags every store command shares.
+// Its methods are pflag's, which take the same arguments as the standard
+// flag package's (Var also takes a plain flag.Value).
 type flags struct {
-	*flag.FlagSet
-	e       *env
-	data    string
-	jsonOut bool
+	*pflag.FlagSet
+	e        *env
+	data     string
+	jsonOut  bool
+	help     bool
+	synopsis string
 }
 
 // newFlags makes a command's flag set. usage is the argument synopsis,
 // long the help text after it.
 func newFlags(e *env, name, synopsis, long string) *flags {
-	f := &flags{FlagSet: flag.NewFlagSet(name, flag.ContinueOnError), e: e}
+	f := &flags{FlagSet: pflag.NewFlagSet(name, pflag.ContinueOnError), e: e, synopsis: synopsis}
 	f.SetOutput(e.stderr)
 	f.StringVar(&f.data, "data", e.defaultDataDir(), "data directory (env KYLIX_DATA)")
 	f.Usage = func() {
-		fmt.Fprintf(f.Output(), "Usage: kylix %s %s\n\n%s\n\nFlags:\n", name, synopsis, strings.TrimSpace(long))
-		f.PrintDefaults()
+		fmt.Fprintf(f.Output(), "Usage: kylix %s %s\n\n%s\n\nFlags:\n%s\n", name, synopsis, strings.TrimSpace(long), flagUsages(f.FlagSet))
+		fmt.Fprintf(f.Output(), "Global flags (--data, --json) may also come before %q. Exit status: 0 ok, 1 failure, 2 usage error (kylix --help).\n", name)
+	}
+	if e.onFlags != nil {
+		e.onFlags(f)
 	}
 	return f
 }
@@ -98,28 +111,141 @@ func (f *flags) withJSON() *flags {
 	return f
 }
 
-// parse parses args, mapping -h to errHelp (printing help on stdout) and
-// other mistakes to errUsage. nargs bounds the positional arguments.
+// Var defines a flag with a value of the caller's: a pflag.Value, or a
+// standard flag.Value (a one-letter name is then also its -x form).
+func (f *flags) Var(v flag.Value, name, usage string) {
+	if pv, ok := v.(pflag.Value); ok {
+		f.FlagSet.Var(pv, name, usage)
+		return
+	}
+	f.AddGoFlag(&flag.Flag{Name: name, Usage: usage, Value: v, DefValue: v.String()})
+}
+
+// prepare finishes the flag set before parsing: a flag defined with a
+// one-letter name (f.Bool("r", ...)) is given as -r, and -h/--help is listed.
+func (f *flags) prepare() {
+	var short []*pflag.Flag
+	f.VisitAll(func(fl *pflag.Flag) {
+		if len(fl.Name) == 1 && fl.Shorthand == "" {
+			short = append(short, fl)
+		}
+	})
+	if len(short) > 0 {
+		ns := pflag.NewFlagSet(f.Name(), pflag.ContinueOnError)
+		ns.Usage, ns.SortFlags = f.Usage, f.SortFlags
+		ns.SetOutput(f.Output())
+		f.VisitAll(func(fl *pflag.Flag) {
+			if len(fl.Name) != 1 || fl.Shorthand != "" {
+				ns.AddFlag(fl)
+			}
+		})
+		for _, fl := range short {
+			if ns.ShorthandLookup(fl.Name) == nil {
+				fl.Shorthand = fl.Name
+			}
+			ns.AddFlag(fl)
+		}
+		f.FlagSet = ns
+	}
+	if f.Lookup("help") == nil {
+		if f.ShorthandLookup("h") == nil {
+			f.BoolVarP(&f.help, "help", "h", false, "show this help")
+		} else {
+			f.BoolVar(&f.help, "help", false, "show this help")
+		}
+	}
+}
+
+// parse parses args, mapping --help to errHelp (printing help on stdout) and
+// other mistakes to errUsage (printing the mistake and the usage on stderr).
+// Flags may come anywhere among the arguments; "--" ends them. minArgs and
+// maxArgs (-1: no limit) bound the positional arguments.
 func (f *flags) parse(args []string, minArgs, maxArgs int) error {
+	f.prepare()
 	f.SetOutput(io.Discard)
 	err := f.Parse(args)
 	f.SetOutput(f.e.stderr)
-	if errors.Is(err, flag.ErrHelp) {
+	if errors.Is(err, pflag.ErrHelp) || err == nil && f.help {
 		f.SetOutput(f.e.stdout)
 		f.Usage()
+		f.SetOutput(f.e.stderr)
 		return errHelp
 	}
 	if err != nil {
-		fmt.Fprintf(f.e.stderr, "kylix %s: %v\n", f.Name(), err)
+		fmt.Fprintf(f.e.stderr, "kylix %s: %v%s\n\n", f.Name(), err, f.dashHint(args))
 		f.Usage()
 		return errUsage
 	}
 	if n := f.NArg(); n < minArgs || (maxArgs >= 0 && n > maxArgs) {
-		fmt.Fprintf(f.e.stderr, "kylix %s: wrong number of arguments (%d)\n", f.Name(), n)
+		want := fmt.Sprintf("%d", minArgs)
+		switch {
+		case maxArgs < 0:
+			want = fmt.Sprintf("at least %d", minArgs)
+		case maxArgs != minArgs:
+			want = fmt.Sprintf("%d to %d", minArgs, maxArgs)
+		}
+		fmt.Fprintf(f.e.stderr, "kylix %s: wrong number of arguments: got %d, want %s (%s)\n\n", f.Name(), n, want, f.synopsis)
 		f.Usage()
 		return errUsage
 	}
 	return nil
+}
+
+// flagUsages lists the flags of fs as pflag does, without pflag's
+// "[=true|false]" after every boolean flag.
+func flagUsages(fs *pflag.FlagSet) string {
+	var left, right []string
+	width := 0
+	fs.VisitAll(func(fl *pflag.Flag) {
+		if fl.Hidden {
+			return
+		}
+		l := "      --" + fl.Name
+		if fl.Shorthand != "" && fl.ShorthandDeprecated == "" {
+			l = "  -" + fl.Shorthand + ", --" + fl.Name
+		}
+		varname, usage := pflag.UnquoteUsage(fl)
+		isBool := fl.Value.Type() == "bool" || fl.Value.Type() == "boolfunc"
+		if varname != "" && !isBool {
+			l += " " + varname
+		}
+		if fl.NoOptDefVal != "" && !isBool {
+			l += "[=" + fl.NoOptDefVal + "]"
+		}
+		switch fl.DefValue {
+		case "", "0", "false", "[]", "0s", "<nil>":
+		default:
+			if fl.Value.Type() == "string" {
+				usage += fmt.Sprintf(" (default %q)", fl.DefValue)
+			} else {
+				usage += fmt.Sprintf(" (default %s)", fl.DefValue)
+			}
+		}
+		width = max(width, len(l))
+		left, right = append(left, l), append(right, usage)
+	})
+	var b strings.Builder
+	for i := range left {
+		fmt.Fprintf(&b, "%-*s   %s\n", width, left[i], strings.ReplaceAll(right[i], "\n", "\n"+strings.Repeat(" ", width+3)))
+	}
+	return b.String()
+}
+
+// dashHint explains a long flag given with one dash (-data, as the
+// standard flag package allowed): pflag reads it as -d -a -t -a.
+func (f *flags) dashHint(args []string) string {
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		if len(a) > 2 && a[0] == '-' && a[1] != '-' {
+			name, _, _ := strings.Cut(a[1:], "=")
+			if f.Lookup(name) != nil {
+				return fmt.Sprintf(" (long flags take two dashes: --%s)", a[1:])
+			}
+		}
+	}
+	return ""
 }
 
 // open opens the store in --data. Inside a node it returns the node's open
@@ -147,10 +273,14 @@ func (f *flags) open() (*chunkstore.Store, error) {
 }
 
 func (f *flags) openLocal() (*chunkstore.Store, error) {
-	return chunkstore.Open(chunkstore.Options{
+	s, err := chunkstore.Open(chunkstore.Options{
 		Dir:    f.data,
 		Logger: slog.New(slog.NewTextHandler(f.e.stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
+	if errors.Is(err, fs.ErrPermission) {
+		err = fmt.Errorf("%w (run as the data directory's owner, or choose another with --data DIR or KYLIX_DATA)", err)
+	}
+	return s, err
 }
 
 func (f *flags) printJSON(v any) error {

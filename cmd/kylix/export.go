@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 
 	"github.com/kylix/kylix/chunkstore"
@@ -38,6 +40,9 @@ setgid bits are dropped, each one named in a note.`)
 	p.finish()
 	for _, msg := range notes {
 		fmt.Fprintf(e.stderr, "kylix export: note: %s\n", msg)
+	}
+	if errors.Is(err, fs.ErrExist) && !*force {
+		return fmt.Errorf("%w (kylix export --force replaces existing files)", err)
 	}
 	if err != nil {
 		return err

@@ -25,13 +25,16 @@ type lsEntry struct {
 	MTime  time.Time `json:"mtime"`
 	ID     string    `json:"id,omitempty"`
 	Target string    `json:"target,omitempty"`
+	// Pinned and ResidentBytes: see kylix stat (pin.go).
+	Pinned        bool   `json:"pinned"`
+	ResidentBytes *int64 `json:"resident_bytes,omitempty"`
 }
 
 func runLs(ctx context.Context, e *env, args []string) error {
 	f := newFlags(e, "ls", "[--data DIR] [--json] [-R] [PATH]", `
 Lists the namespace directory PATH (default: the root), or shows PATH itself
 if it is a file.`).withJSON()
-	rec := f.Bool("R", false, "list subdirectories recursively")
+	rec := f.BoolP("recursive", "R", false, "list subdirectories recursively")
 	if err := f.parse(args, 0, 1); err != nil {
 		return err
 	}
@@ -46,6 +49,8 @@ if it is a file.`).withJSON()
 		return err
 	}
 	var out []lsEntry
+	clean, _ := chunkstore.CleanPath(path)
+	pins := newPinView(s)
 	add := func(name string, c chunkstore.Entry) {
 		le := lsEntry{Name: name, Kind: c.Kind.String(), Mode: modeString(c), Size: c.Size, MTime: time.Unix(0, c.MTime).UTC(), Target: c.Target}
 		if c.UID != chunkstore.OwnerUnknown {
@@ -57,13 +62,23 @@ if it is a file.`).withJSON()
 		if c.Kind != chunkstore.KindSymlink {
 			le.ID = c.ID.String()
 		}
+		full := name // -R and a file: the path; else a name in the directory
+		if ent.Kind == chunkstore.KindDir && !*rec && clean != "" {
+			full = clean + "/" + name
+		}
+		le.Pinned, _ = pins.info(full, c)
+		if c.Kind == chunkstore.KindFile {
+			if file, err := s.OpenFile(c.ID); err == nil {
+				r := fileResident(file)
+				le.ResidentBytes = &r
+			}
+		}
 		out = append(out, le)
 	}
 	switch {
 	case ent.Kind != chunkstore.KindDir:
 		add(path, ent)
 	case *rec:
-		clean, _ := chunkstore.CleanPath(path)
 		err = s.Walk(path, func(p string, c chunkstore.Entry) error {
 			if p != clean {
 				add(p, c)
@@ -94,9 +109,26 @@ if it is a file.`).withJSON()
 		} else if le.Target != "" {
 			name += " -> " + le.Target
 		}
-		fmt.Fprintf(tw, "%s\t %s\t %s\t%s\t %s\t %s\n", le.Mode, idString(le.UID), idString(le.GID), human(le.Size), le.MTime.Local().Format("2006-01-02 15:04"), name)
+		fmt.Fprintf(tw, "%s\t %s\t %s\t%s\t %s\t%s\t %s\n", le.Mode, idString(le.UID), idString(le.GID), human(le.Size), le.MTime.Local().Format("2006-01-02 15:04"), residentColumn(le), name)
 	}
 	return tw.Flush()
+}
+
+// residentColumn is ls's memory column: the share of a file in the page
+// cache, and "pinned" when a pin of the node holds it.
+func residentColumn(le lsEntry) string {
+	col := ""
+	if le.ResidentBytes != nil {
+		pct := 100.0
+		if le.Size > 0 {
+			pct = 100 * float64(*le.ResidentBytes) / float64(le.Size)
+		}
+		col = fmt.Sprintf(" %.0f%%", pct)
+	}
+	if le.Pinned {
+		col += " pinned"
+	}
+	return col
 }
 
 func idString(id *uint32) string {

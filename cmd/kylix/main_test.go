@@ -269,9 +269,9 @@ func TestBadInput(t *testing.T) {
 		{[]string{"import", src, "../outside"}, 1, "invalid namespace path"},
 		{[]string{"import", src, "/"}, 1, "inside the namespace"},
 		{[]string{"import", src}, 2, "wrong number of arguments"},
-		{[]string{"import", "--nope", src, "m"}, 2, "flag provided but not defined"},
-		{[]string{"export", "missing/path", t.TempDir()}, 1, "not found"},
-		{[]string{"stat", "nothing"}, 1, "not found"},
+		{[]string{"import", "--nope", src, "m"}, 2, "unknown flag: --nope"},
+		{[]string{"export", "missing/path", t.TempDir()}, 1, "missing/path: no such file or directory in the store (kylix ls missing to list)"},
+		{[]string{"stat", "nothing"}, 1, "nothing: no such file or directory in the store (kylix ls to list)"},
 		{[]string{"demo-model", "--size", "lots", t.TempDir()}, 1, "not a size"},
 		{[]string{"frobnicate"}, 2, "unknown command"},
 	}

@@ -15,7 +15,7 @@ func runRm(ctx context.Context, e *env, args []string) error {
 	f := newFlags(e, "rm", "[--data DIR] [-r] PATH", `
 Removes PATH from the namespace. A directory needs -r unless it is empty. The
 chunks stay until 'kylix gc' finds nothing else uses them.`)
-	rec := f.Bool("r", false, "remove a directory and everything under it")
+	rec := f.BoolP("recursive", "r", false, "remove a directory and everything under it")
 	if err := f.parse(args, 1, 1); err != nil {
 		return err
 	}

@@ -44,14 +44,16 @@ func (e *env) defaultMountDir() string {
 
 // runningNode is the node this process serves, for in-node commands.
 var runningNode struct {
-	fsys   *kfs.FS
-	mount  string
-	start  time.Time
-	client *clientServer
+	fsys    *kfs.FS
+	mount   string
+	start   time.Time
+	client  *clientServer
+	metrics *nodeMetrics
+	pins    *nodePins
 }
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--client-socket PATH|none] [--gpu-idle D] [--reserve SIZE|PERCENT] [--no-passthrough] [--scrub-rate BYTES] [--debug] [--stop-timeout D]", `
+	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--client-socket PATH|none] [--gpu-idle D] [--reserve SIZE|PERCENT] [--no-passthrough] [--scrub-rate BYTES] [--pin-budget SIZE|PERCENT] [--metrics ADDR] [--debug] [--stop-timeout D]", `
 Runs a node: opens the store, mounts its namespace at the mount point, and
 serves the admin socket DATA/kylix.sock. While the node runs, the other
 commands (import, export, ls, stat, df, verify, gc, rm) given the same data
@@ -78,6 +80,10 @@ fds of the file's verified whole-file pack, or reads the file into the
 process's GPU memory (CUDA IPC); the GPU context is given back after
 --gpu-idle without such a fill (docs/design/client.md).
 
+Paths pinned with kylix pin stay locked in memory, within --pin-budget
+(default 50% of physical memory), registered with the node's GPU loaders, and
+are pinned again when the node restarts (docs/design/pin.md).
+
 Default mount point: `+strings.ReplaceAll(defaultMountDoc, "\n", " ")+`.
 Stop the node with Ctrl-C or SIGTERM: it commits open writes and unmounts.
 If that takes longer than --stop-timeout (a commit or a request that does not
@@ -96,6 +102,8 @@ inside the mount point.`)
 	gpuIdle := f.Duration("gpu-idle", defaultGPUIdle, "give a GPU's CUDA context back after this long without a client's GPU fill")
 	reserveFlag := f.String("reserve", fmt.Sprintf("%d%%", kfs.DefaultReservePercent),
 		"free space kept from writers through the mount whose uid is not 0: a size (2GiB) or a share of the data file system (5%)")
+	pinBudget := pinBudgetFlag(f)
+	metricsAddr := metricsFlag(f)
 	if err := f.parse(args, 0, 0); err != nil {
 		return err
 	}
@@ -133,6 +141,10 @@ inside the mount point.`)
 	stopped := make(chan struct{})
 	defer close(stopped)
 	defer s.Close()
+	if runningNode.pins, err = startPins(s, *pinBudget, log); err != nil {
+		return err
+	}
+	defer runningNode.pins.close()
 	sockPath := *clientSock
 	switch sockPath {
 	case "":
@@ -169,6 +181,11 @@ inside the mount point.`)
 	if err != nil {
 		return err
 	}
+	if runningNode.metrics, err = startMetrics(*metricsAddr, s, fsys, client, log); err != nil {
+		return err
+	}
+	defer runningNode.metrics.close()
+	clientLine += runningNode.metrics.line()
 	if cleared, err := kfs.ClearStaleMount(mountDir); err != nil {
 		return err
 	} else if cleared {
@@ -232,6 +249,8 @@ type nodeOut struct {
 	PackChecks chunkstore.PackVerifyStats `json:"pack_checks"`
 	// Clients is the client socket's activity (nil without one).
 	Clients *clientStats `json:"clients,omitempty"`
+	// Pins is the node's pins (docs/design/pin.md).
+	Pins *pinsStatus `json:"pins,omitempty"`
 }
 
 func runNode(ctx context.Context, e *env, args []string) error {
@@ -262,6 +281,7 @@ passthrough and by the node. Fails when no node runs.`).withJSON()
 	if runningNode.client != nil {
 		out.Clients = runningNode.client.stats()
 	}
+	out.Pins = runningNode.pins.status()
 	if f.jsonOut {
 		return f.printJSON(out)
 	}
@@ -282,7 +302,16 @@ passthrough and by the node. Fails when no node runs.`).withJSON()
 			fmt.Fprintf(e.stdout, "gpu:      cuda:%d: CUDA context held (path %s), loader %s of GPU memory, device %s free of %s, %d fills, %d in flight\n",
 				g.Device, g.Path, human(g.LoaderBytes), human(g.DeviceFree), human(g.DeviceTotal), g.Fills, g.Active)
 		}
+		for _, p := range cs.ByProcess {
+			var devs []string
+			for _, d := range p.Devices {
+				devs = append(devs, fmt.Sprintf("cuda:%d", d))
+			}
+			fmt.Fprintf(e.stdout, "filled:   pid %d (uid %d) on %s: %d fills, %s placed, %s read from packs\n",
+				p.PID, p.UID, strings.Join(devs, ","), p.Fills, human(p.Bytes), human(p.ReadBytes))
+		}
 	}
+	printPins(e.stdout, out.Pins)
 	return nil
 }
 

@@ -37,6 +37,14 @@ type statOut struct {
 	PassthroughPack  string `json:"passthrough_pack,omitempty"`
 	PassthroughCheck string `json:"passthrough_check,omitempty"`
 	Entries          int    `json:"entries,omitempty"`
+	// Pinned: held by a pin of the running node (docs/design/pin.md);
+	// PinNote names the pin, or says why it is not held.
+	Pinned  bool   `json:"pinned"`
+	PinNote string `json:"pin_note,omitempty"`
+	// PinGPU says whether the pinned memory is registered for GPU copies.
+	PinGPU string `json:"pin_gpu,omitempty"`
+	// ResidentBytes: the file's bytes in the page cache now.
+	ResidentBytes int64 `json:"resident_bytes"`
 }
 
 type chunkOut struct {
@@ -89,6 +97,7 @@ it can be served by FUSE passthrough and read directly by the GPU path).`).withJ
 		out.Contiguous = len(out.Extent) <= 1 && (len(out.Extent) == 0 || out.Extent[0].Pack != 0)
 		out.WholeFilePack, _ = file.WholeFilePack()
 		out.PassthroughPack, out.PassthroughCheck = passthroughCheck(s, file)
+		out.ResidentBytes = fileResident(file)
 	case chunkstore.KindDir:
 		l, err := s.List(path)
 		if err != nil {
@@ -96,6 +105,9 @@ it can be served by FUSE passthrough and read directly by the GPU path).`).withJ
 		}
 		out.Entries = len(l)
 	}
+	pins := newPinView(s)
+	out.Pinned, out.PinNote = pins.info(path, ent)
+	out.PinGPU = pins.gpu(path, ent)
 	if f.jsonOut {
 		return f.printJSON(out)
 	}
@@ -111,9 +123,11 @@ it can be served by FUSE passthrough and read directly by the GPU path).`).withJ
 	if ent.Kind == chunkstore.KindDir {
 		fmt.Fprintf(w, "entries:  %d\n", out.Entries)
 	}
+	printPinned(w, out.Pinned, out.PinNote, out.PinGPU)
 	if ent.Kind != chunkstore.KindFile {
 		return nil
 	}
+	fmt.Fprintf(w, "resident: %s of %s in memory (page cache)\n", human(out.ResidentBytes), human(out.Size))
 	fmt.Fprintf(w, "format:   %s\nchunks:   %d\ncontiguous: %v\n", out.Format, out.NChunk, out.Contiguous)
 	if out.WholeFilePack != "" {
 		fmt.Fprintf(w, "whole-file pack: %s (passthrough-eligible)\n", out.WholeFilePack)

@@ -46,6 +46,17 @@ def main():
     cases = {"kylix.torch.load_file": lambda f: kt.load_file(f, a.device)}
     if st is not None:
         cases["safetensors.torch.load_file"] = lambda f: st.load_file(f, device=a.device)
+    if a.device.startswith("cuda"):
+        import bench_pinned
+        cases[f"python pinned-thread loader ({bench_pinned.THREADS} threads, O_DIRECT)"] = \
+            lambda f: bench_pinned.load_file(f, a.device)[0]
+        if st is not None:  # the baseline must be right to be a baseline
+            for f in a.files:
+                got, how = bench_pinned.load_file(f, a.device)
+                want = st.load_file(f, device=a.device)
+                assert all(torch.equal(got[k], want[k]) for k in want), f"pinned-thread loader: {f} differs"
+                print(f"  pinned-thread loader equal to safetensors on {os.path.basename(f)} ({how})")
+                del got, want
     if a.tp > 1:
         cases[f"kylix tp {a.tp} rank 0"] = lambda f: kt.load_file(f, a.device, tp_rank=0, tp_size=a.tp)
     print(f"{len(a.files)} files, {total / 1e9:.2f} GB, device {a.device}, {'cold' if a.cold else 'warm'}, "

@@ -84,14 +84,14 @@ func New(ctx *cuda.Context) (*Hasher, error) {
 		return nil, err
 	}
 	if ctx == nil {
-		return nil, fmt.Errorf("gpublake3: nil context: %w", cuda.ErrInvalid)
+		return nil, fmt.Errorf("GPU BLAKE3: nil context: %w", cuda.ErrInvalid)
 	}
 	if err := cuda.NVRTCAvailable(); err != nil {
-		return nil, fmt.Errorf("gpublake3: %w", err)
+		return nil, fmt.Errorf("GPU BLAKE3: %w", err)
 	}
 	arch, err := ctx.Device().Arch()
 	if err != nil {
-		return nil, fmt.Errorf("gpublake3: %w", err)
+		return nil, fmt.Errorf("GPU BLAKE3: %w", err)
 	}
 	mod, kind, err := loadKernels(ctx, arch)
 	if err != nil {
@@ -103,7 +103,7 @@ func New(ctx *cuda.Context) (*Hasher, error) {
 	}
 	if err != nil {
 		mod.Unload()
-		return nil, fmt.Errorf("gpublake3: %w", err)
+		return nil, fmt.Errorf("GPU BLAKE3: %w", err)
 	}
 	return h, nil
 }
@@ -139,7 +139,7 @@ func loadKernels(ctx *cuda.Context, arch string) (*cuda.Module, string, error) {
 		imgCache[arch] = cachedImage{data: img, kind: try.kind}
 		return m, try.kind, nil
 	}
-	return nil, "", fmt.Errorf("gpublake3: build kernels for %s: %w", arch, errors.Join(errs...))
+	return nil, "", fmt.Errorf("GPU BLAKE3: build kernels for %s: %w", arch, errors.Join(errs...))
 }
 
 // Arch returns the architecture the kernels were built for and how they
@@ -202,7 +202,7 @@ func (h *Hasher) newScratch(msgs int, chunks int64) (*scratch, error) {
 	}
 	if err != nil {
 		s.free()
-		return nil, fmt.Errorf("gpublake3: scratch for %d messages, %d chunks: %w", msgs, chunks, err)
+		return nil, fmt.Errorf("GPU BLAKE3: scratch for %d messages, %d chunks: %w", msgs, chunks, err)
 	}
 	return s, nil
 }
@@ -213,7 +213,7 @@ func (h *Hasher) getScratch(msgs int, chunks int64) (*scratch, error) {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
-		return nil, fmt.Errorf("gpublake3: verify: %w", cuda.ErrClosed)
+		return nil, fmt.Errorf("GPU BLAKE3: verify: %w", cuda.ErrClosed)
 	}
 	h.inflight++
 	for i, s := range h.idle {
@@ -276,7 +276,7 @@ func (p *Pending) Wait(ctx context.Context) ([]int, error) {
 		if err := cuda.Available(); err != nil {
 			return nil, err
 		}
-		return nil, fmt.Errorf("gpublake3: wait: nil Pending: %w", cuda.ErrInvalid)
+		return nil, fmt.Errorf("GPU BLAKE3: wait: nil Pending: %w", cuda.ErrInvalid)
 	}
 	select {
 	case <-p.done:
@@ -330,22 +330,22 @@ func (h *Hasher) Verify(s *cuda.Stream, buf *cuda.DeviceMem, msgs []Msg) (*Pendi
 		if err := cuda.Available(); err != nil {
 			return nil, err
 		}
-		return nil, fmt.Errorf("gpublake3: verify: nil Hasher: %w", cuda.ErrInvalid)
+		return nil, fmt.Errorf("GPU BLAKE3: verify: nil Hasher: %w", cuda.ErrInvalid)
 	}
 	if s == nil || buf == nil {
-		return nil, fmt.Errorf("gpublake3: verify: nil stream or buffer: %w", cuda.ErrInvalid)
+		return nil, fmt.Errorf("GPU BLAKE3: verify: nil stream or buffer: %w", cuda.ErrInvalid)
 	}
 	if len(msgs) == 0 {
 		return donePending(nil), nil
 	}
 	if len(msgs) > 1<<30 {
-		return nil, fmt.Errorf("gpublake3: verify: %d messages: %w", len(msgs), cuda.ErrInvalid)
+		return nil, fmt.Errorf("GPU BLAKE3: verify: %d messages: %w", len(msgs), cuda.ErrInvalid)
 	}
 	size := int64(buf.Size())
 	var total int64
 	for i, m := range msgs {
 		if m.Len < 0 || m.Len > MaxMsgLen || m.Off < 0 || m.Off > size || m.Len > size-m.Off {
-			return nil, fmt.Errorf("gpublake3: verify: message %d [%d, %d+%d) outside %d bytes or over %d: %w",
+			return nil, fmt.Errorf("GPU BLAKE3: verify: message %d [%d, %d+%d) outside %d bytes or over %d: %w",
 				i, m.Off, m.Off, m.Len, size, MaxMsgLen, cuda.ErrRange)
 		}
 		total += nChunks(m.Len)
@@ -368,7 +368,7 @@ func (h *Hasher) Verify(s *cuda.Stream, buf *cuda.DeviceMem, msgs []Msg) (*Pendi
 			}
 			h.putScratch(sc, false)
 		}()
-		return nil, fmt.Errorf("gpublake3: verify: %w", err)
+		return nil, fmt.Errorf("GPU BLAKE3: verify: %w", err)
 	}
 	t, err := s.CopyHtoD(sc.jobs, 0, sc.host, 0, len(msgs)*jobSize)
 	if err != nil {
@@ -400,7 +400,7 @@ func (h *Hasher) Verify(s *cuda.Stream, buf *cuda.DeviceMem, msgs []Msg) (*Pendi
 		// done, so are the others.
 		for _, t := range issued {
 			if err := t.Wait(context.Background()); err != nil && p.err == nil {
-				p.err = fmt.Errorf("gpublake3: verify: %w", err)
+				p.err = fmt.Errorf("GPU BLAKE3: verify: %w", err)
 			}
 		}
 		if p.err == nil {
@@ -458,17 +458,17 @@ func (h *Hasher) Close() error {
 		if err := cuda.Available(); err != nil {
 			return err
 		}
-		return fmt.Errorf("gpublake3: close: nil Hasher: %w", cuda.ErrInvalid)
+		return fmt.Errorf("GPU BLAKE3: close: nil Hasher: %w", cuda.ErrInvalid)
 	}
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
-		return fmt.Errorf("gpublake3: close: %w", cuda.ErrClosed)
+		return fmt.Errorf("GPU BLAKE3: close: %w", cuda.ErrClosed)
 	}
 	if h.inflight > 0 {
 		n := h.inflight
 		h.mu.Unlock()
-		return fmt.Errorf("gpublake3: close: %w (%d calls in flight)", cuda.ErrBusy, n)
+		return fmt.Errorf("GPU BLAKE3: close: %w (%d calls in flight)", cuda.ErrBusy, n)
 	}
 	h.closed = true
 	idle := h.idle

@@ -13,7 +13,7 @@ import (
 func Query(fd int, off, n uint64) (Reply, error) {
 	b := EncodeRequest(Request{Offset: off, Length: n})
 	if err := ioctl(fd, CmdLayout, b); err != nil {
-		return Reply{}, fmt.Errorf("layout: KYLIX_IOC_LAYOUT: %w", err)
+		return Reply{}, fmt.Errorf("KYLIX_IOC_LAYOUT: %w", err)
 	}
 	return DecodeReply(b)
 }
@@ -22,7 +22,7 @@ func Query(fd int, off, n uint64) (Reply, error) {
 func PackPath(fd int, id uint64) (string, error) {
 	b := EncodePackPathRequest(id)
 	if err := ioctl(fd, CmdPackPath, b); err != nil {
-		return "", fmt.Errorf("layout: KYLIX_IOC_PACK_PATH: %w", err)
+		return "", fmt.Errorf("KYLIX_IOC_PACK_PATH: %w", err)
 	}
 	return DecodePackPathReply(b)
 }
@@ -33,7 +33,7 @@ func PackPath(fd int, id uint64) (string, error) {
 func ProbeFD(fd int) (Probe, error) {
 	b := make([]byte, ProbeSize)
 	if err := ioctl(fd, CmdProbe, b); err != nil {
-		return Probe{}, fmt.Errorf("layout: KYLIX_IOC_PROBE: %w", err)
+		return Probe{}, fmt.Errorf("KYLIX_IOC_PROBE: %w", err)
 	}
 	return DecodeProbe(b)
 }
@@ -53,7 +53,7 @@ func Chunks(fd int, first uint64, maxEntries uint32) (ChunksReply, error) {
 	}
 	b := EncodeChunksRequest(ChunksRequest{FirstChunk: first, MaxEntries: maxEntries})
 	if err := ioctl(fd, CmdChunks(maxEntries), b); err != nil {
-		return ChunksReply{}, fmt.Errorf("layout: KYLIX_IOC_CHUNKS: %w", err)
+		return ChunksReply{}, fmt.Errorf("KYLIX_IOC_CHUNKS: %w", err)
 	}
 	return DecodeChunksReply(b)
 }
@@ -76,7 +76,7 @@ func AllChunks(fd int) (ChunksReply, error) {
 			return ChunksReply{}, err
 		}
 		if page.FileID != tot.FileID || page.NChunks != tot.NChunks {
-			return ChunksReply{}, fmt.Errorf("layout: %w while its chunks were listed", ErrChanged)
+			return ChunksReply{}, fmt.Errorf("%w while its chunks were listed", ErrChanged)
 		}
 		if len(page.Entries) == 0 {
 			return ChunksReply{}, fmt.Errorf("%w: empty page at chunk %d of %d", ErrInvalid, len(all.Entries), tot.NChunks)
@@ -98,7 +98,7 @@ func AllChunks(fd int) (ChunksReply, error) {
 func Pack(fd int, index uint32) (PackInfo, error) {
 	b := EncodePackRequest(index)
 	if err := ioctl(fd, CmdPack, b); err != nil {
-		return PackInfo{}, fmt.Errorf("layout: KYLIX_IOC_PACK: %w", err)
+		return PackInfo{}, fmt.Errorf("KYLIX_IOC_PACK: %w", err)
 	}
 	return DecodePackReply(b)
 }
@@ -108,7 +108,7 @@ func Pack(fd int, index uint32) (PackInfo, error) {
 // stored on the node; EIO that some chunk is not and cannot be fetched.
 func MakeLocal(fd int, off, n uint64) error {
 	if err := ioctl(fd, CmdMakeLocal, EncodeMakeLocal(MakeLocalRequest{Offset: off, Length: n})); err != nil {
-		return fmt.Errorf("layout: KYLIX_IOC_MAKE_LOCAL: %w", err)
+		return fmt.Errorf("KYLIX_IOC_MAKE_LOCAL: %w", err)
 	}
 	return nil
 }

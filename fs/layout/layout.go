@@ -57,11 +57,11 @@ var (
 )
 
 // ErrInvalid is returned for a request that breaks a rule of the header.
-var ErrInvalid = errors.New("layout: invalid request")
+var ErrInvalid = errors.New("invalid layout request")
 
 // ErrChanged is returned by AllChunks when the file was replaced between
 // two pages.
-var ErrChanged = errors.New("layout: the file changed")
+var ErrChanged = errors.New("the file changed")
 
 var le = binary.LittleEndian
 

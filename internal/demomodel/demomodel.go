@@ -152,7 +152,7 @@ func Generate(dir string, opts Options) (*Result, error) {
 // total comes close to size.
 func ArchFor(size int64) (Arch, error) {
 	if size < MinSize {
-		return Arch{}, fmt.Errorf("demomodel: size %d is below the %d-byte minimum", size, MinSize)
+		return Arch{}, fmt.Errorf("model size %d is below the %d-byte minimum", size, MinSize)
 	}
 	var best Arch
 	for _, h := range []int{64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 2560, 3072, 4096, 5120, 6144, 8192} {
@@ -169,7 +169,7 @@ func ArchFor(size int64) (Arch, error) {
 		best = a
 	}
 	if best.HiddenSize == 0 {
-		return Arch{}, fmt.Errorf("demomodel: size %d too small for any shape", size)
+		return Arch{}, fmt.Errorf("model size %d too small for any shape", size)
 	}
 	h := int64(best.HiddenSize)
 	best.VocabSize = int(min((size-int64(best.NumLayers)*best.layerBytes()-2*h)/(4*h)/64*64, 152064))
@@ -270,7 +270,7 @@ type gen struct {
 func (g *gen) version(v string, ts []*tensor) error {
 	vdir := filepath.Join(g.res.Dir, v)
 	if err := os.MkdirAll(vdir, 0o755); err != nil {
-		return fmt.Errorf("demomodel: %w", err)
+		return err
 	}
 	a := g.res.Arch
 	weightMap := make(map[string]string, len(ts))
@@ -306,7 +306,7 @@ func (g *gen) version(v string, ts []*tensor) error {
 	for _, f := range files {
 		b, err := json.MarshalIndent(f.val, "", "  ")
 		if err != nil {
-			return fmt.Errorf("demomodel: %s: %w", f.name, err)
+			return fmt.Errorf("%s: %w", f.name, err)
 		}
 		if err := g.writeSmall(v, f.name, append(b, '\n')); err != nil {
 			return err
@@ -361,7 +361,7 @@ func metadata(v string) map[string]string {
 func (g *gen) writeSmall(v, name string, b []byte) error {
 	rel := v + "/" + name
 	if err := os.WriteFile(filepath.Join(g.res.Dir, v, name), b, 0o644); err != nil {
-		return fmt.Errorf("demomodel: %w", err)
+		return err
 	}
 	g.addFile(rel, int64(len(b)))
 	return nil
@@ -376,11 +376,11 @@ func (g *gen) shard(v, name string, shard []*tensor) (err error) {
 	path := filepath.Join(g.res.Dir, v, name)
 	f, err := os.Create(path)
 	if err != nil {
-		return fmt.Errorf("demomodel: %w", err)
+		return err
 	}
 	defer func() {
 		if cerr := f.Close(); cerr != nil && err == nil {
-			err = fmt.Errorf("demomodel: %w", cerr)
+			err = cerr
 		}
 	}()
 	bw := bufio.NewWriterSize(f, 64<<10)
@@ -398,10 +398,10 @@ func (g *gen) shard(v, name string, shard []*tensor) (err error) {
 		return g.fill(w, t, variant)
 	})
 	if err != nil {
-		return fmt.Errorf("demomodel: %s/%s: %w", v, name, err)
+		return fmt.Errorf("%s/%s: %w", v, name, err)
 	}
 	if err := bw.Flush(); err != nil {
-		return fmt.Errorf("demomodel: %s/%s: %w", v, name, err)
+		return fmt.Errorf("%s/%s: %w", v, name, err)
 	}
 	g.addFile(v+"/"+name, cw.n)
 	return nil
@@ -485,13 +485,13 @@ func (r *rng) fillNorm(b []byte) {
 }
 
 // ErrNotGenerated is returned by Shards for a directory with no generated shards.
-var ErrNotGenerated = errors.New("demomodel: no generated model")
+var ErrNotGenerated = errors.New("no generated model")
 
 // Shards lists the safetensors shards of one version directory, sorted.
 func Shards(versionDir string) ([]string, error) {
 	m, err := filepath.Glob(filepath.Join(versionDir, "model-*-of-*.safetensors"))
 	if err != nil {
-		return nil, fmt.Errorf("demomodel: %w", err)
+		return nil, err
 	}
 	if len(m) == 0 {
 		return nil, fmt.Errorf("%w in %s", ErrNotGenerated, versionDir)

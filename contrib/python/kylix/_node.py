@@ -20,6 +20,8 @@ CLIENT_MAGIC = 0x4B594C43  # "KYLC"
 PROTO_VERSION = 1
 OP_PACKS, OP_FILL, OP_STAT = 1, 2, 3
 MAX_RANGES = 4096
+MAX_STRIDED_RANGES = 2048
+FILL_STRIDED = 4
 
 _IOC_READ = 2
 PROBE_SIZE = 256
@@ -91,13 +93,23 @@ class NodeClient:
 
     def fill(self, fd: int, device: int, ipc_handle: bytes, ranges, flags: int = 0) -> FillResult:
         """ranges: [(file_offset, length, dst_offset)] into the allocation
-        whose IPC handle is given (at most MAX_RANGES)."""
+        whose IPC handle is given (at most MAX_RANGES); or, strided,
+        (file_offset, length, dst_offset, rows, pitch): rows rows of length
+        bytes, pitch apart in the file, packed densely at dst_offset (at
+        most MAX_STRIDED_RANGES; sent with FILL_STRIDED)."""
         if len(ipc_handle) != 64:
             raise ValueError(f"CUDA IPC handle is {len(ipc_handle)} bytes, want 64")
-        if not 0 < len(ranges) <= MAX_RANGES:
-            raise ValueError(f"{len(ranges)} ranges; 1..{MAX_RANGES} per request")
+        strided = any(len(r) == 5 for r in ranges)
+        limit = MAX_STRIDED_RANGES if strided else MAX_RANGES
+        if not 0 < len(ranges) <= limit:
+            raise ValueError(f"{len(ranges)} ranges; 1..{limit} per request")
+        if strided:
+            flags |= FILL_STRIDED
         body = struct.pack("<II64sQQQII", device, flags, ipc_handle, 0, 0, 0, len(ranges), 0)
-        body += b"".join(struct.pack("<QQQ", fo, ln, do) for fo, ln, do in ranges)
+        if strided:
+            body += b"".join(struct.pack("<QQQQQ", *(tuple(r) + (1, 0))[:5]) for r in ranges)
+        else:
+            body += b"".join(struct.pack("<QQQ", fo, ln, do) for fo, ln, do in ranges)
         rest = self._call(OP_FILL, body, fd)
         if len(rest) < 16 + 96:
             raise NodeError(errno.EPROTO, "FILL reply too short")

@@ -89,8 +89,11 @@ class _Plan:
 
 
 def tensor_plan(t: TensorInfo, dim: Optional[int], start: int = 0, end: Optional[int] = None,
-                strided_min_run: Optional[int] = None) -> _Plan:
-    """The reads for t[..., start:end (along dim), ...]; dim None = all of t."""
+                strided_min_run: Optional[int] = None, strided_runs: bool = False) -> _Plan:
+    """The reads for t[..., start:end (along dim), ...]; dim None = all of t.
+    strided_runs (for the node's FILL): a share split along a later
+    dimension is one strided run (file_offset, length, dst_offset, rows,
+    pitch) rather than a run per row or its rows' whole block."""
     if dim is None or (start == 0 and (end is None or end == t.shape[dim])):
         return _Plan(t.name, t.dtype, t.shape, [(t.offset, t.nbytes, 0)] if t.nbytes else [], t.nbytes)
     shape = list(t.shape)
@@ -106,6 +109,8 @@ def tensor_plan(t: TensorInfo, dim: Optional[int], start: int = 0, end: Optional
     if outer == 1 or dim == 0:
         return _Plan(t.name, t.dtype, tuple(shape), [(t.offset + start * inner, nbytes, 0)], nbytes)
     row = n * inner
+    if strided_runs:
+        return _Plan(t.name, t.dtype, tuple(shape), [(t.offset + start * inner, run, 0, outer, row)], nbytes)
     smr = STRIDED_MIN_RUN if strided_min_run is None else strided_min_run
     if run >= smr:
         runs = [(t.offset + i * row + start * inner, run, i * run) for i in range(outer)]
@@ -115,7 +120,7 @@ def tensor_plan(t: TensorInfo, dim: Optional[int], start: int = 0, end: Optional
                  block_shape=t.shape, narrow=(dim, start, end - start))
 
 
-def _rank_plans(h: Header, names, tp_rank, tp_size, split, strided_min_run=None):
+def _rank_plans(h: Header, names, tp_rank, tp_size, split, strided_min_run=None, strided_runs=False):
     plans = []
     for name in names:
         t = h.tensors[name]
@@ -126,7 +131,7 @@ def _rank_plans(h: Header, names, tp_rank, tp_size, split, strided_min_run=None)
             plans.append(tensor_plan(t, None))
         else:
             s, e = _split.chunk_range(t.shape[dim], tp_rank, tp_size)
-            plans.append(tensor_plan(t, dim, s, e, strided_min_run))
+            plans.append(tensor_plan(t, dim, s, e, strided_min_run, strided_runs))
     return plans
 
 
@@ -284,7 +289,7 @@ def _load_cuda_node(src: _Source, plans, device: torch.device, sock_path: str, f
     for p, off in layout:
         shape = p.block_shape if p.narrow is not None else p.shape
         bufs[p.name] = (p, big[off:off + p.nbytes].view(torch_dtype(p.dtype)).view(shape))
-        ranges.extend((fo, ln, off + do) for fo, ln, do in p.runs)
+        ranges.extend((r[0], r[1], off + r[2]) + tuple(r[3:]) for r in p.runs)
     torch.cuda.synchronize(device)  # allocations are stream-ordered; nothing may be pending
     last = None
     if ranges:
@@ -293,10 +298,12 @@ def _load_cuda_node(src: _Source, plans, device: torch.device, sock_path: str, f
         shift = big.data_ptr() - base
         client = _node.NodeClient(sock_path)
         try:
-            for i in range(0, len(ranges), _node.MAX_RANGES):
-                part = [(fo, ln, shift + do) for fo, ln, do in ranges[i:i + _node.MAX_RANGES]]
+            strided = any(len(r) == 5 for r in ranges)
+            step = _node.MAX_STRIDED_RANGES if strided else _node.MAX_RANGES
+            for i in range(0, len(ranges), step):
+                part = [(r[0], r[1], shift + r[2]) + tuple(r[3:]) for r in ranges[i:i + step]]
                 last = client.fill(src.fd, device.index or 0, handle, part, flags)
-                src.count("node-fill", sum(r[1] for r in part))
+                src.count("node-fill", sum(r[1] * (r[3] if len(r) == 5 else 1) for r in part))
         finally:
             client.close()
     return {name: _finish(p, buf) for name, (p, buf) in bufs.items()}, last
@@ -359,10 +366,12 @@ def load_file(filename, device="cpu", *, tp_rank: Optional[int] = None, tp_size:
     try:
         names = sorted(src.header.tensors)
         plans = _rank_plans(src.header, names, tp_rank, tp_size, split)
-        # The node fill takes few large ranges: a share split along a later
-        # dimension is read as its rows' block and narrowed on the GPU
-        # (one range per row ran at 0.1 GB/s on the H200: docs/bench.md).
-        node_plans = lambda: _rank_plans(src.header, names, tp_rank, tp_size, split, strided_min_run=math.inf)
+        # The node fill takes a share split along a later dimension as one
+        # strided range (rows, pitch): the node places only the share's
+        # bytes (one range per row ran at 0.1 GB/s on the H200, and reading
+        # the rows' whole block placed 0.66 of the model per rank of 2:
+        # docs/bench.md).
+        node_plans = lambda: _rank_plans(src.header, names, tp_rank, tp_size, split, strided_runs=True)
         out = _load(src, plans, device, threads or _default_threads(), info, node_plans)
     finally:
         src.close()

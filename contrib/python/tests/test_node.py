@@ -84,6 +84,18 @@ class NodeClientTest(unittest.TestCase):
         c.fill(self.fd, 0, h, [(0, 1, 0)])
         self.assertEqual(n.seen[1][0][3], seq + 1, "seq advances")
 
+    def test_fill_strided(self):
+        n, c = self.serve(ok_reply)
+        h = bytes(64)
+        c.fill(self.fd, 0, h, [(8, 16, 0, 5, 100), (40, 4, 512)])
+        _, body, _ = n.seen[0]
+        dev, flags, handle, dst, fo, ln, nr, res = struct.unpack_from("<II64sQQQII", body, 0)
+        self.assertEqual((flags, nr), (_node.FILL_STRIDED, 2))
+        self.assertEqual(len(body), 104 + 2 * 40)
+        self.assertEqual(struct.unpack_from("<10Q", body, 104), (8, 16, 0, 5, 100, 40, 4, 512, 1, 0))
+        with self.assertRaises(ValueError):
+            c.fill(self.fd, 0, h, [(0, 1, 0, 2, 1)] * (_node.MAX_STRIDED_RANGES + 1))
+
     def test_error_status(self):
         _, c = self.serve(lambda h, b: ok_reply(h, b, status=-errno.ENODEV, text=b"no GPU on this node"))
         with self.assertRaises(_node.NodeError) as cm:

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/kylix/kylix/chunkstore"
+)
+
+func init() {
+	register(&command{name: "du", summary: "show logical, unique and stored bytes of a namespace subtree", run: runDu})
+}
+
+type duOut struct {
+	chunkstore.Usage
+	Children []chunkstore.Usage `json:"children,omitempty"`
+}
+
+func runDu(ctx context.Context, e *env, args []string) error {
+	f := newFlags(e, "du", "[--data DIR] [--json] [-s] [PATH]", `
+Shows what the namespace subtree PATH (default: the root) takes, for each
+entry directly below it and in total (the last line):
+
+  logical  the files' sizes added up, each name counted
+  unique   the distinct chunks the files use, each counted once within
+           the line's subtree (what deduplication leaves)
+  stored   the pack bytes those chunks occupy, in whole 4 KiB blocks;
+           chunks shared with files outside the subtree count too, so
+           removing the subtree frees at most this much (after kylix gc)
+
+Figures of the lines do not add up to the total where entries share chunks.
+With a running node the command is answered by the node.`).withJSON()
+	var sum bool
+	f.BoolVarP(&sum, "summarize", "s", false, "only the total")
+	if err := f.parse(args, 0, 1); err != nil {
+		return err
+	}
+	s, err := f.open()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	total, kids, err := s.DiskUsage(ctx, f.Arg(0), !sum)
+	if err != nil {
+		return err
+	}
+	if f.jsonOut {
+		return f.printJSON(duOut{Usage: total, Children: kids})
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "LOGICAL\tUNIQUE\tSTORED\t\tPATH")
+	line := func(u chunkstore.Usage) {
+		p := "/" + u.Path
+		fmt.Fprintf(tw, "%s\t%s\t%s\t\t%s\n", human(u.LogicalBytes), human(u.UniqueBytes), human(u.StoredBytes), p)
+	}
+	for _, k := range kids {
+		line(k)
+	}
+	line(total)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if total.NotLocalBytes > 0 {
+		fmt.Fprintf(e.stdout, "%s of the chunks are not stored on this node\n", human(total.NotLocalBytes))
+	}
+	return nil
+}

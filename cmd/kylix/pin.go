@@ -1,0 +1,707 @@
+package main
+
+// Pins (docs/design/pin.md): a running node keeps the packs of pinned paths
+// mapped and locked in memory, within --pin-budget, registered with the
+// device of every GPU loader it holds (gpuio.PinnedHost), and records the
+// pinned paths in DATA/pins.json so a restarted node pins them again.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/gpuio"
+)
+
+func init() {
+	register(&command{name: "pin", summary: "keep a path's packs locked in the node's memory and registered with its GPUs", run: runPin})
+	register(&command{name: "unpin", summary: "release a pin", run: runUnpin})
+}
+
+const (
+	pinRecordName = "pins.json"
+	// defaultPinBudget is --pin-budget's default (docs/design/pin.md).
+	defaultPinBudget = "50%"
+)
+
+// pinRecord is DATA/pins.json.
+type pinRecord struct {
+	Version int              `json:"version"`
+	Pins    []pinRecordEntry `json:"pins"`
+}
+
+type pinRecordEntry struct {
+	Path  string    `json:"path"`
+	Added time.Time `json:"added"`
+}
+
+// nodePins is the pins of a running node.
+type nodePins struct {
+	s      *chunkstore.Store
+	log    *slog.Logger
+	host   *gpuio.PinnedHost
+	budget int64
+	// ctx ends the start-up re-pins when the node stops.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	op sync.Mutex // one pin or unpin at a time (and the start-up re-pins)
+
+	mu   sync.Mutex // guards pins
+	pins map[string]*pinHeld
+}
+
+// pinHeld is one pin: the file versions it resolved to and their locked
+// ranges.
+type pinHeld struct {
+	path   string
+	added  time.Time
+	files  map[chunkstore.ID]bool
+	nfiles int
+	bytes  int64 // file bytes (logical)
+	spans  []gpuio.PackSpan
+	locked []*gpuio.PinnedRange
+	// state: "pinning" (at start), "held", or why it is not held.
+	state string
+}
+
+func (p *pinHeld) held() bool { return p.state == "held" }
+
+func (p *pinHeld) release() error {
+	var errs []error
+	for _, r := range p.locked {
+		errs = append(errs, r.Release())
+	}
+	p.locked = nil
+	return errors.Join(errs...)
+}
+
+// pinBudgetFlag adds --pin-budget to serve's flags.
+func pinBudgetFlag(f *flags) *string {
+	return f.String("pin-budget", defaultPinBudget, "most memory pins may lock (kylix pin): a size (64GiB) or a share of physical memory (50%); 0: no pins")
+}
+
+// parsePinBudget parses a size or a percentage of physical memory.
+func parsePinBudget(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	if s == "0" {
+		return 0, nil
+	}
+	if pct, ok := strings.CutSuffix(s, "%"); ok {
+		v, err := strconv.ParseFloat(pct, 64)
+		if err != nil || v < 0 || v > 100 {
+			return 0, fmt.Errorf("pin-budget %q: want a size such as 64GiB or a share of memory such as 50%%", s)
+		}
+		var si unix.Sysinfo_t
+		if err := unix.Sysinfo(&si); err != nil {
+			return 0, fmt.Errorf("pin-budget %q: reading the machine's memory size: %w", s, err)
+		}
+		return int64(float64(uint64(si.Totalram)*uint64(si.Unit)) * v / 100), nil
+	}
+	v, err := parseSize(s)
+	if err != nil {
+		return 0, fmt.Errorf("pin-budget: %w", err)
+	}
+	return v, nil
+}
+
+// startPins makes the node's pins and pins the recorded paths again, in the
+// background (the mount does not wait for them; `kylix node` shows them as
+// "pinning" until they are held).
+func startPins(s *chunkstore.Store, budget string, log *slog.Logger) (*nodePins, error) {
+	b, err := parsePinBudget(budget)
+	if err != nil {
+		return nil, fmt.Errorf("serve: --%w", err)
+	}
+	np := &nodePins{s: s, log: log, host: gpuio.NewPinnedHost(), budget: b, pins: map[string]*pinHeld{}}
+	np.ctx, np.cancel = context.WithCancel(context.Background())
+	os.Remove(filepath.Join(s.Dir(), pinRecordName+".tmp")) // left by a node killed while writing
+	rec, err := readPinRecord(s.Dir())
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w (fix or remove it; it only lists pinned paths)", err)
+	}
+	if len(rec.Pins) == 0 {
+		return np, nil
+	}
+	np.op.Lock()
+	for _, r := range rec.Pins {
+		np.pins[r.Path] = &pinHeld{path: r.Path, added: r.Added, state: "pinning"}
+	}
+	go func() {
+		defer np.op.Unlock()
+		for _, r := range rec.Pins {
+			p, err := np.lockPath(np.ctx, r.Path)
+			np.mu.Lock()
+			if err != nil {
+				np.pins[r.Path].state = "not held: " + err.Error()
+				log.Warn("a recorded pin could not be held (kylix node; kylix unpin removes it)", "path", r.Path, "err", err)
+			} else {
+				p.added = r.Added
+				np.pins[r.Path] = p
+				log.Info("pinned again", "path", r.Path, "bytes", p.bytes)
+			}
+			np.mu.Unlock()
+		}
+	}()
+	return np, nil
+}
+
+// hostOrNil is the pinned memory for gpuio.Options.Pinned (nil: no pins).
+func (np *nodePins) hostOrNil() *gpuio.PinnedHost {
+	if np == nil {
+		return nil
+	}
+	return np.host
+}
+
+// close releases every pin (node stop; the record stays).
+func (np *nodePins) close() {
+	np.cancel()
+	np.op.Lock()
+	defer np.op.Unlock()
+	np.mu.Lock()
+	defer np.mu.Unlock()
+	for _, p := range np.pins {
+		p.release()
+	}
+}
+
+// resolve finds the file versions under path and their pack spans.
+func (np *nodePins) resolve(ctx context.Context, path string) (*pinHeld, error) {
+	p := &pinHeld{path: path, added: time.Now().UTC(), files: map[chunkstore.ID]bool{}}
+	err := np.s.Walk(path, func(fp string, e chunkstore.Entry) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if e.Kind != chunkstore.KindFile || p.files[e.ID] {
+			return nil
+		}
+		f, err := np.s.OpenFile(e.ID)
+		if err != nil {
+			return fmt.Errorf("%s: %w", fp, err)
+		}
+		p.files[e.ID] = true
+		p.nfiles++
+		p.bytes += f.Size()
+		// Each span carries its chunks: the pin hashes them from the
+		// locked pages, and loads then need not (docs/design/pin.md).
+		plan, err := f.Plan(0, f.Size())
+		if err != nil {
+			return fmt.Errorf("%s: %w", fp, err)
+		}
+		defer plan.Release()
+		pieces := plan.Pieces
+		for _, x := range f.Extents() {
+			if x.Pack == 0 {
+				return fmt.Errorf("%s: %s at offset %d is not stored on this node; only local data can be pinned", fp, human(x.Len), x.FileOff)
+			}
+			var chunks []chunkstore.Piece
+			for len(pieces) > 0 && pieces[0].FileOff < x.FileOff+x.Len {
+				if pc := pieces[0]; pc.FileOff >= x.FileOff {
+					chunks = append(chunks, chunkstore.Piece{ID: pc.ID, FileOff: pc.FileOff, Len: pc.Len, Pack: pc.Pack, PackOff: pc.PackOff})
+				}
+				pieces = pieces[1:]
+			}
+			p.spans = append(p.spans, gpuio.PackSpan{Pack: x.Pack, Path: x.PackPath, Off: x.PackOff, Len: x.Len, Chunks: chunks})
+		}
+		return nil
+	})
+	if errors.Is(err, chunkstore.ErrNotFound) {
+		return nil, fmt.Errorf("pin %s: no such path in the namespace (kylix ls shows what is there)", shownPath(path))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pin %s: %w", shownPath(path), err)
+	}
+	return p, nil
+}
+
+func shownPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	return p
+}
+
+// lockPath resolves path and locks all of it within the budget, or nothing.
+// The caller holds np.op.
+func (np *nodePins) lockPath(ctx context.Context, path string) (*pinHeld, error) {
+	p, err := np.resolve(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	used, need := np.host.Locked(), np.host.Added(p.spans)
+	if used+need > np.budget {
+		return nil, fmt.Errorf("pin %s: refused: it needs %s more locked memory (%s of files), the node's pin budget is %s and %s of it is used (%s free): unpin something (kylix unpin) or restart the node with a larger --pin-budget",
+			shownPath(path), human(need), human(p.bytes), human(np.budget), human(used), human(max(0, np.budget-used)))
+	}
+	for _, sp := range p.spans {
+		if err := ctx.Err(); err != nil {
+			p.release()
+			return nil, err
+		}
+		r, err := np.host.Lock(sp)
+		if err != nil {
+			p.release() // nothing half-pinned
+			return nil, fmt.Errorf("pin %s: %w", shownPath(path), err)
+		}
+		p.locked = append(p.locked, r)
+	}
+	p.state = "held"
+	return p, nil
+}
+
+// pin pins path (again: the pin then follows the path's current version).
+func (np *nodePins) pin(ctx context.Context, path string) (*pinHeld, error) {
+	np.op.Lock()
+	defer np.op.Unlock()
+	p, err := np.lockPath(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	np.mu.Lock()
+	old := np.pins[path]
+	np.pins[path] = p
+	if old != nil {
+		p.added = old.added
+	}
+	err = np.saveLocked()
+	if err != nil {
+		if old != nil {
+			np.pins[path] = old
+		} else {
+			delete(np.pins, path)
+		}
+	}
+	np.mu.Unlock()
+	if err != nil {
+		p.release()
+		return nil, err
+	}
+	if old != nil {
+		old.release()
+	}
+	return p, nil
+}
+
+func (np *nodePins) unpin(path string) error {
+	np.op.Lock()
+	defer np.op.Unlock()
+	np.mu.Lock()
+	p := np.pins[path]
+	if p == nil {
+		names := np.namesLocked()
+		np.mu.Unlock()
+		return notPinned(path, names)
+	}
+	delete(np.pins, path)
+	if err := np.saveLocked(); err != nil {
+		np.pins[path] = p
+		np.mu.Unlock()
+		return err
+	}
+	np.mu.Unlock()
+	return p.release()
+}
+
+func notPinned(path string, names []string) error {
+	if len(names) == 0 {
+		return fmt.Errorf("unpin %s: not pinned (nothing is)", shownPath(path))
+	}
+	for i := range names {
+		names[i] = shownPath(names[i])
+	}
+	return fmt.Errorf("unpin %s: not pinned (pinned: %s)", shownPath(path), strings.Join(names, ", "))
+}
+
+func (np *nodePins) namesLocked() []string {
+	var names []string
+	for n := range np.pins {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// saveLocked writes the record (np.mu held).
+func (np *nodePins) saveLocked() error {
+	rec := pinRecord{Version: 1, Pins: []pinRecordEntry{}}
+	for _, n := range np.namesLocked() {
+		rec.Pins = append(rec.Pins, pinRecordEntry{Path: n, Added: np.pins[n].added})
+	}
+	return writePinRecord(np.s.Dir(), rec)
+}
+
+func readPinRecord(dir string) (pinRecord, error) {
+	var rec pinRecord
+	b, err := os.ReadFile(filepath.Join(dir, pinRecordName))
+	if errors.Is(err, os.ErrNotExist) {
+		return rec, nil
+	}
+	if err != nil {
+		return rec, fmt.Errorf("pin record: %w", err)
+	}
+	if err := json.Unmarshal(b, &rec); err != nil || rec.Version != 1 {
+		return rec, fmt.Errorf("pin record %s: not a version 1 record: %v", filepath.Join(dir, pinRecordName), err)
+	}
+	return rec, nil
+}
+
+// writePinRecord replaces the record atomically: a temporary file written
+// and synced, renamed over it, the directory synced.
+func writePinRecord(dir string, rec pinRecord) error {
+	b, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(dir, pinRecordName)
+	tmp := path + ".tmp"
+	err = func() error {
+		f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+		if err != nil {
+			return err
+		}
+		_, err = f.Write(append(b, '\n'))
+		if err == nil {
+			err = f.Sync()
+		}
+		return errors.Join(err, f.Close())
+	}()
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err == nil {
+		var d *os.File
+		if d, err = os.Open(dir); err == nil {
+			err = errors.Join(d.Sync(), d.Close())
+		}
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("writing the pin record %s: %w", path, err)
+	}
+	return nil
+}
+
+// pinView is a snapshot of the pins for ls and stat: the running node's
+// pins, or, without a node, the recorded paths.
+type pinView struct {
+	node     bool
+	held     []pinSnap
+	recorded []string
+}
+
+type pinSnap struct {
+	path   string
+	held   bool
+	state  string
+	files  map[chunkstore.ID]bool // shared with the pin: read-only once held
+	locked []*gpuio.PinnedRange
+}
+
+func newPinView(s *chunkstore.Store) *pinView {
+	np := runningNode.pins
+	if np == nil {
+		rec, _ := readPinRecord(s.Dir())
+		v := &pinView{}
+		for _, r := range rec.Pins {
+			v.recorded = append(v.recorded, r.Path)
+		}
+		return v
+	}
+	v := &pinView{node: true}
+	np.mu.Lock()
+	defer np.mu.Unlock()
+	for _, n := range np.namesLocked() {
+		p := np.pins[n]
+		v.held = append(v.held, pinSnap{path: n, held: p.held(), state: p.state, files: p.files, locked: slices.Clone(p.locked)})
+	}
+	return v
+}
+
+// gpu says whether the memory of the pin that holds path is registered
+// for GPU copies ("" when path is not held by a pin).
+func (v *pinView) gpu(path string, ent chunkstore.Entry) string {
+	clean, _ := chunkstore.CleanPath(path)
+	for _, p := range v.held {
+		if !p.held || !(ent.Kind == chunkstore.KindFile && p.files[ent.ID] || ent.Kind == chunkstore.KindDir && within("/"+clean, "/"+p.path)) {
+			continue
+		}
+		var locked, reg int64
+		devs := map[string]bool{}
+		for _, r := range p.locked {
+			locked += r.Size()
+			if d := r.RegisteredBy(); d != "" {
+				reg += r.Size()
+				devs[d] = true
+			}
+		}
+		names := slices.Sorted(maps.Keys(devs))
+		switch {
+		case reg == 0:
+			return fmt.Sprintf("%s locked, not registered with any GPU: the node registers pinned memory while it holds a GPU loader (made by a client's GPU fill, given back after --gpu-idle); none holds it now", human(locked))
+		case reg < locked:
+			return fmt.Sprintf("%s locked, only %s of it registered for GPU copies (by %s): the rest is copied through bounce buffers (kylix node says why)", human(locked), human(reg), strings.Join(names, ", "))
+		}
+		return fmt.Sprintf("%s locked and registered for GPU copies (by %s)", human(locked), strings.Join(names, ", "))
+	}
+	return ""
+}
+
+// info says whether a namespace entry is pinned, and by what. A file is
+// pinned when its version is held by a pin (a deduplicated copy elsewhere
+// shares the same locked packs); a directory when it is at or below a
+// pinned path. Without a node, nothing is held; a recorded pin is named.
+func (v *pinView) info(path string, ent chunkstore.Entry) (bool, string) {
+	clean, _ := chunkstore.CleanPath(path)
+	if !v.node {
+		for _, r := range v.recorded {
+			if within("/"+clean, "/"+r) {
+				return false, fmt.Sprintf("recorded pin %s; pins are held only while a node runs (none does)", shownPath(r))
+			}
+		}
+		return false, ""
+	}
+	var stale string
+	for _, p := range v.held {
+		under := within("/"+clean, "/"+p.path)
+		switch {
+		case !p.held && under:
+			return false, fmt.Sprintf("pin %s is %s", shownPath(p.path), p.state)
+		case !p.held:
+		case ent.Kind == chunkstore.KindFile && p.files[ent.ID]:
+			return true, "pin " + shownPath(p.path)
+		case ent.Kind == chunkstore.KindDir && under:
+			return true, "pin " + shownPath(p.path)
+		case under:
+			stale = fmt.Sprintf("pin %s was made before this version of the file: kylix pin %s again", shownPath(p.path), shownPath(p.path))
+		}
+	}
+	return false, stale
+}
+
+// fileResident is how many of a file's bytes are in the page cache.
+func fileResident(f *chunkstore.File) int64 {
+	var n int64
+	for _, x := range f.Extents() {
+		if x.Pack == 0 {
+			continue
+		}
+		r, err := gpuio.ResidentBytes(x.PackPath, x.PackOff, x.Len)
+		if err == nil {
+			n += r
+		}
+	}
+	return n
+}
+
+// pinsStatus is what `kylix node` says about pins.
+type pinsStatus struct {
+	BudgetBytes int64       `json:"budget_bytes"`
+	LockedBytes int64       `json:"locked_bytes"`
+	Pins        []pinStatus `json:"pins"`
+	// GPU is, per device loader the node holds now, what it registered.
+	GPU []gpuio.PinRegistration `json:"gpu"`
+	// GPUNote says plainly whether the locked bytes are registered.
+	GPUNote string `json:"gpu_note"`
+}
+
+type pinStatus struct {
+	Path        string    `json:"path"`
+	Held        bool      `json:"held"`
+	State       string    `json:"state"`
+	Files       int       `json:"files"`
+	Bytes       int64     `json:"bytes"`
+	LockedBytes int64     `json:"locked_bytes"`
+	Added       time.Time `json:"added"`
+}
+
+func (np *nodePins) status() *pinsStatus {
+	if np == nil {
+		return nil
+	}
+	out := &pinsStatus{BudgetBytes: np.budget, LockedBytes: np.host.Locked(), Pins: []pinStatus{}, GPU: np.host.Registrations()}
+	np.mu.Lock()
+	for _, n := range np.namesLocked() {
+		p := np.pins[n]
+		ps := pinStatus{Path: shownPath(n), Held: p.held(), State: p.state, Files: p.nfiles, Bytes: p.bytes, Added: p.added}
+		for _, r := range p.locked {
+			ps.LockedBytes += r.Size()
+		}
+		out.Pins = append(out.Pins, ps)
+	}
+	np.mu.Unlock()
+	if out.GPU == nil {
+		out.GPU = []gpuio.PinRegistration{}
+	}
+	out.GPUNote = pinGPUNote(out)
+	return out
+}
+
+func pinGPUNote(st *pinsStatus) string {
+	if len(st.GPU) == 0 {
+		return "not registered with any GPU: the node holds no GPU loader now (a client's GPU fill takes one and registers the pinned memory with it; it is given back after --gpu-idle)"
+	}
+	var parts []string
+	for _, g := range st.GPU {
+		s := fmt.Sprintf("%s: %s of %s registered", g.Device, human(g.Bytes), human(g.TotalBytes))
+		if g.Failed > 0 {
+			s += fmt.Sprintf("; %d ranges NOT registered (%s): their fills copy through bounce buffers", g.Failed, g.FailedWhy)
+		}
+		parts = append(parts, s)
+	}
+	return strings.Join(parts, "; ")
+}
+
+func printPins(w io.Writer, st *pinsStatus) {
+	if st == nil {
+		return
+	}
+	fmt.Fprintf(w, "pins:     %d, %s locked of a %s budget\n", len(st.Pins), human(st.LockedBytes), human(st.BudgetBytes))
+	for _, p := range st.Pins {
+		if p.Held {
+			fmt.Fprintf(w, "  %s: %d files, %s, %s locked\n", p.Path, p.Files, human(p.Bytes), human(p.LockedBytes))
+		} else {
+			fmt.Fprintf(w, "  %s: %s\n", p.Path, p.State)
+		}
+	}
+	fmt.Fprintf(w, "  gpu: %s\n", st.GPUNote)
+}
+
+type pinOut struct {
+	Path        string `json:"path"`
+	Files       int    `json:"files"`
+	Bytes       int64  `json:"bytes"`
+	LockedBytes int64  `json:"locked_bytes"`
+	BudgetBytes int64  `json:"budget_bytes"`
+	UsedBytes   int64  `json:"used_bytes"`
+	GPUNote     string `json:"gpu_note"`
+}
+
+func runPin(ctx context.Context, e *env, args []string) error {
+	f := newFlags(e, "pin", "[--data DIR] [--json] PATH", `
+Pins the namespace path PATH (a file, or a directory and everything under
+it) in the running node: the packs holding its chunks are mapped and locked
+in memory, and registered with the GPU of every device loader the node holds
+(made by a client's GPU fill), so its fills copy straight from memory.
+Locked memory is limited by the node's --pin-budget: a pin past it is
+refused, and nothing of it is locked. Pinning again follows the path's
+current version. The node records its pins in DATA/pins.json and pins them
+again when it restarts. Needs a running node (kylix serve).
+See docs/design/pin.md.`).withJSON()
+	if err := f.parse(args, 1, 1); err != nil {
+		return err
+	}
+	s, err := f.open()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	np := runningNode.pins
+	if e.store == nil || np == nil {
+		return fmt.Errorf("pin: no node serves %s: pins are held by a running node (start one with kylix serve)", s.Dir())
+	}
+	clean, err := chunkstore.CleanPath(f.Arg(0))
+	if err != nil {
+		return fmt.Errorf("pin %s: %w", f.Arg(0), err)
+	}
+	p, err := np.pin(ctx, clean)
+	if err != nil {
+		return err
+	}
+	st := np.status()
+	out := pinOut{Path: shownPath(clean), Files: p.nfiles, Bytes: p.bytes, BudgetBytes: st.BudgetBytes, UsedBytes: st.LockedBytes, GPUNote: st.GPUNote}
+	for _, r := range p.locked {
+		out.LockedBytes += r.Size()
+	}
+	if f.jsonOut {
+		return f.printJSON(out)
+	}
+	fmt.Fprintf(e.stdout, "pinned %s: %d files, %s, %s locked in memory (node: %s of %s budget used)\ngpu: %s\n",
+		out.Path, out.Files, human(out.Bytes), human(out.LockedBytes), human(out.UsedBytes), human(out.BudgetBytes), out.GPUNote)
+	return nil
+}
+
+func runUnpin(ctx context.Context, e *env, args []string) error {
+	f := newFlags(e, "unpin", "[--data DIR] PATH", `
+Releases the pin of PATH (as given to kylix pin): its memory is unlocked and
+unregistered from the GPU, and the record no longer lists it. Without a
+running node it only removes PATH from the record DATA/pins.json.`)
+	if err := f.parse(args, 1, 1); err != nil {
+		return err
+	}
+	s, err := f.open()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	clean, err := chunkstore.CleanPath(f.Arg(0))
+	if err != nil {
+		return fmt.Errorf("unpin %s: %w", f.Arg(0), err)
+	}
+	if np := runningNode.pins; e.store != nil && np != nil {
+		if err := np.unpin(clean); err != nil {
+			return err
+		}
+		st := np.status()
+		fmt.Fprintf(e.stdout, "unpinned %s (node: %s of %s budget used)\n", shownPath(clean), human(st.LockedBytes), human(st.BudgetBytes))
+		return nil
+	}
+	// No node: this process holds the store's lock, so no node writes the
+	// record meanwhile.
+	rec, err := readPinRecord(s.Dir())
+	if err != nil {
+		return err
+	}
+	var names []string
+	i := slices.IndexFunc(rec.Pins, func(r pinRecordEntry) bool { names = append(names, r.Path); return r.Path == clean })
+	if i < 0 {
+		return notPinned(clean, names)
+	}
+	rec.Pins = slices.Delete(rec.Pins, i, i+1)
+	if err := writePinRecord(s.Dir(), rec); err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "removed the pin of %s from %s (no node runs)\n", shownPath(clean), filepath.Join(s.Dir(), pinRecordName))
+	return nil
+}
+
+func printPinned(w io.Writer, pinned bool, note, gpu string) {
+	switch {
+	case pinned:
+		fmt.Fprintf(w, "pinned:   yes (%s)\n", note)
+		if gpu != "" {
+			fmt.Fprintf(w, "          %s\n", gpu)
+		}
+	case note != "":
+		fmt.Fprintf(w, "pinned:   no (%s)\n", note)
+	default:
+		fmt.Fprintf(w, "pinned:   no\n")
+	}
+}
+
+// pinDoctor is kylix doctor's line about pins: how much a node run as this
+// user could lock (RLIMIT_MEMLOCK, or CAP_IPC_LOCK that lifts it).
+func pinDoctor() (string, bool, string) {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl); err != nil {
+		return "pins", false, fmt.Sprintf("RLIMIT_MEMLOCK unknown: %v", err)
+	}
+	if gpuio.HasCapIPCLock() || rl.Cur == unix.RLIM_INFINITY {
+		return "pins", true, fmt.Sprintf("memory locking is not limited (CAP_IPC_LOCK or RLIMIT_MEMLOCK unlimited): kylix pin can lock up to the node's --pin-budget (default %s of memory)", defaultPinBudget)
+	}
+	return "pins", false, fmt.Sprintf("RLIMIT_MEMLOCK is %s and there is no CAP_IPC_LOCK: a node run like this can pin at most that much; raise it (ulimit -l, LimitMEMLOCK=) or run the node as root", human(int64(rl.Cur)))
+}

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kylix/kylix/internal/damage"
+)
+
+func TestParsePinBudget(t *testing.T) {
+	for in, want := range map[string]int64{"0": 0, "64MiB": 64 << 20, "2GiB": 2 << 30, "1g": 1 << 30} {
+		got, err := parsePinBudget(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+	half, err := parsePinBudget("50%")
+	require.NoError(t, err)
+	all, err := parsePinBudget("100%")
+	require.NoError(t, err)
+	require.Greater(t, half, int64(0))
+	require.InDelta(t, float64(all)/2, float64(half), 1)
+	for _, bad := range []string{"", "abc", "150%", "-1%", "-5MiB"} {
+		_, err := parsePinBudget(bad)
+		require.Error(t, err, bad)
+		require.Contains(t, err.Error(), "pin-budget")
+	}
+}
+
+func TestPinRecord(t *testing.T) {
+	dir := t.TempDir()
+	rec, err := readPinRecord(dir)
+	require.NoError(t, err)
+	require.Empty(t, rec.Pins, "no record: no pins")
+	want := pinRecord{Version: 1, Pins: []pinRecordEntry{{Path: "models/a", Added: time.Unix(1700000000, 0).UTC()}}}
+	require.NoError(t, writePinRecord(dir, want))
+	got, err := readPinRecord(dir)
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+	fi, err := os.Stat(filepath.Join(dir, pinRecordName))
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	_, err = os.Stat(filepath.Join(dir, pinRecordName+".tmp"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+	for _, bad := range []string{"{", `{"version": 2, "pins": []}`} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, pinRecordName), []byte(bad), 0o600))
+		_, err = readPinRecord(dir)
+		require.ErrorContains(t, err, "not a version 1 record")
+	}
+}
+
+// TestWarmVerifies: warm hashes every chunk; a flipped byte in a pack
+// fails it (exit 1) with the path and the corruption named.
+func TestWarmVerifies(t *testing.T) {
+	src := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(src, "f"), bytes.Repeat([]byte("kylix warm "), 300000), 0o644))
+	data := t.TempDir()
+	mustKylix(t, data, "import", filepath.Join(src, "f"), "m/f")
+	r := mustKylix(t, data, "warm", "m")
+	require.Contains(t, r.stdout, "warmed m: 1 files")
+	var so statOut
+	require.NoError(t, json.Unmarshal([]byte(mustKylix(t, data, "stat", "--json", "m/f").stdout), &so))
+	damage.FlipByte(t, so.Extent[0].PackPath, so.Extent[0].PackOff+1000)
+	r = kylix(t, data, "warm", "m/f")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "warm m/f:")
+	require.Contains(t, r.stderr, "corrupt")
+}
