@@ -112,9 +112,27 @@ func allocatedOf(st fs.FileInfo) int64 {
 
 type victim struct {
 	pack  uint64
-	alloc int64
-	live  int64
-	dead  float64
+	alloc int64   // blocks of the pack file
+	live  int64   // bytes of its live chunks
+	need  int64   // what they take compacted (compactedSize, aligned)
+	dead  float64 // share of alloc compaction gives back
+}
+
+// compactedSize is how many bytes the chunks cs (sorted by offset) take in a
+// compacted pack: each run of chunks that lay back to back (a file's region,
+// or what is left of it) starts 4 KiB-aligned, as import lays out a small
+// file's region in a shared pack (docs/design/store.md).
+func compactedSize(cs []chunkAt) int64 {
+	var off int64
+	prevEnd := int64(-1)
+	for _, c := range cs {
+		if c.loc.Off != prevEnd {
+			off = alignUp(off)
+		}
+		off += int64(c.loc.Len)
+		prevEnd = c.loc.Off + int64(c.loc.Len)
+	}
+	return off
 }
 
 // compact runs with gcMu and nsMu held (Collect), so nothing commits meanwhile.
@@ -145,14 +163,19 @@ func (s *Store) compact(ctx context.Context, opts GCOptions, in compactInput) (C
 	var vs []victim
 	for p, cs := range in.chunks {
 		alloc := allocated(s.fs, s.PackPath(p))
+		sort.Slice(cs, func(i, j int) bool { return cs[i].loc.Off < cs[j].loc.Off })
 		var live int64
 		for _, c := range cs {
 			live += int64(c.loc.Len)
 		}
-		if alloc <= live {
+		// Dead is what compaction would give back: the space the live
+		// chunks take once compacted (aligned regions) is not, so a pack
+		// compacted before is not compacted again for its padding.
+		need := alignUp(compactedSize(cs))
+		if alloc <= need {
 			continue
 		}
-		dead := float64(alloc-live) / float64(alloc)
+		dead := float64(alloc-need) / float64(alloc)
 		if dead < th {
 			continue
 		}
@@ -160,7 +183,7 @@ func (s *Store) compact(ctx context.Context, opts GCOptions, in compactInput) (C
 			res.WholeFileKept++
 			continue
 		}
-		vs = append(vs, victim{pack: p, alloc: alloc, live: live, dead: dead})
+		vs = append(vs, victim{pack: p, alloc: alloc, live: live, need: need, dead: dead})
 	}
 	sort.Slice(vs, func(i, j int) bool {
 		if vs[i].dead != vs[j].dead {
@@ -205,8 +228,7 @@ func (s *Store) compact(ctx context.Context, opts GCOptions, in compactInput) (C
 			return res, err
 		}
 		cs := in.chunks[v.pack]
-		sort.Slice(cs, func(i, j int) bool { return cs[i].loc.Off < cs[j].loc.Off })
-		if c.f != nil && c.w.off+v.live > s.opts.SharedPackMax {
+		if c.f != nil && alignUp(c.w.off)+v.need > s.opts.SharedPackMax {
 			if err := c.commit(); err != nil {
 				return res, err
 			}
@@ -262,10 +284,20 @@ func (c *compactor) move(v victim, cs []chunkAt) error {
 	defer ls.Release()
 	start, nrec, done0 := c.w.off, len(c.recs), c.done
 	var buf []byte
+	prevEnd := int64(-1)
 	for _, ch := range cs {
 		if err := ctxErr(c.ctx); err != nil {
 			return err
 		}
+		if ch.loc.Off != prevEnd {
+			// A region starts: 4 KiB-aligned (compactedSize).
+			if pad := alignUp(c.w.off) - c.w.off; pad > 0 {
+				if err := c.w.write(make([]byte, pad)); err != nil {
+					return err
+				}
+			}
+		}
+		prevEnd = ch.loc.Off + int64(ch.loc.Len)
 		if cap(buf) < int(ch.loc.Len) {
 			buf = make([]byte, ch.loc.Len)
 		}
@@ -346,7 +378,9 @@ func (c *compactor) commit() error {
 	hook("committed")
 	c.res.PacksWritten++
 	c.res.ChunksMoved += len(c.recs)
-	c.res.BytesMoved += c.w.off
+	for _, r := range c.recs {
+		c.res.BytesMoved += int64(r.loc.Len)
+	}
 	c.res.BytesFreed -= allocated(s.fs, s.PackPath(c.pack))
 	var removed []record
 	for _, v := range c.victims {

@@ -487,3 +487,40 @@ func TestCompactKeepsWholeFilePacks(t *testing.T) {
 	require.True(t, os.IsNotExist(err))
 	sameFiles(t, "c", exported(t, s, "c"), map[string][]byte{"c": tensors[5]})
 }
+
+// TestCompactKeepsRegionsAligned: each small file's region in the new pack
+// starts 4 KiB-aligned, as import lays them out, and that padding does not
+// make the compacted pack a victim again.
+func TestCompactKeepsRegionsAligned(t *testing.T) {
+	src := t.TempDir()
+	sizes := map[string]int{}
+	for i := range 40 {
+		sizes[fmt.Sprintf("d%d/f%02d", i%2, i)] = 300 + i
+	}
+	files := writeTree(t, src, sizes, 51)
+	s := openTest(t, t.TempDir())
+	ctx := context.Background()
+	_, err := s.Import(ctx, src, "m", ImportOptions{})
+	require.NoError(t, err)
+	require.NoError(t, s.Update(func(tx *NSTx) error { return tx.Remove("m/d1", true) }))
+	res, err := s.Collect(ctx, GCOptions{Compact: true})
+	require.NoError(t, err)
+	require.Equal(t, 1, res.PacksCompacted, "%+v", res)
+	for name, want := range files {
+		if name[:2] != "d0" {
+			continue
+		}
+		f, _, err := s.OpenPath("m/" + name)
+		require.NoError(t, err)
+		ex := f.Extents()
+		require.Len(t, ex, 1)
+		require.Zero(t, ex[0].PackOff%4096, "%s at %d", name, ex[0].PackOff)
+		got := make([]byte, f.Size())
+		_, err = f.ReadAt(got, 0)
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(got, want), name)
+	}
+	res, err = s.Collect(ctx, GCOptions{Compact: true, CompactThreshold: 0.01})
+	require.NoError(t, err)
+	require.Zero(t, res.PacksCompacted, "a compacted pack compacted again: %+v", res)
+}
