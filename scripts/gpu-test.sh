@@ -12,8 +12,9 @@ step() { echo; echo "== $*"; }
 step "machine"; nvidia-smi -L; uname -r
 step "cuda package tests"; ./.gpu/cuda.test -test.count=1 2>&1 | tail -15 || fail=1
 step "gpublake3 (BLAKE3 on the GPU vs zeebo)"; ./.gpu/gpublake3.test -test.count=1 2>&1 | tail -5 || fail=1
-step "gpuio GPU tests (every path, every byte)"; ./.gpu/gpuio.test -test.run 'GPU' -test.v -test.count=1 2>&1 | grep -E '^(=== RUN|--- |ok|FAIL|PASS)|->|not available' | head -40
-./.gpu/gpuio.test -test.run 'GPU' -test.count=1 >/dev/null 2>&1 || { echo "gpuio GPU tests FAILED"; fail=1; }
+step "gpuio GPU tests (every path, every byte)"
+./.gpu/gpuio.test -test.run 'GPU' -test.v -test.count=1 > "$out/gpuio.txt" 2>&1 || { echo "gpuio GPU tests FAILED"; fail=1; }
+grep -E '^(=== RUN|--- |ok|FAIL|PASS)|->|not available' "$out/gpuio.txt" | head -40
 step "kylix doctor"; $k doctor | tee "$out/doctor.txt"
 work=$(mktemp -d /var/tmp/kylix-gpu-test.XXXX)
 export KYLIX_DATA=$work/data

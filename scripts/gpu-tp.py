@@ -69,6 +69,36 @@ def rank_main(mode, rank, n, files, barrier, q, check_src):
     q.put({"rank": rank, "t0": t0, "t1": t1, "bytes": nbytes, "node_fill": filled, "equal": bool(ok)})
 
 
+def h2d_main(rank, barrier, q):
+    import torch
+    torch.cuda.set_device(rank)
+    x = torch.empty(1 << 30, dtype=torch.uint8).pin_memory()
+    y = torch.empty(1 << 30, dtype=torch.uint8, device=f"cuda:{rank}")
+    y.copy_(x, non_blocking=True)
+    torch.cuda.synchronize()
+    barrier.wait()
+    t0 = time.monotonic()
+    for _ in range(8):
+        y.copy_(x, non_blocking=True)
+    torch.cuda.synchronize()
+    q.put({"rank": rank, "t0": t0, "t1": time.monotonic(), "bytes": 8 << 30})
+
+
+def h2d(n):
+    """Pinned host-to-device copies on n GPUs at once: the ceiling for
+    ranks that each copy their share from host memory."""
+    ctx = mp.get_context("spawn")
+    barrier, q = ctx.Barrier(n), ctx.Queue()
+    ps = [ctx.Process(target=h2d_main, args=(r, barrier, q)) for r in range(n)]
+    for p in ps:
+        p.start()
+    res = [q.get(timeout=600) for _ in ps]
+    for p in ps:
+        p.join()
+    span = max(r["t1"] for r in res) - min(r["t0"] for r in res)
+    return sum(r["bytes"] for r in res) / span / 1e9
+
+
 def run(mode, n, files, check_src=None):
     ctx = mp.get_context("spawn")
     barrier, q = ctx.Barrier(n), ctx.Queue()
@@ -86,15 +116,26 @@ def run(mode, n, files, check_src=None):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mount-files", nargs="+", required=True)
-    ap.add_argument("--source-files", nargs="+", required=True)
+    ap.add_argument("--mount-files", nargs="+")
+    ap.add_argument("--source-files", nargs="+")
+    ap.add_argument("--h2d-only", action="store_true", help="only measure pinned host-to-device copies, 1 GPU and all at once")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--pinned", nargs="+", help="after the warm runs, run this command (kylix pin PATH) and measure again")
     a = ap.parse_args()
     import torch
     n = torch.cuda.device_count()
+    if a.h2d_only:
+        for _ in range(a.reps):
+            one, alln = h2d(1), h2d(n)
+            print(f"pinned host-to-device: 1 GPU {one:.1f} GB/s, {n} GPUs at once {alln:.1f} GB/s in all ({alln / one:.2f}x)")
+        return 0
+    if not a.mount_files or not a.source_files:
+        ap.error("--mount-files and --source-files are needed")
     model = sum(os.path.getsize(f) for f in a.source_files)
     print(f"{n} GPUs, model {model / 1e9:.2f} GB", flush=True)
+    one, alln = h2d(1), h2d(n)
+    print(f"pinned host-to-device, 8 x 1 GiB per GPU: 1 GPU {one:.1f} GB/s, {n} GPUs at once {alln:.1f} GB/s in all "
+          f"({alln / one:.2f}x): the ceiling for {n} ranks copying from host memory", flush=True)
     rows, ok = {}, True
     # Correctness first (warm): every rank's share equals the slices.
     r = run("kylix", n, a.mount_files, check_src=a.source_files)
