@@ -375,6 +375,7 @@ func (c *compactor) commit() error {
 	if err := s.commit(recs); err != nil {
 		return err
 	}
+	s.relocs.Add(1)
 	hook("committed")
 	c.res.PacksWritten++
 	c.res.ChunksMoved += len(c.recs)

@@ -126,6 +126,22 @@ func TestCompactMovesLiveChunksAndFreesSpace(t *testing.T) {
 	f2, _, err := s.OpenPath("tree/keep/k1")
 	require.NoError(t, err)
 	require.NotEqual(t, oldPack, f2.Extents()[0].Pack)
+	// A plan on the old File reports the moved chunks as not local (its
+	// packs must match its Extents); Fresh opens it again for planners.
+	p, err := f.Plan(0, f.Size())
+	require.NoError(t, err)
+	require.NotEmpty(t, p.Missing())
+	p.Release()
+	ff, err := f.Fresh()
+	require.NoError(t, err)
+	require.NotSame(t, f, ff)
+	p, err = ff.Plan(0, ff.Size())
+	require.NoError(t, err)
+	require.Empty(t, p.Missing())
+	p.Release()
+	same, err := f2.Fresh()
+	require.NoError(t, err)
+	require.Same(t, f2, same)
 
 	// Nothing more to do the second time.
 	res, err = s.Collect(ctx, GCOptions{Compact: true})

@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/kylix/kylix/clientproto"
 )
 
 // gcResult is the part of `kylix gc --json` these tests read.
@@ -286,4 +288,32 @@ func TestGCKill9MidCompaction(t *testing.T) {
 			require.False(t, strings.Contains(out.String(), "panic"), out.String())
 		})
 	}
+}
+
+// TestGCCompactionThenFill: a client holds a file open through the mount
+// while kylix gc compacts its pack; a GPU fill (stub driver) of that fd
+// afterwards places the file's bytes (the node plans on the moved chunks,
+// File.Fresh, instead of calling them missing).
+func TestGCCompactionThenFill(t *testing.T) {
+	requireFUSE(t)
+	data, mnt := dirs(t)
+	_, sock := startStubGPUNode(t, data, mnt)
+	src := t.TempDir()
+	keep, drop := safetensorsFile(4, 200<<10, 5), randomBytes(700<<10, 6)
+	require.NoError(t, os.WriteFile(filepath.Join(src, "keep.safetensors"), keep, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(src, "drop.bin"), drop, 0o644))
+	mustKylix(t, data, "import", "--data", data, src, "m")
+	c := dialClient(t, sock)
+	f := openRO(t, filepath.Join(mnt, "m", "keep.safetensors"))
+	a := newShmAlloc(t, 1<<20)
+	r := c.req(clientproto.OpFill, fillReq(a, 0, 0, uint64(len(keep))), int(f.Fd()))
+	require.Zero(t, r.status, r.msg)
+	require.True(t, bytes.Equal(a.bytes(t)[:len(keep)], keep))
+
+	mustKylix(t, data, "rm", "--data", data, "m/drop.bin")
+	require.Equal(t, 1, gcJSON(t, data).PacksCompacted)
+	b := newShmAlloc(t, 1<<20)
+	r = c.req(clientproto.OpFill, fillReq(b, 0, 0, uint64(len(keep))), int(f.Fd()))
+	require.Zero(t, r.status, "FILL after gc: %s", r.msg)
+	require.True(t, bytes.Equal(b.bytes(t)[:len(keep)], keep))
 }
