@@ -108,6 +108,7 @@ type Store struct {
 
 	pverify packVerifier // passthrough verification record (packverify.go)
 	ctr     counters     // for metrics (counters.go)
+	pchunks chunkChecks  // checks of a file's chunks in a shared pack (packchunks.go)
 
 	// relocs counts compaction commits that moved chunks (File.Fresh).
 	relocs atomic.Uint64

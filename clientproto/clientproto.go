@@ -48,11 +48,44 @@ const (
 	MaxFds = 16
 )
 
-// Pack entry flags (the same values as the layout ioctl's pack_flags).
+// Pack entry flags (1 and 2 are the layout ioctl's pack_flags).
 const (
 	PackWholeFile = 1
 	PackChecked   = 2
+	// PackShared: the pack also holds other files' bytes (all readable by
+	// the caller); only the chunks KYLIX_IOC_CHUNKS places in it are this
+	// file's, and with PackChecked exactly those were hashed against the
+	// file's manifest in the state the generation describes.
+	PackShared = 4
 )
+
+// PACKS request flags (the optional 8-byte body {u32 flags; u32 reserved}).
+const (
+	// PacksShared asks for shared packs too (the LD_PRELOAD shim): each
+	// one handed out only if every file with bytes in it is readable by
+	// the caller and this file's chunks in it passed their check.
+	PacksShared = 1
+	// PacksRequestSize is the optional PACKS request body.
+	PacksRequestSize = 8
+)
+
+// AppendPacksRequest appends a PACKS request body with flags.
+func AppendPacksRequest(b []byte, flags uint32) []byte {
+	b = le.AppendUint32(b, flags)
+	return le.AppendUint32(b, 0)
+}
+
+// ParsePacksRequest decodes a PACKS request body: empty (version 1's
+// request, flags 0) or {u32 flags; u32 reserved = 0} with known flags.
+func ParsePacksRequest(b []byte) (uint32, error) {
+	if len(b) == 0 {
+		return 0, nil
+	}
+	if len(b) != PacksRequestSize || le.Uint32(b[4:]) != 0 || le.Uint32(b)&^uint32(PacksShared) != 0 {
+		return 0, ErrBody
+	}
+	return le.Uint32(b), nil
+}
 
 // FILL request flags.
 const (

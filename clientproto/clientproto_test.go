@@ -119,3 +119,22 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// TestPacksRequest: the optional PACKS body (flags) and what it refuses.
+func TestPacksRequest(t *testing.T) {
+	if f, err := ParsePacksRequest(nil); err != nil || f != 0 {
+		t.Errorf("empty body: %d %v", f, err)
+	}
+	b := AppendPacksRequest(nil, PacksShared)
+	if len(b) != PacksRequestSize {
+		t.Fatalf("body %d bytes", len(b))
+	}
+	if f, err := ParsePacksRequest(b); err != nil || f != PacksShared {
+		t.Errorf("shared: %d %v", f, err)
+	}
+	for _, bad := range [][]byte{{1}, AppendPacksRequest(nil, 2), append(AppendPacksRequest(nil, 1), 0), {1, 0, 0, 0, 1, 0, 0, 0}} {
+		if _, err := ParsePacksRequest(bad); !errors.Is(err, syscall.EINVAL) {
+			t.Errorf("%x: %v, want EINVAL", bad, err)
+		}
+	}
+}

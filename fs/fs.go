@@ -91,6 +91,7 @@ type FS struct {
 	mountDir    string
 
 	closes  closeTracker // files closed whose RELEASE is pending
+	readers packReaders  // who may read each shared pack (clientperm.go)
 	dirtyMu sync.Mutex
 	dirty   map[*fileNode]struct{} // nodes with a working copy
 

@@ -22,6 +22,9 @@ packs=$(for f in $files; do $k stat --json "m/$(basename "$f")" | python3 -c 'im
 # First opens pay the pack check once (docs/design/verification.md); do it
 # before timing, as a node that has served the model before would have.
 cat $files > /dev/null
+if [ -n "${WARM_ONLY:-}" ]; then
+  echo "== warm"; python3 contrib/python/bench_load.py --device cuda:0 --repeat $reps $files; exit
+fi
 echo "== raw O_DIRECT of the packs (kylix bench-read), cold"
 for i in $(seq 1 $reps); do sync; echo 3 > /proc/sys/vm/drop_caches; $k bench-read --json $packs | python3 -c 'import json,sys; d=json.load(sys.stdin); print("  raw O_DIRECT", round(d["gb_per_s"],2), "GB/s")'; done
 echo "== cold"

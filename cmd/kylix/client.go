@@ -327,7 +327,7 @@ func (c *clientServer) handle(b []byte, flags int, fds []int, p peer) (clientpro
 	if len(fds) != 1 {
 		return h, refuse(fmt.Errorf("a request carries exactly one fd (SCM_RIGHTS) opened for reading on a file of the mount, got %d: %w", len(fds), syscall.EBADF))
 	}
-	if h.Op != clientproto.OpFill && len(body) != 0 {
+	if h.Op == clientproto.OpStat && len(body) != 0 {
 		return h, refuse(fmt.Errorf("op %d takes an empty body: %w", h.Op, syscall.EINVAL))
 	}
 	sf, err := c.fsys.FileOfFd(fds[0])
@@ -338,7 +338,7 @@ func (c *clientServer) handle(b []byte, flags int, fds []int, p peer) (clientpro
 	case clientproto.OpStat:
 		return h, c.opStat(sf)
 	case clientproto.OpPacks:
-		return h, c.opPacks(sf)
+		return h, c.opPacksFlags(sf, body, p)
 	default:
 		return h, c.opFill(sf, body, p)
 	}

@@ -48,10 +48,14 @@
 extern "C" {
 #endif
 
+/* Exported from libkylix.so. The LD_PRELOAD shim, which compiles these
+ * sources in, defines KYLIX_API empty so that it exports none of them. */
+#ifndef KYLIX_API
 #if defined(__GNUC__)
 #define KYLIX_API __attribute__((visibility("default")))
 #else
 #define KYLIX_API
+#endif
 #endif
 
 /* KYLIX_ABI_VERSION changes whenever a struct or signature here changes. */

@@ -48,11 +48,12 @@ def main():
         cases["safetensors.torch.load_file"] = lambda f: st.load_file(f, device=a.device)
     if a.device.startswith("cuda"):
         import bench_pinned
-        cases[f"python pinned-thread loader ({bench_pinned.THREADS} threads, O_DIRECT)"] = \
-            lambda f: bench_pinned.load_file(f, a.device)[0]
+        how = "O_DIRECT" if a.cold else "page cache"
+        cases[f"python pinned-thread loader ({bench_pinned.THREADS} threads, {how})"] = \
+            lambda f: bench_pinned.load_file(f, a.device, direct=a.cold)[0]
         if st is not None:  # the baseline must be right to be a baseline
             for f in a.files:
-                got, how = bench_pinned.load_file(f, a.device)
+                got, how = bench_pinned.load_file(f, a.device, direct=a.cold)
                 want = st.load_file(f, device=a.device)
                 assert all(torch.equal(got[k], want[k]) for k in want), f"pinned-thread loader: {f} differs"
                 print(f"  pinned-thread loader equal to safetensors on {os.path.basename(f)} ({how})")

@@ -11,6 +11,7 @@
 
 #include <linux/ioctl.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #define KX_HIDDEN __attribute__((visibility("hidden")))
 
@@ -36,6 +37,15 @@ _Static_assert(sizeof(struct kx_probe) == 256, "kylix_probe is 256 bytes");
 #define KX_MAX_FDS 16            /* most fds one PACKS reply carries */
 #define KX_PACK_WHOLE_FILE 1u
 #define KX_PACK_CHECKED    2u
+#define KX_PACK_SHARED     4u   /* holds other files' bytes too (all readable by the caller) */
+#define KX_PACKS_SHARED    1u   /* PACKS request flag: shared packs too (the LD_PRELOAD shim) */
+
+/* Optional PACKS request body (an empty body is version 1's request). */
+struct kx_packs_request {
+	uint32_t flags;
+	uint32_t reserved;
+};
+_Static_assert(sizeof(struct kx_packs_request) == 8, "PACKS request is 8 bytes");
 
 struct kx_msg_header {
 	uint32_t magic;
@@ -88,6 +98,19 @@ _Static_assert(sizeof(struct kx_fill_reply) == 112, "fill reply is 112 bytes");
  * else the pack is not the state the node checked. */
 struct stat;
 KX_HIDDEN uint64_t kx_generation(const struct stat *st);
+
+/* The client socket exchange, shared by kylix.c and the LD_PRELOAD shim
+ * (contrib/preload): kx_connect_node opens a new connection (120 s
+ * timeouts); kx_exchange sends one request with fd attached and receives
+ * the reply body into rbuf and up to KX_MAX_FDS fds (close-on-exec, owned
+ * by the caller), returning the body length or a negative errno;
+ * kx_reply_status checks the reply's status and points *fields after its
+ * message. Each returns a negative errno with kylix_last_error set. */
+KX_HIDDEN int kx_connect_node(const char *sock_path);
+KX_HIDDEN ssize_t kx_exchange(int s, uint16_t op, const void *body, uint32_t body_len, int fd,
+                              void *rbuf, size_t rcap, int *fds, int *nfds);
+KX_HIDDEN int kx_reply_status(const char *what, const unsigned char *body, size_t len,
+                              const unsigned char **fields, size_t *flen);
 
 /* kx_seterr records a message for kylix_last_error and returns err. */
 KX_HIDDEN int kx_seterr(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

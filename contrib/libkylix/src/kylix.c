@@ -327,9 +327,9 @@ void kx_test_set_socket(kylix_file *f, const char *path)
 
 static atomic_uint next_seq = 1;
 
-/* connect_node opens a new connection to f's client socket. Connections are
+/* kx_connect_node opens a new connection to the node's client socket. Connections are
  * per call: nothing is shared between threads or across fork. */
-static int connect_node(const char *sock_path)
+int kx_connect_node(const char *sock_path)
 {
 	if (!sock_path[0])
 		return kx_seterr(-ENOTSUP, "the node serves no client socket");
@@ -357,8 +357,8 @@ static int connect_node(const char *sock_path)
  * the reply into rbuf. Received fds (close-on-exec) go to fds[0..*nfds);
  * the caller owns them. Returns the reply body length or a negative errno.
  */
-static ssize_t exchange(int s, uint16_t op, const void *body, uint32_t body_len, int fd,
-                        void *rbuf, size_t rcap, int *fds, int *nfds)
+ssize_t kx_exchange(int s, uint16_t op, const void *body, uint32_t body_len, int fd,
+                    void *rbuf, size_t rcap, int *fds, int *nfds)
 {
 	struct kx_msg_header h = {KX_CLIENT_MAGIC, KX_CLIENT_VERSION, op, atomic_fetch_add(&next_seq, 1), body_len};
 	struct iovec iov[2] = {{&h, sizeof h}, {(void *)body, body_len}};
@@ -430,8 +430,8 @@ static ssize_t exchange(int s, uint16_t op, const void *body, uint32_t body_len,
 
 /* reply_status checks the status part of a reply body; on success *fields
  * points after the message. A failure's message goes to kylix_last_error. */
-static int reply_status(const char *what, const unsigned char *body, size_t len,
-                        const unsigned char **fields, size_t *flen)
+int kx_reply_status(const char *what, const unsigned char *body, size_t len,
+                    const unsigned char **fields, size_t *flen)
 {
 	struct kx_reply_status st;
 	if (len < sizeof st)
@@ -459,12 +459,12 @@ static int reply_status(const char *what, const unsigned char *body, size_t len,
  */
 static struct packset *ask_packs(struct kylix_file *f, const char *sock_path, uint64_t *rejected)
 {
-	int s = connect_node(sock_path);
+	int s = kx_connect_node(sock_path);
 	if (s < 0)
 		return NULL;
 	unsigned char rbuf[4096];
 	int fds[KX_MAX_FDS], nfds = 0;
-	ssize_t r = exchange(s, KX_OP_PACKS, NULL, 0, f->fd, rbuf, sizeof rbuf, fds, &nfds);
+	ssize_t r = kx_exchange(s, KX_OP_PACKS, NULL, 0, f->fd, rbuf, sizeof rbuf, fds, &nfds);
 	close(s);
 	if (r < 0)
 		return NULL;
@@ -472,7 +472,7 @@ static struct packset *ask_packs(struct kylix_file *f, const char *sock_path, ui
 	size_t flen;
 	struct packset *ps = NULL;
 	uint32_t n = 0;
-	if (reply_status("PACKS", rbuf, (size_t)r, &fl, &flen) != 0)
+	if (kx_reply_status("PACKS", rbuf, (size_t)r, &fl, &flen) != 0)
 		goto out;
 	if (flen < 4) {
 		kx_seterr(-EPROTO, "PACKS: reply too short");
@@ -833,14 +833,14 @@ static int fill(kylix_file *f, const void *ipc_handle64, int device, uint64_t ds
 	_Static_assert(sizeof(kylix_range) == 24, "a FILL range is 24 bytes");
 	if (ranges)
 		memcpy(body + sizeof req, ranges, (size_t)n * sizeof(kylix_range));
-	int s = connect_node(sock_path);
+	int s = kx_connect_node(sock_path);
 	if (s < 0) {
 		free(body);
 		return s;
 	}
 	unsigned char rbuf[4096];
 	int fds[KX_MAX_FDS], nfds = 0;
-	ssize_t r = exchange(s, KX_OP_FILL, body, (uint32_t)body_len, f->fd, rbuf, sizeof rbuf, fds, &nfds);
+	ssize_t r = kx_exchange(s, KX_OP_FILL, body, (uint32_t)body_len, f->fd, rbuf, sizeof rbuf, fds, &nfds);
 	close(s);
 	free(body);
 	for (int i = 0; i < nfds; i++)
@@ -849,7 +849,7 @@ static int fill(kylix_file *f, const void *ipc_handle64, int device, uint64_t ds
 		return (int)r;
 	const unsigned char *fl;
 	size_t flen;
-	int err = reply_status("FILL", rbuf, (size_t)r, &fl, &flen);
+	int err = kx_reply_status("FILL", rbuf, (size_t)r, &fl, &flen);
 	if (err)
 		return err;
 	struct kx_fill_reply rep;
