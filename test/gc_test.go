@@ -317,3 +317,30 @@ func TestGCCompactionThenFill(t *testing.T) {
 	require.Zero(t, r.status, "FILL after gc: %s", r.msg)
 	require.True(t, bytes.Equal(b.bytes(t)[:len(keep)], keep))
 }
+
+// TestGCCompactionUnderPreload: the LD_PRELOAD shim reads a small file from
+// its shared pack; after kylix gc compacts that pack, the shim reads it
+// from the new pack (bypassing FUSE again), byte for byte.
+func TestGCCompactionUnderPreload(t *testing.T) {
+	requireFUSE(t)
+	lib, _ := preloadLib(t)
+	data, mnt := dirs(t)
+	src := t.TempDir()
+	keep, drop := randomBytes(300<<10, 7), randomBytes(700<<10, 8)
+	require.NoError(t, os.WriteFile(filepath.Join(src, "keep.bin"), keep, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(src, "drop.bin"), drop, 0o644))
+	mustKylix(t, "/", "import", "--data", data, src, "m")
+	before := extentsOf(t, data, "m/keep.bin")
+	startClientNode(t, data, mnt)
+	out, st := shimRun(t, lib, nil, "cat", filepath.Join(mnt, "m/keep.bin"))
+	require.True(t, bytes.Equal(out, keep))
+	require.Equal(t, uint64(len(keep)), st.Bypassed, "%+v", st)
+
+	mustKylix(t, "/", "rm", "--data", data, "m/drop.bin")
+	require.Equal(t, 1, gcJSON(t, data).PacksCompacted)
+	after := extentsOf(t, data, "m/keep.bin")
+	require.NotEqual(t, before[0].Pack, after[0].Pack)
+	out, st = shimRun(t, lib, nil, "cat", filepath.Join(mnt, "m/keep.bin"))
+	require.True(t, bytes.Equal(out, keep))
+	require.Equal(t, uint64(len(keep)), st.Bypassed, "after gc: %+v", st)
+}
