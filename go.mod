@@ -3,6 +3,7 @@ module github.com/kylix/kylix
 go 1.26.0
 
 require (
+	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/ebitengine/purego v0.11.3
 	github.com/hanwen/go-fuse/v2 v2.12.1
 	github.com/hashicorp/memberlist v0.5.4
@@ -15,6 +16,7 @@ require (
 	github.com/stretchr/testify v1.12.1
 	github.com/zeebo/blake3 v0.2.4
 	go.etcd.io/bbolt v1.4.3
+	go.yaml.in/yaml/v3 v3.0.5
 	golang.org/x/sys v0.50.0
 	golang.org/x/term v0.48.0
 )
@@ -39,7 +41,6 @@ require (
 	github.com/pandatix/go-abnf v0.5.3 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/sean-/seed v0.0.0-20170313163322-e2103e2c3529 // indirect
-	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/mod v0.28.0 // indirect
 	golang.org/x/net v0.61.0 // indirect
 	golang.org/x/sync v0.22.0 // indirect

@@ -7,6 +7,8 @@ import (
 	"sort"
 	"sync"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/kylix/kylix/chunkstore/storeio"
 )
 
@@ -189,20 +191,40 @@ func (s *Store) load(ctx context.Context, refs []ChunkRef, locs []Location, entr
 		s.logChunkFailure(refs[i].ID, locs[i], err)
 		s.cache.finish(entries[i], nil, err, keep)
 	}
+	lease := func(pack uint64) (*Lease, error) {
+		ls, ok := leases[pack]
+		if ok {
+			return ls, nil
+		}
+		ls, err := s.packs.acquire(pack)
+		if err != nil && !errors.Is(err, ErrNotLocal) {
+			leases[pack] = nil
+			return nil, err
+		}
+		leases[pack] = ls // nil: the pack is gone, the chunk is not local
+		return ls, nil
+	}
+	copied := false
 	for _, i := range idx {
 		l := locs[i]
 		var ls *Lease
 		if l.Pack != 0 {
-			var ok bool
-			if ls, ok = leases[l.Pack]; !ok {
-				var err error
-				ls, err = s.packs.acquire(l.Pack)
-				if err != nil && !errors.Is(err, ErrNotLocal) {
-					leases[l.Pack] = nil
-					fail(i, fmt.Errorf("read chunk %s: %w", refs[i].ID.Short(), err))
-					continue
+			var err error
+			ls, err = lease(l.Pack)
+			if err == nil && ls == nil {
+				// The pack is gone: GC's compaction may have moved the
+				// chunk since the caller looked it up (docs/design/gc.md).
+				if nl, ok := s.indexedAt(refs[i].ID); ok && nl.Pack != l.Pack && nl.Len == l.Len {
+					if !copied {
+						locs, copied = append([]Location(nil), locs...), true
+					}
+					locs[i], l = nl, nl
+					ls, err = lease(l.Pack)
 				}
-				leases[l.Pack] = ls // nil: the pack is gone, the chunk is not local
+			}
+			if err != nil {
+				fail(i, fmt.Errorf("read chunk %s: %w", refs[i].ID.Short(), err))
+				continue
 			}
 		}
 		if ls == nil {
@@ -264,6 +286,23 @@ func (s *Store) load(ctx context.Context, refs []ChunkRef, locs []Location, entr
 		}
 		s.cache.finish(entries[p.i], p.rq.Buf, nil, keep)
 	}
+}
+
+// indexedAt returns chunk id's location in the index now.
+func (s *Store) indexedAt(id ID) (Location, bool) {
+	var l Location
+	ok := false
+	_ = s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketChunks).Get(id[:])
+		if v == nil {
+			return nil
+		}
+		var err error
+		l, err = decodeLocation(v)
+		ok = err == nil
+		return nil
+	})
+	return l, ok
 }
 
 // fetch asks the Fetcher for a chunk that is not local and verifies it.

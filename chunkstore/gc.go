@@ -2,7 +2,11 @@ package chunkstore
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -13,14 +17,26 @@ type GCResult struct {
 	BytesRemoved   int64 `json:"bytes_removed"`
 	ObjectsRemoved int   `json:"objects_removed"`
 	PacksRemoved   int   `json:"packs_removed"`
+	// BytesFreed: disk space given back, by packs removed whole and by
+	// compaction (blocks of the pack files, as du counts them).
+	BytesFreed int64 `json:"bytes_freed"`
 	// DeadBytes are bytes no chunk uses any more inside packs that still hold
-	// live chunks; they are reclaimed only when the whole pack is unused.
+	// live chunks, after compaction (docs/design/gc.md): what is left in
+	// packs under the threshold, in whole-file packs, and past --max-bytes.
 	DeadBytes int64 `json:"dead_bytes_in_live_packs"`
+	Compaction
 }
 
 // GC removes every chunk and object that no head reaches, and deletes packs
 // that no longer hold a live chunk. It waits for running imports to finish.
+// It does not compact packs: Collect with GCOptions does.
 func (s *Store) GC(ctx context.Context) (GCResult, error) {
+	return s.Collect(ctx, GCOptions{})
+}
+
+// Collect is GC with options: with Compact set it also rewrites the packs
+// whose dead share passes the threshold (compact.go, docs/design/gc.md).
+func (s *Store) Collect(ctx context.Context, opts GCOptions) (GCResult, error) {
 	s.gcMu.Lock()
 	defer s.gcMu.Unlock()
 	s.nsMu.Lock()
@@ -28,6 +44,7 @@ func (s *Store) GC(ctx context.Context) (GCResult, error) {
 	var res GCResult
 	liveObj := map[ID]bool{Sum(emptyDir): true}
 	liveChunk := map[ID]bool{}
+	var liveFiles []*FileManifest
 	heads, err := s.Heads()
 	if err != nil {
 		return res, fmt.Errorf("gc: %w", err)
@@ -47,6 +64,7 @@ func (s *Store) GC(ctx context.Context) (GCResult, error) {
 				return err
 			}
 			liveObj[e.ID] = true
+			liveFiles = append(liveFiles, m)
 			for _, c := range m.Chunks {
 				liveChunk[c.ID] = true
 			}
@@ -74,6 +92,7 @@ func (s *Store) GC(ctx context.Context) (GCResult, error) {
 	livePack := map[uint64]bool{}
 	liveBytes := map[uint64]int64{}
 	packSize := map[uint64]int64{}
+	cin := compactInput{chunks: map[uint64][]chunkAt{}, locs: map[ID]Location{}, info: map[uint64]packInfo{}, files: liveFiles}
 	var deadPacks []uint64
 	s.mu.Lock()
 	cur := s.shared
@@ -93,6 +112,10 @@ func (s *Store) GC(ctx context.Context) (GCResult, error) {
 			if liveChunk[id] {
 				livePack[l.Pack] = true
 				liveBytes[l.Pack] += int64(l.Len)
+				if opts.Compact {
+					cin.chunks[l.Pack] = append(cin.chunks[l.Pack], chunkAt{id, l})
+					cin.locs[id] = l
+				}
 				return nil
 			}
 			recs = append(recs, record{kind: recDelChunk, id: id})
@@ -127,6 +150,7 @@ func (s *Store) GC(ctx context.Context) (GCResult, error) {
 				return fmt.Errorf("pack %016x: %w", id, err)
 			}
 			packSize[id] = pi.Size
+			cin.info[id] = pi
 			// The open shared pack keeps its record (and file): new
 			// appends go after its end.
 			if !livePack[id] && (cur == nil || cur.id != id) {
@@ -155,6 +179,7 @@ func (s *Store) GC(ctx context.Context) (GCResult, error) {
 		// it (packs.go); it is counted as removed: it is out of the index
 		// and nothing can lease it again. Its removal intent stays until
 		// the next Open, which finds the file gone or removes it.
+		res.BytesFreed += allocated(s.fs, s.PackPath(id))
 		gone, err := s.packs.retire(id)
 		if err != nil {
 			return res, fmt.Errorf("gc: %w", err)
@@ -174,14 +199,68 @@ func (s *Store) GC(ctx context.Context) (GCResult, error) {
 			return res, fmt.Errorf("gc: %w", err)
 		}
 	}
+	compacted := false
+	if opts.Compact {
+		c, err := s.compact(ctx, opts, cin)
+		res.Compaction = c
+		res.BytesFreed += c.BytesFreed
+		if err != nil {
+			return res, fmt.Errorf("gc: compact packs: %w", err)
+		}
+		for _, v := range c.victims {
+			delete(liveBytes, v)
+		}
+		compacted = c.PacksCompacted > 0
+	}
 	for id, live := range liveBytes {
 		res.DeadBytes += max(0, packSize[id]-live)
 	}
-	if len(recs) > 0 {
+	if len(recs) > 0 || compacted {
 		// The log still holds what was just removed: rewrite it.
 		if err := s.compactLog(); err != nil {
 			return res, fmt.Errorf("gc: %w", err)
 		}
 	}
+	s.saveLastGC(res)
 	return res, nil
+}
+
+// LastGC is what the last completed GC freed, kept in the data directory
+// (gc.json) for kylix df.
+type LastGC struct {
+	At             time.Time `json:"at"`
+	BytesFreed     int64     `json:"bytes_freed"`
+	PacksRemoved   int       `json:"packs_removed"`
+	PacksCompacted int       `json:"packs_compacted"`
+	BytesMoved     int64     `json:"bytes_moved"`
+}
+
+func (s *Store) lastGCPath() string { return filepath.Join(s.dir, "gc.json") }
+
+// saveLastGC records res for df. It is a report, not store state: a failure
+// to write it is logged and changes nothing else.
+func (s *Store) saveLastGC(res GCResult) {
+	b, err := json.Marshal(LastGC{At: s.clock.now().UTC(), BytesFreed: res.BytesFreed, PacksRemoved: res.PacksRemoved,
+		PacksCompacted: res.PacksCompacted, BytesMoved: res.BytesMoved})
+	if err == nil {
+		tmp := s.lastGCPath() + ".tmp"
+		if err = os.WriteFile(tmp, b, filePerm); err == nil {
+			err = os.Rename(tmp, s.lastGCPath())
+		}
+	}
+	if err != nil {
+		s.log.Warn("recording the gc summary for kylix df", "err", err)
+	}
+}
+
+func (s *Store) lastGC() *LastGC {
+	b, err := os.ReadFile(s.lastGCPath())
+	if err != nil {
+		return nil
+	}
+	var l LastGC
+	if json.Unmarshal(b, &l) != nil {
+		return nil
+	}
+	return &l
 }

@@ -57,6 +57,10 @@ const (
 	// recAbandon: a pack holding nothing committed (an intent) was
 	// removed from disk.
 	recAbandon recKind = 9
+	// recRelocate: GC's compaction copied a live chunk into another pack
+	// (docs/design/gc.md); the chunk's location becomes loc. Logged in the
+	// same frame as the new pack's recPack and the old pack's recDelPack.
+	recRelocate recKind = 10
 )
 
 // record is one metadata change. Which fields are used depends on kind.
@@ -79,7 +83,7 @@ func appendRecord(b []byte, r record) []byte {
 	case recPack:
 		b = binary.BigEndian.AppendUint64(b, r.pack)
 		b = append(b, r.info.encode()...)
-	case recChunk:
+	case recChunk, recRelocate:
 		b = append(b, r.id[:]...)
 		b = append(b, r.loc.encode()...)
 	case recObject:
@@ -121,7 +125,7 @@ func decodeRecords(p []byte, fn func(record) error) error {
 			}
 			r.info = pi
 			p = p[17:]
-		case recChunk:
+		case recChunk, recRelocate:
 			if !need(IDSize + 20) {
 				return short
 			}
@@ -237,6 +241,15 @@ func applyRecord(tx *bolt.Tx, r record) error {
 			}
 		}
 		return b.Put([]byte(r.head.Name), r.head.encode())
+	case recRelocate:
+		// Unlike recChunk, the new location replaces the old one. A chunk
+		// the index no longer has stays absent (frames apply in log order,
+		// so this happens only on a replay that already saw its removal).
+		b := tx.Bucket(bucketChunks)
+		if b.Get(r.id[:]) == nil {
+			return nil
+		}
+		return b.Put(r.id[:], r.loc.encode())
 	case recDelChunk:
 		return tx.Bucket(bucketChunks).Delete(r.id[:])
 	case recDelObject:

@@ -168,22 +168,7 @@ func (s *Store) PackVerifyStats() PackVerifyStats {
 // before any passthrough open.
 func (f *File) PassthroughCandidate() (pack uint64, path string, ok bool) {
 	size := f.M.Size
-	if size == 0 {
-		return 0, "", false
-	}
-	// The pack holding the most bytes at their own offsets.
-	at := map[uint64]int64{}
-	for i, l := range f.locs {
-		if l.Pack != 0 && l.Off == f.offs[i] {
-			at[l.Pack] += int64(l.Len)
-		}
-	}
-	for p, n := range at {
-		if n > at[pack] || (n == at[pack] && p < pack) {
-			pack = p
-		}
-	}
-	if pack == 0 || 2*at[pack] < size {
+	if pack = candidatePack(size, f.offs, f.locs); pack == 0 {
 		return 0, "", false
 	}
 	var pi packInfo
@@ -200,6 +185,31 @@ func (f *File) PassthroughCandidate() (pack uint64, path string, ok bool) {
 		return 0, "", false
 	}
 	return pack, f.s.PackPath(pack), true
+}
+
+// candidatePack is the pack holding the most of a file's bytes at their own
+// file offsets, if it holds at least half of them (0: none). offs[i] is
+// chunk i's file offset, locs[i] its index location. GC's compaction uses
+// the same rule to keep such packs whole (compact.go).
+func candidatePack(size int64, offs []int64, locs []Location) (pack uint64) {
+	if size == 0 {
+		return 0
+	}
+	at := map[uint64]int64{}
+	for i, l := range locs {
+		if l.Pack != 0 && l.Off == offs[i] {
+			at[l.Pack] += int64(l.Len)
+		}
+	}
+	for p, n := range at {
+		if n > at[pack] || (n == at[pack] && p < pack) {
+			pack = p
+		}
+	}
+	if pack == 0 || 2*at[pack] < size {
+		return 0
+	}
+	return pack
 }
 
 // PackState says what is known about f's candidate pack in this run:

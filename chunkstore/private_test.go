@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kylix/kylix/internal/testneeds"
 )
 
 // asNobody runs a command as uid/gid 65534 with no supplementary groups.
@@ -19,9 +21,7 @@ func asNobody(t *testing.T, args ...string) error {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to switch users")
 	}
-	if _, err := exec.LookPath("setpriv"); err != nil {
-		t.Skip("setpriv not installed")
-	}
+	testneeds.Command(t, "setpriv", "util-linux")
 	cmd := exec.Command("setpriv", append([]string{"--reuid", "65534", "--regid", "65534", "--clear-groups"}, args...)...)
 	return cmd.Run()
 }

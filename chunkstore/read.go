@@ -23,6 +23,8 @@ type File struct {
 	M    *FileManifest
 	offs []int64 // offs[i] = file offset of chunk i; offs[len] = size
 	locs []Location
+	// epoch is the store's relocation count when locs were read (Fresh).
+	epoch uint64
 }
 
 // OpenFile opens the file whose manifest is id.
@@ -31,7 +33,10 @@ func (s *Store) OpenFile(id ID) (*File, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &File{s: s, ID: id, M: m, offs: make([]int64, len(m.Chunks)+1), locs: make([]Location, len(m.Chunks))}
+	// Read before the locations: a compaction racing this open leaves
+	// the File marked stale, never fresh with old locations.
+	epoch := s.relocs.Load()
+	f := &File{s: s, ID: id, M: m, offs: make([]int64, len(m.Chunks)+1), locs: make([]Location, len(m.Chunks)), epoch: epoch}
 	var off int64
 	for i, c := range m.Chunks {
 		f.offs[i] = off
@@ -60,6 +65,18 @@ func (s *Store) OpenFile(id ID) (*File, error) {
 		return nil, fmt.Errorf("open file %s: %w", id.Short(), err)
 	}
 	return f, nil
+}
+
+// Fresh returns f, or f opened again when GC's compaction has moved chunks
+// since f was opened. Reads (ReadAt, WriteTo) find moved chunks by
+// themselves; a Plan reports them as not local, because a plan's packs must
+// match the File's Extents (the layout ioctl's pack table). A planner that
+// needs every local chunk local (a GPU fill) plans on f.Fresh().
+func (f *File) Fresh() (*File, error) {
+	if f.s.relocs.Load() == f.epoch {
+		return f, nil
+	}
+	return f.s.OpenFile(f.ID)
 }
 
 // OpenPath opens the file at a namespace path.

@@ -21,8 +21,18 @@ type Stats struct {
 	// StoredBytes: disk space the packs take (alignment padding and dead
 	// bytes included).
 	StoredBytes int64 `json:"stored_bytes"`
-	Packs       int64 `json:"packs"`
-	IndexBytes  int64 `json:"index_bytes"`
+	// DiskBytes: the blocks the pack files take (du); less than
+	// StoredBytes where holes were punched.
+	DiskBytes int64 `json:"disk_bytes"`
+	// DeadBytes: bytes of packs no indexed chunk occupies (removed files'
+	// chunks not yet compacted, alignment, in-place duplicates of
+	// whole-file packs); kylix gc compacts packs where they pass its
+	// threshold (docs/design/gc.md).
+	DeadBytes int64 `json:"dead_bytes"`
+	// LastGC is the last completed kylix gc, if any.
+	LastGC     *LastGC `json:"last_gc,omitempty"`
+	Packs      int64   `json:"packs"`
+	IndexBytes int64   `json:"index_bytes"`
 	// DedupRatio is LogicalBytes / StoredBytes.
 	DedupRatio float64 `json:"dedup_ratio"`
 	IO         string  `json:"io"`
@@ -79,11 +89,13 @@ func (s *Store) Stats() (*Stats, error) {
 	st.LogicalBytes, st.Files, st.Dirs = t.bytes, t.files, t.dirs
 	err = s.db.View(func(tx *bolt.Tx) error {
 		st.IndexBytes = tx.Size()
+		live := map[uint64]int64{}
 		if err := tx.Bucket(bucketChunks).ForEach(func(k, v []byte) error {
 			l, err := decodeLocation(v)
 			if err != nil {
 				return err
 			}
+			live[l.Pack] += int64(l.Len)
 			st.UniqueBytes += int64(l.Len)
 			st.Chunks++
 			return nil
@@ -94,6 +106,8 @@ func (s *Store) Stats() (*Stats, error) {
 			st.Packs++
 			if fi, err := os.Stat(s.PackPath(beUint64(k))); err == nil {
 				st.StoredBytes += fi.Size()
+				st.DiskBytes += allocatedOf(fi)
+				st.DeadBytes += max(0, fi.Size()-live[beUint64(k)])
 			}
 			return nil
 		})
@@ -101,6 +115,7 @@ func (s *Store) Stats() (*Stats, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stats: %w", err)
 	}
+	st.LastGC = s.lastGC()
 	if st.StoredBytes > 0 {
 		st.DedupRatio = float64(st.LogicalBytes) / float64(st.StoredBytes)
 	}

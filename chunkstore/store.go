@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -108,6 +109,9 @@ type Store struct {
 	pverify packVerifier // passthrough verification record (packverify.go)
 	ctr     counters     // for metrics (counters.go)
 	pchunks chunkChecks  // checks of a file's chunks in a shared pack (packchunks.go)
+
+	// relocs counts compaction commits that moved chunks (File.Fresh).
+	relocs atomic.Uint64
 }
 
 type sharedPack struct {

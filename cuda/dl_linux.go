@@ -21,7 +21,7 @@ import (
 func dlopenFirst(names []string) (handle uintptr, path string, err error) {
 	var msgs []string
 	for _, n := range names {
-		h, e := purego.Dlopen(n, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+		h, e := lockedDl(func() (uintptr, error) { return purego.Dlopen(n, purego.RTLD_NOW|purego.RTLD_GLOBAL) })
 		if e == nil {
 			return h, n, nil
 		}
@@ -39,7 +39,7 @@ func bindSymbols(h uintptr, syms []symbol) error {
 	for _, s := range syms {
 		var addr uintptr
 		for _, n := range s.names {
-			if a, err := purego.Dlsym(h, n); err == nil && a != 0 {
+			if a, err := lockedDl(func() (uintptr, error) { return purego.Dlsym(h, n) }); err == nil && a != 0 {
 				addr = a
 				break
 			}
@@ -57,11 +57,22 @@ func bindSymbols(h uintptr, syms []symbol) error {
 
 // lookupSymbol returns a symbol's address, or 0.
 func lookupSymbol(h uintptr, name string) uintptr {
-	a, err := purego.Dlsym(h, name)
+	a, err := lockedDl(func() (uintptr, error) { return purego.Dlsym(h, name) })
 	if err != nil {
 		return 0
 	}
 	return a
+}
+
+// lockedDl runs a purego dlopen or dlsym with the goroutine locked to its OS
+// thread. On failure purego calls dlerror in a second C call, and dlerror's
+// message belongs to the thread that failed: if the goroutine moved between
+// the two, the error read is empty or another call's (issue 10: doctor lost
+// the CUDA driver's dlopen error in 9 of 200 runs).
+func lockedDl(f func() (uintptr, error)) (uintptr, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return f()
 }
 
 var (
@@ -76,11 +87,11 @@ var (
 // after the call.
 func callErrno(fn uintptr, args ...uintptr) (r1 uintptr, errno uintptr) {
 	errnoOnce.Do(func() {
-		h, err := purego.Dlopen("libc.so.6", purego.RTLD_NOW|purego.RTLD_GLOBAL)
+		h, err := lockedDl(func() (uintptr, error) { return purego.Dlopen("libc.so.6", purego.RTLD_NOW|purego.RTLD_GLOBAL) })
 		if err != nil {
 			return
 		}
-		if a, err := purego.Dlsym(h, "__errno_location"); err == nil && a != 0 {
+		if a := lookupSymbol(h, "__errno_location"); a != 0 {
 			purego.RegisterFunc(&errnoLocation, a)
 		}
 	})

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/kylix/kylix/cuda"
+
+	"github.com/kylix/kylix/internal/testneeds"
 )
 
 // TestStubDriver runs this package's GPU tests against stub builds of
@@ -27,10 +29,7 @@ func TestStubDriver(t *testing.T) {
 	if cuda.Available() == nil {
 		t.Skip("a real CUDA driver is available")
 	}
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		t.Skip("no C compiler")
-	}
+	cc := testneeds.Command(t, "cc", "gcc libc6-dev")
 	dir := t.TempDir()
 	for _, lib := range []struct{ src, so string }{
 		{"libcuda.c", "libcuda.so.1"},

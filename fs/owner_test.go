@@ -19,6 +19,8 @@ import (
 	"github.com/kylix/kylix/chunkstore"
 	kfs "github.com/kylix/kylix/fs"
 	"github.com/kylix/kylix/fs/internal/fstest"
+
+	"github.com/kylix/kylix/internal/testneeds"
 )
 
 // cred is who runs an operation; nil is root (the test itself).
@@ -441,6 +443,7 @@ func ext4Dir(t *testing.T) string {
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	testneeds.Command(t, "mkfs.ext4", "e2fsprogs")
 	if out, err := exec.Command("mkfs.ext4", "-q", "-F", img, "16M").CombinedOutput(); err != nil {
 		t.Skipf("the temp dir is not ext4 and mkfs.ext4 failed: %v %s", err, out)
 	}

@@ -18,6 +18,8 @@ import (
 	"github.com/kylix/kylix/chunkstore"
 	kfs "github.com/kylix/kylix/fs"
 	"github.com/kylix/kylix/fs/internal/fstest"
+
+	"github.com/kylix/kylix/internal/testneeds"
 )
 
 // smallDisk mounts a tmpfs of size bytes and returns its root; the
@@ -49,6 +51,7 @@ func smallExt4(t *testing.T, size int64) string {
 	if err := os.Truncate(img, size); err != nil {
 		t.Fatal(err)
 	}
+	testneeds.Command(t, "mkfs.ext4", "e2fsprogs")
 	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-m", "0", img).CombinedOutput(); err != nil {
 		t.Skipf("mkfs.ext4: %v %s", err, out)
 	}
@@ -461,9 +464,7 @@ func TestCommitFailsAfterClose(t *testing.T) {
 // setprivRun runs a shell command as uid/gid 65534.
 func setprivRun(t *testing.T, script string, args ...string) (string, error) {
 	t.Helper()
-	if _, err := exec.LookPath("setpriv"); err != nil {
-		t.Skip("setpriv (util-linux) is needed to run a writer as another user")
-	}
+	testneeds.Command(t, "setpriv", "util-linux") // runs a writer as another user
 	cmd := exec.Command("setpriv", append([]string{"--reuid", "65534", "--regid", "65534", "--clear-groups", "sh", "-c", script}, args...)...)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
@@ -521,7 +522,7 @@ func testReserve(t *testing.T, disk string) {
 	// redirect: the shell's close of its copy of the fd commits the empty
 	// file before the writer runs, as a local file system would keep it.)
 	if _, err := os.Stat("/usr/bin/python3"); err != nil {
-		t.Skip("/usr/bin/python3 is needed for the unprivileged writer")
+		testneeds.Missing(t, "/usr/bin/python3 (the unprivileged writer): %v (apt-get install -y python3)", err)
 	}
 	out, err = setprivRun(t, `exec /usr/bin/python3 -c "$0" "$1"`, spaceWriter, pub)
 	t.Logf("unprivileged writer: %s (%v)", strings.TrimSpace(out), err)

@@ -15,6 +15,11 @@ step "gpublake3 (BLAKE3 on the GPU vs zeebo)"; ./.gpu/gpublake3.test -test.count
 step "gpuio GPU tests (every path, every byte)"
 ./.gpu/gpuio.test -test.run 'GPU' -test.v -test.count=1 > "$out/gpuio.txt" 2>&1 || { echo "gpuio GPU tests FAILED"; fail=1; }
 grep -E '^(=== RUN|--- |ok|FAIL|PASS)|->|not available' "$out/gpuio.txt" | head -40
+step "interop with the reference implementations (safetensors, transformers; CI has neither)"
+for t in safetensors demomodel; do
+  r=$(./.gpu/$t.test -test.run Interop -test.v -test.count=1 2>&1); echo "$r" | grep -E '^(--- |ok|FAIL|PASS)|reference' | head -5
+  echo "$r" | grep -q -- '--- PASS' || { echo "$t interop did not pass"; fail=1; }
+done
 step "kylix doctor"; $k doctor | tee "$out/doctor.txt"
 work=$(mktemp -d /var/tmp/kylix-gpu-test.XXXX)
 export KYLIX_DATA=$work/data

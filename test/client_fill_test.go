@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kylix/kylix/clientproto"
+	"github.com/kylix/kylix/internal/testneeds"
 	"github.com/stretchr/testify/require"
 )
 
@@ -25,10 +26,7 @@ import (
 // the gpuio pipeline, verification, idle release.
 func startStubGPUNode(t *testing.T, data, mnt string, extra ...string) (*node, string) {
 	t.Helper()
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		t.Skip("needs a C compiler for the stub CUDA driver")
-	}
+	cc := testneeds.Command(t, "cc", "gcc libc6-dev") // builds the stub CUDA driver
 	if _, err := os.Stat("/dev/nvidiactl"); err == nil {
 		t.Skip("a real GPU is here: scripts/gpu-onramp.sh tests FILL")
 	}

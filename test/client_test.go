@@ -20,6 +20,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kylix/kylix/clientproto"
+
+	"github.com/kylix/kylix/internal/testneeds"
 )
 
 // startClientNode starts kylix serve with its client socket in a temporary
@@ -334,9 +336,7 @@ func TestClientFillWithoutGPU(t *testing.T) {
 // of a 0644 file over the same socket.
 func TestClientSocketRefusesUserWhoMayNotRead(t *testing.T) {
 	requireFUSE(t)
-	if _, err := exec.LookPath("setpriv"); err != nil {
-		t.Skip("needs setpriv (util-linux)")
-	}
+	testneeds.Command(t, "setpriv", "util-linux")
 	data, mnt := dirs(t)
 	// Let uid 65534 reach the mount point and the test binary.
 	for d := filepath.Dir(mnt); d != "/" && d != os.TempDir(); d = filepath.Dir(d) {

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kylix/kylix/internal/testneeds"
 )
 
 // TestServeAdminSocket: while a node runs, the CLI works through its socket
@@ -314,7 +316,7 @@ func python(t *testing.T) string {
 	t.Helper()
 	const py = "/usr/bin/python3"
 	if err := exec.Command(py, "-c", "import torch, numpy").Run(); err != nil {
-		t.Skipf("%s lacks torch or numpy (apt-get install -y --no-install-recommends python3-torch python3-numpy; .ci/run installs them): %v", py, err)
+		testneeds.Missing(t, "%s lacks torch or numpy (apt-get install -y --no-install-recommends python3-torch python3-numpy): %v", py, err)
 	}
 	return py
 }

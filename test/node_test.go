@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kylix/kylix/internal/testneeds"
 )
 
 var kylixBin string
@@ -48,9 +50,7 @@ func requireFUSE(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: kylix serve mounts with FUSE (DirectMount, passthrough); CI runs this as root")
 	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skipf("needs /dev/fuse: %v", err)
-	}
+	testneeds.FUSE(t)
 }
 
 // node is a running kylix serve.

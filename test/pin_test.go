@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kylix/kylix/clientproto"
+	"github.com/kylix/kylix/internal/testneeds"
 )
 
 // Pins (docs/design/pin.md), through the real CLI against a real node.
@@ -383,9 +384,7 @@ func TestPinnedFillStubGPU(t *testing.T) {
 func TestPinMemlockLimit(t *testing.T) {
 	requireFUSE(t)
 	for _, tool := range []string{"prlimit", "setpriv"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s", tool)
-		}
+		testneeds.Command(t, tool, "util-linux")
 	}
 	data, mnt := dirs(t)
 	importFiles(t, data, map[string][]byte{"a": randomBytes(2<<20, 11), "b": randomBytes(9<<20, 12)})

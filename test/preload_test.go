@@ -25,6 +25,7 @@ import (
 	"github.com/kylix/kylix/clientproto"
 	"github.com/kylix/kylix/fs/layout"
 	"github.com/kylix/kylix/internal/damage"
+	"github.com/kylix/kylix/internal/testneeds"
 )
 
 type preloadStats struct {
@@ -51,9 +52,7 @@ func preloadLib(t *testing.T) (lib, ctest string) {
 	src := filepath.Join(root, "bin", "libkylix_preload.so")
 	ctest = filepath.Join(root, "bin", ".libkylix", "preload-test")
 	if _, err := os.Stat(ctest); err != nil {
-		if _, err := exec.LookPath("cc"); err != nil {
-			t.Skip("needs a C compiler to build bin/libkylix_preload.so (apt-get install gcc libc6-dev)")
-		}
+		testneeds.Command(t, "cc", "gcc libc6-dev") // builds bin/libkylix_preload.so
 		out, err := exec.Command("make", "-s", "-C", root, "libkylix").CombinedOutput()
 		require.NoError(t, err, "make libkylix: %s", out)
 	}
@@ -270,9 +269,7 @@ func TestPreloadCalls(t *testing.T) {
 // gets it once the other file is readable.
 func TestPreloadSharedPackRule(t *testing.T) {
 	requireFUSE(t)
-	if _, err := exec.LookPath("setpriv"); err != nil {
-		t.Skip("needs setpriv (util-linux)")
-	}
+	testneeds.Command(t, "setpriv", "util-linux")
 	lib, _ := preloadLib(t)
 	data, mnt := dirs(t)
 	for d := filepath.Dir(mnt); d != "/" && d != os.TempDir(); d = filepath.Dir(d) {

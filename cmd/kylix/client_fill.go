@@ -228,6 +228,9 @@ func (c *clientServer) opFill(sf *chunkstore.File, body []byte, p peer) reply {
 		return refuse(err)
 	}
 	ranges := req.List()
+	if sf, err = sf.Fresh(); err != nil { // chunks moved by kylix gc since the open
+		return refuse(err)
+	}
 	size := uint64(sf.Size())
 	for i, r := range ranges {
 		if r.FileOffset > size || r.Length > size-r.FileOffset {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"time"
 )
 
 func init() {
@@ -14,7 +15,9 @@ func runDf(ctx context.Context, e *env, args []string) error {
 Shows the store's size: logical_bytes (all files in the namespace added up),
 unique_bytes (distinct chunks), stored_bytes (disk taken by pack files,
 padding and not yet collected garbage included) and dedup_ratio
-(logical / stored).`).withJSON()
+(logical / stored); disk_bytes (blocks the packs take, as du counts),
+dead_bytes (pack bytes no stored chunk occupies: kylix gc compacts them) and
+what the last kylix gc freed.`).withJSON()
 	if err := f.parse(args, 0, 0); err != nil {
 		return err
 	}
@@ -30,8 +33,13 @@ padding and not yet collected garbage included) and dedup_ratio
 	if f.jsonOut {
 		return f.printJSON(st)
 	}
-	fmt.Fprintf(e.stdout, "data dir:      %s\nfiles:         %d in %d directories\nlogical_bytes: %d (%s)\nunique_bytes:  %d (%s) in %d chunks\nstored_bytes:  %d (%s) in %d packs\nindex_bytes:   %d (%s)\ndedup_ratio:   %.2f\nio:            %s\n",
+	fmt.Fprintf(e.stdout, "data dir:      %s\nfiles:         %d in %d directories\nlogical_bytes: %d (%s)\nunique_bytes:  %d (%s) in %d chunks\nstored_bytes:  %d (%s) in %d packs\ndisk_bytes:    %d (%s)\ndead_bytes:    %d (%s)\nindex_bytes:   %d (%s)\ndedup_ratio:   %.2f\nio:            %s\n",
 		st.Dir, st.Files, st.Dirs, st.LogicalBytes, human(st.LogicalBytes), st.UniqueBytes, human(st.UniqueBytes), st.Chunks,
-		st.StoredBytes, human(st.StoredBytes), st.Packs, st.IndexBytes, human(st.IndexBytes), st.DedupRatio, st.IO)
+		st.StoredBytes, human(st.StoredBytes), st.Packs, st.DiskBytes, human(st.DiskBytes), st.DeadBytes, human(st.DeadBytes),
+		st.IndexBytes, human(st.IndexBytes), st.DedupRatio, st.IO)
+	if g := st.LastGC; g != nil {
+		fmt.Fprintf(e.stdout, "last_gc:       %s: freed %d (%s), %d packs removed, %d compacted (%s moved)\n",
+			g.At.Format(time.RFC3339), g.BytesFreed, human(g.BytesFreed), g.PacksRemoved, g.PacksCompacted, human(g.BytesMoved))
+	}
 	return nil
 }

@@ -148,12 +148,9 @@ func doctor(data string) doctorReport {
 	rel := unix.ByteSliceToString(uts.Release[:])
 	var major, minor int
 	fmt.Sscanf(rel, "%d.%d", &major, &minor)
-	_, fuseErr := os.Stat("/dev/fuse")
-	switch {
-	case fuseErr != nil:
-		add("fuse", false, "/dev/fuse missing: kylix serve cannot mount")
-	default:
-		add("fuse", true, "/dev/fuse present")
+	fuseOK, fuseDetail := fuseUsable("/dev/fuse") // as the calling user (doctor_fuse.go)
+	add("fuse", fuseOK, "%s", fuseDetail)
+	if fuseOK {
 		if major > 6 || (major == 6 && minor >= 9) {
 			if os.Geteuid() == 0 {
 				add("fuse passthrough", true, "kernel %s >= 6.9 and running as root: large contiguous files are served by the kernel from their pack", rel)

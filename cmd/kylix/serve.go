@@ -228,12 +228,14 @@ inside the mount point.`)
 	go func() { fsys.Wait(); close(unmounted) }()
 	fmt.Fprintf(e.stdout, "kylix: node %d serving %s at %s\n  admin socket: %s\n%s  stop: Ctrl-C or kill %d\n",
 		os.Getpid(), s.Dir(), mountDir, admin.path, clientLine, os.Getpid())
+	notifyReady(log, s.Dir(), mountDir) // systemd Type=notify (notify.go)
 	select {
 	case <-ctx.Done():
 		log.Info("stopping", "mount", mountDir)
 	case <-unmounted:
 		log.Warn("the mount went away (unmounted from outside); stopping", "mount", mountDir)
 	}
+	notifyStopping(log, mountDir)
 	go stopWatchdog(log, mountDir, *stopTimeout, stopped)
 	admin.close()
 	if runningNode.client != nil {

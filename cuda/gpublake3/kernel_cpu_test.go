@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/zeebo/blake3"
+
+	"github.com/kylix/kylix/internal/testneeds"
 )
 
 // cpuShim lets the kernel source compile as C++ on the host: the CUDA
@@ -64,10 +66,7 @@ func TestKernelSourceOnCPU(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
 	}
-	cxx, err := exec.LookPath("c++")
-	if err != nil {
-		t.Skip("no C++ compiler")
-	}
+	cxx := testneeds.Command(t, "c++", "g++")
 	if binary.Size(struct {
 		Off, Len, Chunk0, N uint64
 		Want                [8]uint32

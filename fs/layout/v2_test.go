@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kylix/kylix/internal/testneeds"
 )
 
 // cLayout is what the Go package says about each C struct: its size and
@@ -68,10 +70,7 @@ var cConst = []struct {
 // every field offset, every constant, every command number and the
 // generation function against this package.
 func TestHeaderFields(t *testing.T) {
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		t.Skip("no C compiler (cc) to check kylix_layout.h against")
-	}
+	cc := testneeds.Command(t, "cc", "gcc libc6-dev") // checks kylix_layout.h
 	var src strings.Builder
 	var want []string
 	src.WriteString("#include <stdio.h>\n#include <stddef.h>\n#include \"kylix_layout.h\"\nint main(void) {\n")

@@ -13,7 +13,7 @@ import unittest
 import kylix._lib as klib
 import kylix.torch as kt
 
-from helpers import REPO, numpy_parse, tbytes, write_st
+from helpers import REPO, needs, numpy_parse, tbytes, write_st
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,7 +40,7 @@ class LibTest(unittest.TestCase):
         self.assertTrue(out.startswith("True ['pread']"), out)
         self.assertIn(bad, out)
 
-    @unittest.skipIf(klib.lib() is None, "no libkylix here (KYLIX_LIB unset and %s/bin/libkylix.so absent)" % REPO)
+    @needs(klib.lib() is not None, "libkylix (KYLIX_LIB unset and %s/bin/libkylix.so absent: make build with a C compiler, apt-get install -y gcc libc6-dev)" % REPO)
     def test_reads_through_lib(self):
         got = kt.load_file(self.p)
         paths = set(kt.last_load_info()["bytes"])

@@ -7,17 +7,17 @@ import (
 
 	"github.com/kylix/kylix/chunkstore"
 	kfs "github.com/kylix/kylix/fs"
+	"github.com/kylix/kylix/internal/testneeds"
 )
 
-// RequireFUSE skips t unless it runs as root with /dev/fuse.
+// RequireFUSE skips t unless it runs as root, and fails it (through
+// testneeds) where /dev/fuse is missing.
 func RequireFUSE(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("FUSE mount tests need root (DirectMount and passthrough); CI runs them as root")
 	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skipf("FUSE mount tests need /dev/fuse: %v", err)
-	}
+	testneeds.FUSE(t)
 }
 
 // Mounted is a store with its namespace mounted.
