@@ -3,7 +3,6 @@ package peers
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -55,6 +54,11 @@ type Config struct {
 	// NoPlacement: this member pulls nothing for placement (a member that
 	// only reads; benchmarks use it). It still counts as an owner.
 	NoPlacement bool
+	// Plaintext: the data plane authenticates peers by an HMAC
+	// challenge-response under the cluster key and does not encrypt
+	// (trusted networks only; every member must use the same). Default:
+	// mutual TLS 1.3.
+	Plaintext bool
 	// FetchTimeout bounds one attempt to fetch a chunk from one member.
 	// Default 30 s.
 	FetchTimeout time.Duration
@@ -74,10 +78,9 @@ const (
 // and the fetcher. Create it with New (before the store opens, since the
 // store takes its Fetcher), then Start it with the open store.
 type Node struct {
-	cfg       Config
-	log       *slog.Logger
-	serverTLS *tls.Config
-	clientTLS *tls.Config
+	cfg Config
+	log *slog.Logger
+	sec security
 
 	s      *chunkstore.Store
 	serf   *serf.Serf
@@ -136,11 +139,11 @@ func New(cfg Config) (*Node, error) {
 	if cfg.FetchTimeout <= 0 {
 		cfg.FetchTimeout = 30 * time.Second
 	}
-	st, ct, err := tlsConfigs(cfg.Key)
+	sec, err := newSecurity(cfg.Key, cfg.Plaintext)
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger, serverTLS: st, clientTLS: ct, self: cfg.Name,
+	n := &Node{cfg: cfg, log: cfg.Logger, sec: sec, self: cfg.Name,
 		pools: map[string]*pool{}, stats: map[string]*Stats{}, seen: map[string]time.Time{},
 		nsMerged: map[string]string{}, nsKick: make(chan struct{}, 1), place: placement{kick: make(chan struct{}, 1)}}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
@@ -164,7 +167,7 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 		return fmt.Errorf("cluster: data plane listen %s: %w", dl, err)
 	}
 	n.dataLn = ln
-	n.srv = newServer(s, ln, n.serverTLS, n.log, n.statsFor(n.self), n.cfg.CorruptServed)
+	n.srv = newServer(s, ln, n.sec, n.log, n.statsFor(n.self), n.cfg.CorruptServed)
 	dpTag := ln.Addr().String()
 	if h, p, _ := net.SplitHostPort(dpTag); net.ParseIP(h).IsUnspecified() {
 		dpTag = ":" + p // peers use the gossip address's host
@@ -394,7 +397,7 @@ func (n *Node) poolFor(addr string) *pool {
 	defer n.mu.Unlock()
 	p, ok := n.pools[addr]
 	if !ok {
-		p = &pool{addr: addr, cfg: n.clientTLS}
+		p = &pool{addr: addr, sec: n.sec}
 		n.pools[addr] = p
 	}
 	return p

@@ -195,7 +195,7 @@ func TestWrongKeyRefused(t *testing.T) {
 	// Nor can it use the data plane: its certificate is not the cluster's.
 	_, ct, err := tlsConfigs(k2)
 	require.NoError(t, err)
-	cc, err := dialPeer(context.Background(), a.DataAddr(), ct)
+	cc, err := dialPeer(context.Background(), a.DataAddr(), security{client: ct})
 	if err == nil {
 		_, _, err = cc.roundTrip(context.Background(), request{op: opObject}, maxObject)
 	}

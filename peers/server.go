@@ -31,8 +31,8 @@ type server struct {
 	wg    sync.WaitGroup
 }
 
-func newServer(s *chunkstore.Store, ln net.Listener, cfg *tls.Config, log *slog.Logger, stats *Stats, corrupt bool) *server {
-	sv := &server{s: s, ln: tls.NewListener(ln, cfg), log: log, stats: stats, corrupt: corrupt, conns: map[net.Conn]struct{}{}}
+func newServer(s *chunkstore.Store, ln net.Listener, sec security, log *slog.Logger, stats *Stats, corrupt bool) *server {
+	sv := &server{s: s, ln: sec.listener(ln), log: log, stats: stats, corrupt: corrupt, conns: map[net.Conn]struct{}{}}
 	sv.wg.Add(1)
 	go sv.accept()
 	return sv
@@ -77,10 +77,12 @@ func (sv *server) serveConn(c net.Conn) {
 	r := bufio.NewReaderSize(c, 16<<10)
 	var magic [len(wireMagic)]byte
 	if _, err := io.ReadFull(r, magic[:]); err != nil {
-		if tc, ok := c.(*tls.Conn); ok && err != io.EOF {
+		_, isTLS := c.(*tls.Conn)
+		_, isPlain := c.(*plainConn)
+		if (isTLS || isPlain) && err != io.EOF {
 			// A handshake refused (no certificate from this cluster)
 			// shows here first.
-			sv.log.Warn("data plane: refused a connection", "remote", tc.RemoteAddr().String(), "err", err)
+			sv.log.Warn("data plane: refused a connection", "remote", c.RemoteAddr().String(), "err", err)
 		}
 		return
 	}

@@ -3,7 +3,6 @@ package peers
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -40,11 +39,10 @@ type call struct {
 	err    error
 }
 
-func dialPeer(ctx context.Context, addr string, cfg *tls.Config) (*clientConn, error) {
+func dialPeer(ctx context.Context, addr string, sec security) (*clientConn, error) {
 	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	defer cancel()
-	d := tls.Dialer{Config: cfg}
-	c, err := d.DialContext(ctx, "tcp", addr)
+	c, err := sec.dial(ctx, addr)
 	if err != nil {
 		return nil, fmt.Errorf("data plane %s: %w", addr, err)
 	}
@@ -156,7 +154,7 @@ func (cc *clientConn) roundTrip(ctx context.Context, rq request, max uint32) (by
 // pool holds the connections to one peer.
 type pool struct {
 	addr string
-	cfg  *tls.Config
+	sec  security
 	mu   sync.Mutex
 	cs   [connsPerPeer]*clientConn
 	rr   atomic.Uint32
@@ -171,7 +169,7 @@ func (p *pool) get(ctx context.Context) (*clientConn, error) {
 	if cc != nil && !cc.dead() {
 		return cc, nil
 	}
-	cc, err := dialPeer(ctx, p.addr, p.cfg)
+	cc, err := dialPeer(ctx, p.addr, p.sec)
 	if err != nil {
 		return nil, err
 	}

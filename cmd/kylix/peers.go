@@ -27,6 +27,7 @@ var runningPeers *peers.Node
 // peerFlags are serve's cluster flags (docs/design/peers.md).
 type peerFlags struct {
 	listen, join, keyFile, name, zone, dataListen *string
+	dataPlane                                     *string
 	replicas                                      *int
 	node                                          *peers.Node
 }
@@ -39,6 +40,7 @@ func addPeerFlags(f *flags) *peerFlags {
 		name:       f.String("node-name", "", "this member's name in the cluster (default HOSTNAME/LISTEN)"),
 		zone:       f.String("zone", "", "this member's failure zone (a tag)"),
 		dataListen: f.String("data-listen", "", "data plane address (default: the --listen host, a port the kernel chooses)"),
+		dataPlane:  f.String("data-plane", "tls", "data plane between members: tls (mutual TLS 1.3) or plaintext (trusted networks: peers authenticated, nothing encrypted; chunks verified either way)"),
 		replicas:   f.Int("replicas", peers.DefaultReplicas, "members that keep each chunk (placement by rendezvous hashing)"),
 	}
 }
@@ -58,6 +60,9 @@ func (pf *peerFlags) fetcher(data string, log *slog.Logger) (chunkstore.Fetcher,
 	key, err := peers.LoadKey(*pf.keyFile)
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
+	}
+	if *pf.dataPlane != "tls" && *pf.dataPlane != "plaintext" {
+		return nil, fmt.Errorf("serve: --data-plane %q: use tls or plaintext", *pf.dataPlane)
 	}
 	var join []string
 	for _, a := range strings.Split(*pf.join, ",") {
@@ -80,7 +85,7 @@ func (pf *peerFlags) fetcher(data string, log *slog.Logger) (chunkstore.Fetcher,
 	}
 	pf.node, err = peers.New(peers.Config{Name: *pf.name, Listen: *pf.listen, DataListen: *pf.dataListen, Join: join, Key: key,
 		Capacity: capacity, Zone: *pf.zone, Replicas: *pf.replicas, Version: "dev", Logger: log,
-		CorruptServed: os.Getenv("KYLIX_TEST_PEER_CORRUPT") == "1"})
+		Plaintext: *pf.dataPlane == "plaintext", CorruptServed: os.Getenv("KYLIX_TEST_PEER_CORRUPT") == "1"})
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
