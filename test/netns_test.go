@@ -51,6 +51,7 @@ func (c *netnsCluster) run(args ...string) {
 func newNetnsCluster(t *testing.T, n int) *netnsCluster {
 	requireFUSE(t)
 	c := &netnsCluster{t: t, ip: testneeds.Command(t, "ip", "iproute2"), nsent: testneeds.Command(t, "nsenter", "util-linux")}
+	removeStaleNetns(c.ip)
 	c.prefix = fmt.Sprintf("kx%d-%d", os.Getpid(), netnsSeq.Add(1))
 	c.sw = c.prefix + "-sw"
 	t.Cleanup(func() {
@@ -78,6 +79,22 @@ func newNetnsCluster(t *testing.T, n int) *netnsCluster {
 		c.run("-n", ns, "link", "set", "lo", "up")
 	}
 	return c
+}
+
+// removeStaleNetns deletes the namespaces of earlier test processes that
+// were killed before their cleanups ran (names kx<PID>-..., PID gone).
+func removeStaleNetns(ip string) {
+	out, _ := exec.Command(ip, "netns", "list").Output()
+	for _, line := range strings.Split(string(out), "\n") {
+		name, _, _ := strings.Cut(strings.TrimSpace(line), " ")
+		var pid, seq int
+		if _, err := fmt.Sscanf(name, "kx%d-%d", &pid, &seq); err != nil || pid == os.Getpid() {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); err == syscall.ESRCH {
+			exec.Command(ip, "netns", "del", name).Run()
+		}
+	}
 }
 
 func (c *netnsCluster) addr(i int) string { return fmt.Sprintf("10.77.0.%d", i+1) }
