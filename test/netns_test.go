@@ -269,3 +269,14 @@ func TestNetnsPlaintext(t *testing.T) {
 	require.Equal(t, sum, shaOn(t, b, onB))
 	require.Positive(t, peersOf(t, b)["n0"].Fetched, "n1 fetched nothing from n0")
 }
+
+// TestServeDataPlaneFlag: an unknown --data-plane is refused before the
+// node starts, naming the two that exist.
+func TestServeDataPlaneFlag(t *testing.T) {
+	data, mnt := dirs(t)
+	_, errs, code := kylix(t, "/", "serve", "--data", data, "--mount", mnt, "--listen", "127.0.0.1:0",
+		"--cluster-key", clusterKey(t), "--data-plane", "udp")
+	require.NotZero(t, code)
+	require.Contains(t, errs, `--data-plane "udp": use tls or plaintext`)
+	require.False(t, isMounted(mnt))
+}
