@@ -151,3 +151,33 @@ func TestSwarmRelay(t *testing.T) {
 	require.Equal(t, was, fetched(), "a second read went to the network")
 	require.Equal(t, hits+int64(tried), b.Swarm().Cache.Hits)
 }
+
+// TestBadRelaySkipped: a relay that sends wrong bytes is counted as a bad
+// member and skipped: the reader gets every chunk right from the holder.
+func TestBadRelaySkipped(t *testing.T) {
+	key, _ := NewKey()
+	cache := func() string { return filepath.Join(t.TempDir(), "peer-cache") }
+	a := mustStart(t, "a", key, false)
+	bad, err := startNodeCfg(t, Config{Name: "bad", Key: key, Join: []string{a.cfg.Listen}, CorruptServed: true, NoPlacement: true, CacheDir: cache()})
+	require.NoError(t, err)
+	rd, err := startNodeCfg(t, Config{Name: "reader", Key: key, Join: []string{a.cfg.Listen}, NoPlacement: true, CacheDir: cache()})
+	require.NoError(t, err)
+	eventually(t, "three alive members", func() bool { return len(rd.members()) == 3 && len(bad.members()) == 3 })
+	data := randBytes(24 << 20)
+	importBytes(t, a, "f", data)
+	eventually(t, "f on reader", func() bool { _, err := rd.s.Lookup("f"); return err == nil })
+	f, _, err := rd.s.OpenPath("f")
+	require.NoError(t, err)
+	viaBad := 0
+	for _, c := range f.M.Chunks {
+		if r, ok := rd.relayFor(c.ID, rd.members()); ok && r.name == "bad" {
+			viaBad++
+		}
+	}
+	require.Positive(t, viaBad, "the bad member relays no chunk; use more chunks")
+	got, err := readAll(rd, "f")
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(got, data))
+	require.Positive(t, rd.statsFor("bad").BadChunks.Load())
+	require.Positive(t, bad.Swarm().RelayServed)
+}

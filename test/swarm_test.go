@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -177,4 +178,7 @@ func TestClusterSwarm(t *testing.T) {
 		t.Errorf("B's second read did not hit its peer cache: %+v", out.Swarm)
 	}
 	t.Logf("B's second read: %d peer cache hits", out.Swarm.Cache.Hits)
+	if h := mustKylix(t, "/", "peers", "--data", b.data); !strings.Contains(h, "peer cache: ") || !strings.Contains(h, "hits ") {
+		t.Errorf("kylix peers shows no peer cache line:\n%s", h)
+	}
 }
