@@ -27,7 +27,7 @@ const (
 	opObject byte = 2
 	// opRelay asks a chunk's relay for it (relay.go): as opChunk, but a
 	// member that does not hold the chunk fetches it from the holders.
-	opRelay byte = 3
+	opRelay byte = 5
 )
 
 // Statuses (response kinds).
