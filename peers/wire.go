@@ -25,6 +25,9 @@ const (
 	opChunk byte = 1
 	// opObject asks for a manifest: payload = 32-byte id.
 	opObject byte = 2
+	// opRelay asks a chunk's relay for it (relay.go): as opChunk, but a
+	// member that does not hold the chunk fetches it from the holders.
+	opRelay byte = 5
 )
 
 // Statuses (response kinds).
@@ -114,7 +117,7 @@ type request struct {
 func decodeRequest(f frame) (request, error) {
 	rq := request{op: f.kind}
 	switch f.kind {
-	case opChunk:
+	case opChunk, opRelay:
 		if len(f.payload) != 36 {
 			return rq, fmt.Errorf("chunk request of %d bytes: %w", len(f.payload), errProtocol)
 		}
@@ -136,7 +139,7 @@ func decodeRequest(f frame) (request, error) {
 
 func encodeRequest(rq request) []byte {
 	p := append([]byte(nil), rq.id[:]...)
-	if rq.op == opChunk {
+	if rq.op == opChunk || rq.op == opRelay {
 		p = binary.BigEndian.AppendUint32(p, rq.len)
 	}
 	return p

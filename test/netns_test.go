@@ -123,7 +123,7 @@ func (c *netnsCluster) start(i int, key string, extra []string, join ...int) *me
 		args = append(args, "--join", strings.Join(js, ","))
 	}
 	args = append(args, extra...)
-	n := &node{t: t, data: data, mnt: mnt, log: &bytes.Buffer{}}
+	n := &node{t: t, data: data, mnt: mnt, log: &lockedBuffer{}}
 	n.cmd = exec.Command(c.nsent, args...)
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
 	require.NoError(t, n.cmd.Start())
