@@ -55,6 +55,13 @@ type Config struct {
 	// NoPlacement: this member pulls nothing for placement (a member that
 	// only reads; benchmarks use it). It still counts as an owner.
 	NoPlacement bool
+	// RepairRate bounds placement and repair pulls, bytes a second: 0
+	// means DefaultRepairRate, negative no limit.
+	RepairRate int64
+	// FailureGrace is how long after serf marks a member failed it still
+	// counts as an owner (nobody repairs its chunks): 0 means
+	// DefaultFailureGrace, negative none.
+	FailureGrace time.Duration
 	// FetchTimeout bounds one attempt to fetch a chunk from one member.
 	// Default 30 s.
 	FetchTimeout time.Duration
@@ -133,6 +140,12 @@ func New(cfg Config) (*Node, error) {
 	if cfg.Replicas <= 0 {
 		cfg.Replicas = DefaultReplicas
 	}
+	if cfg.RepairRate == 0 {
+		cfg.RepairRate = DefaultRepairRate
+	}
+	if cfg.FailureGrace == 0 {
+		cfg.FailureGrace = DefaultFailureGrace
+	}
 	if cfg.FetchTimeout <= 0 {
 		cfg.FetchTimeout = 30 * time.Second
 	}
@@ -144,6 +157,8 @@ func New(cfg Config) (*Node, error) {
 		pools: map[string]*pool{}, stats: map[string]*Stats{}, seen: map[string]time.Time{},
 		nsMerged: map[string]string{}, nsKick: make(chan struct{}, 1), place: placement{kick: make(chan struct{}, 1)}}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
+	n.place.limit.rate = max(cfg.RepairRate, 0)
+	n.place.stats.RepairRate, n.place.stats.FailureGrace = n.place.limit.rate, max(cfg.FailureGrace, 0)
 	return n, nil
 }
 
@@ -164,7 +179,7 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 		return fmt.Errorf("cluster: data plane listen %s: %w", dl, err)
 	}
 	n.dataLn = ln
-	n.srv = newServer(s, ln, n.serverTLS, n.log, n.statsFor(n.self), n.cfg.CorruptServed)
+	n.srv = newServer(s, ln, n.serverTLS, n.log, n.statsFor(n.self), n.cfg.CorruptServed, n.countReceived)
 	dpTag := ln.Addr().String()
 	if h, p, _ := net.SplitHostPort(dpTag); net.ParseIP(h).IsUnspecified() {
 		dpTag = ":" + p // peers use the gossip address's host

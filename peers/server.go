@@ -25,14 +25,16 @@ type server struct {
 	// a member that serves wrong bytes (docs/design/peers.md).
 	corrupt bool
 	stats   *Stats
+	// received counts chunks other members pushed here.
+	received func(chunks, bytes int64)
 
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
 	wg    sync.WaitGroup
 }
 
-func newServer(s *chunkstore.Store, ln net.Listener, cfg *tls.Config, log *slog.Logger, stats *Stats, corrupt bool) *server {
-	sv := &server{s: s, ln: tls.NewListener(ln, cfg), log: log, stats: stats, corrupt: corrupt, conns: map[net.Conn]struct{}{}}
+func newServer(s *chunkstore.Store, ln net.Listener, cfg *tls.Config, log *slog.Logger, stats *Stats, corrupt bool, received func(chunks, bytes int64)) *server {
+	sv := &server{s: s, ln: tls.NewListener(ln, cfg), log: log, stats: stats, corrupt: corrupt, received: received, conns: map[net.Conn]struct{}{}}
 	sv.wg.Add(1)
 	go sv.accept()
 	return sv
@@ -95,7 +97,7 @@ func (sv *server) serveConn(c net.Conn) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
-		f, err := readFrame(r, maxRequest)
+		f, err := readRequest(r)
 		if err != nil {
 			if err != io.EOF && !errors.Is(err, net.ErrClosed) {
 				sv.log.Warn("data plane: bad request; closing the connection", "remote", c.RemoteAddr().String(), "err", err)
@@ -171,6 +173,10 @@ func (sv *server) answer(rq request) (byte, []byte) {
 			return stError, errMsg(errors.New("object too large for the data plane"))
 		}
 		return stOK, obj
+	case opHas:
+		return sv.has(rq.raw)
+	case opPut:
+		return sv.put(rq.raw)
 	}
 	return stError, errMsg(errors.New("unknown op"))
 }

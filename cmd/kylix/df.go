@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/peers"
 )
 
 func init() {
@@ -30,8 +33,18 @@ what the last kylix gc freed.`).withJSON()
 	if err != nil {
 		return err
 	}
+	cl, err := clusterReplication(ctx, "")
+	if err != nil {
+		return err
+	}
 	if f.jsonOut {
-		return f.printJSON(st)
+		return f.printJSON(struct {
+			*chunkstore.Stats
+			Cluster *peers.Replication `json:"cluster,omitempty"`
+		}{st, cl})
+	}
+	if cl != nil {
+		defer printReplication(e.stdout, cl)
 	}
 	fmt.Fprintf(e.stdout, "data dir:      %s\nfiles:         %d in %d directories\nlogical_bytes: %d (%s)\nunique_bytes:  %d (%s) in %d chunks\nstored_bytes:  %d (%s) in %d packs\ndisk_bytes:    %d (%s)\ndead_bytes:    %d (%s)\nindex_bytes:   %d (%s)\ndedup_ratio:   %.2f\nio:            %s\n",
 		st.Dir, st.Files, st.Dirs, st.LogicalBytes, human(st.LogicalBytes), st.UniqueBytes, human(st.UniqueBytes), st.Chunks,

@@ -28,6 +28,8 @@ var runningPeers *peers.Node
 type peerFlags struct {
 	listen, join, keyFile, name, zone, dataListen *string
 	replicas                                      *int
+	repairRate                                    *int64
+	failureGrace                                  *time.Duration
 	node                                          *peers.Node
 }
 
@@ -40,6 +42,9 @@ func addPeerFlags(f *flags) *peerFlags {
 		zone:       f.String("zone", "", "this member's failure zone (a tag)"),
 		dataListen: f.String("data-listen", "", "data plane address (default: the --listen host, a port the kernel chooses)"),
 		replicas:   f.Int("replicas", peers.DefaultReplicas, "members that keep each chunk (placement by rendezvous hashing)"),
+		repairRate: f.Int64("repair-rate", peers.DefaultRepairRate, "placement and repair pulls: at most BYTES a second (0: no limit)"),
+		failureGrace: f.Duration("failure-grace", peers.DefaultFailureGrace,
+			"how long after gossip marks a member failed its chunks are repaired elsewhere (0: at once)"),
 	}
 }
 
@@ -80,6 +85,7 @@ func (pf *peerFlags) fetcher(data string, log *slog.Logger) (chunkstore.Fetcher,
 	}
 	pf.node, err = peers.New(peers.Config{Name: *pf.name, Listen: *pf.listen, DataListen: *pf.dataListen, Join: join, Key: key,
 		Capacity: capacity, Zone: *pf.zone, Replicas: *pf.replicas, Version: "dev", Logger: log,
+		RepairRate: orNone(*pf.repairRate), FailureGrace: time.Duration(orNone(int64(*pf.failureGrace))),
 		CorruptServed: os.Getenv("KYLIX_TEST_PEER_CORRUPT") == "1"})
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
@@ -98,6 +104,15 @@ func (pf *peerFlags) start(s *chunkstore.Store, fsys *kfs.FS) (stop func(), err 
 	}
 	runningPeers = pf.node
 	return func() { runningPeers = nil; pf.node.Close() }, nil
+}
+
+// orNone maps a flag's 0 ("none") to the node's negative "none" (its 0
+// is "the default").
+func orNone(v int64) int64 {
+	if v == 0 {
+		return -1
+	}
+	return v
 }
 
 type peersOut struct {
@@ -153,6 +168,11 @@ started without --listen.`).withJSON()
 	pl := out.Placement
 	fmt.Fprintf(e.stdout, "placement: %d replicas; %d chunks owned here, %d of them missing after the last pass (%d passes); pulled %d chunks (%s)\n",
 		out.Replicas, pl.OwnedChunks, pl.OwnedMissing, pl.Passes, pl.PulledChunks, human(pl.PulledBytes))
+	fmt.Fprintf(e.stdout, "push: sent %d chunks (%s) to owners on import, received %d (%s); repair rate %s/s (0: no limit), failure grace %s\n",
+		pl.PushedChunks, human(pl.PushedBytes), pl.ReceivedChunks, human(pl.ReceivedBytes), human(pl.RepairRate), pl.FailureGrace)
+	if len(pl.InGrace) > 0 {
+		fmt.Fprintf(e.stdout, "failed, still owners within the grace: %s\n", strings.Join(pl.InGrace, ", "))
+	}
 	for _, m := range out.Members {
 		self := ""
 		if m.Self {
