@@ -62,6 +62,9 @@ type Config struct {
 	// counts as an owner (nobody repairs its chunks): 0 means
 	// DefaultFailureGrace, negative none.
 	FailureGrace time.Duration
+	// Keep lists the namespace paths whose chunks this member keeps even
+	// when it does not own them (pins); nil: none. An error keeps all.
+	Keep func() ([]string, error)
 	// FetchTimeout bounds one attempt to fetch a chunk from one member.
 	// Default 30 s.
 	FetchTimeout time.Duration

@@ -54,6 +54,10 @@ type PlacementStats struct {
 	PushedBytes    int64 `json:"pushed_bytes"`
 	ReceivedChunks int64 `json:"received_chunks"`
 	ReceivedBytes  int64 `json:"received_bytes"`
+	// Dropped: copies this member no longer owns, removed once their R
+	// owners confirmed holding them (rebalance, push.go).
+	DroppedChunks int64 `json:"dropped_chunks"`
+	DroppedBytes  int64 `json:"dropped_bytes"`
 	// RepairRate is the limit on pulls, bytes a second (0: none);
 	// FailureGrace how long a failed member still counts as an owner.
 	RepairRate   int64         `json:"repair_rate_bytes_per_s"`
@@ -145,7 +149,7 @@ func (n *Node) placePass(ctx context.Context) error {
 	members, inGrace := n.placementMembersGrace()
 	r := n.cfg.Replicas
 	seen := map[chunkstore.ID]bool{}
-	var want []chunkstore.ChunkRef
+	var want, extra []chunkstore.ChunkRef
 	var owned int64
 	err := n.s.Walk("", func(p string, e chunkstore.Entry) error {
 		if e.Kind != chunkstore.KindFile {
@@ -161,6 +165,9 @@ func (n *Node) placePass(ctx context.Context) error {
 			}
 			seen[c.ID] = true
 			if !owns(c.ID, members, n.self, r) {
+				if n.s.HasChunk(c.ID) {
+					extra = append(extra, c)
+				}
 				continue
 			}
 			owned++
@@ -177,6 +184,11 @@ func (n *Node) placePass(ctx context.Context) error {
 	if len(want) > 0 {
 		missing.Store(int64(len(want)))
 		if err := n.pull(ctx, want, &missing); err != nil {
+			return err
+		}
+	}
+	if len(extra) > 0 && len(inGrace) == 0 {
+		if err := n.rebalance(ctx, members, extra); err != nil {
 			return err
 		}
 	}

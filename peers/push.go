@@ -20,6 +20,10 @@ import (
 // putBatch is the most chunk bytes sent in one opPut.
 const putBatch = 16 << 20
 
+// rebalanceRetry is how soon placement runs again while copies this
+// member does not own wait for their owners to confirm them.
+const rebalanceRetry = 2 * time.Second
+
 // pushInFlight is the opPut requests in flight to one member.
 const pushInFlight = 4
 
@@ -111,6 +115,10 @@ func (n *Node) pushTo(ctx context.Context, p peer, want []chunkstore.ChunkRef) (
 		data, err := n.s.ReadChunkUnverified(c.ID)
 		if err != nil {
 			return 0, 0, fmt.Errorf("read chunk %s here: %w", c.ID.Short(), err)
+		}
+		if n.cfg.CorruptServed { // the test hook: this member sends wrong bytes
+			data = append([]byte(nil), data...)
+			data[0] ^= 0xff
 		}
 		cur = appendPut(cur, c.ID, data)
 	}
@@ -375,4 +383,104 @@ func (l *limiter) wait(ctx context.Context, n int64) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// rebalance drops the chunks this member holds but no longer owns (a join
+// moved them to the new member), each only once every one of its R owners,
+// all alive and none this member, answers that it holds it: the last
+// copies are never dropped. Chunks of pinned paths are kept (Config.Keep).
+// A member that cannot be asked keeps its chunks here for a later pass.
+func (n *Node) rebalance(ctx context.Context, members []peer, extra []chunkstore.ChunkRef) error {
+	r := n.cfg.Replicas
+	if len(members) <= r {
+		return nil
+	}
+	keep := map[chunkstore.ID]bool{}
+	if n.cfg.Keep != nil {
+		paths, err := n.cfg.Keep()
+		if err != nil {
+			return fmt.Errorf("rebalance: reading the pinned paths: %w", err)
+		}
+		for _, p := range paths {
+			refs, err := n.chunksBelow(p)
+			if err != nil {
+				continue // a pinned path not in the namespace pins nothing
+			}
+			for _, c := range refs {
+				keep[c.ID] = true
+			}
+		}
+	}
+	alive := map[string]peer{}
+	for _, p := range n.livePeers() {
+		alive[p.name] = p
+	}
+	per := map[string][]chunkstore.ChunkRef{}
+	need := map[chunkstore.ID]int{}
+	for _, c := range extra {
+		if keep[c.ID] {
+			continue
+		}
+		ow := owners(c.ID, members, r)
+		ok := len(ow) == r
+		for _, o := range ow {
+			if _, live := alive[o.name]; !live || o.name == n.self {
+				ok = false
+			}
+		}
+		if !ok {
+			continue
+		}
+		need[c.ID] = r
+		for _, o := range ow {
+			per[o.name] = append(per[o.name], c)
+		}
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for name, refs := range per {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			held, err := n.askHas(ctx, alive[name], refs)
+			if err != nil {
+				n.log.Warn("rebalance: could not ask a member what it holds; keeping the copies here", "member", name, "err", err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for i, h := range held {
+				if h {
+					need[refs[i].ID]--
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	var drop []chunkstore.ID
+	for id, left := range need {
+		if left == 0 {
+			drop = append(drop, id)
+		}
+	}
+	if len(drop) < len(need) {
+		// Owners still pulling (a member just joined): look again soon
+		// rather than at the next 30 s pass.
+		time.AfterFunc(rebalanceRetry, n.kickPlace)
+	}
+	if len(drop) == 0 {
+		return ctx.Err()
+	}
+	chunks, bytes, err := n.s.DropChunks(ctx, drop)
+	if err != nil {
+		return fmt.Errorf("rebalance: %w", err)
+	}
+	n.place.mu.Lock()
+	n.place.stats.DroppedChunks += int64(chunks)
+	n.place.stats.DroppedBytes += bytes
+	n.place.mu.Unlock()
+	if chunks > 0 {
+		n.log.Info("rebalance: dropped copies owned elsewhere, each confirmed on its owners", "chunks", chunks, "bytes", bytes)
+	}
+	return nil
 }

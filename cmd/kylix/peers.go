@@ -86,7 +86,15 @@ func (pf *peerFlags) fetcher(data string, log *slog.Logger) (chunkstore.Fetcher,
 	pf.node, err = peers.New(peers.Config{Name: *pf.name, Listen: *pf.listen, DataListen: *pf.dataListen, Join: join, Key: key,
 		Capacity: capacity, Zone: *pf.zone, Replicas: *pf.replicas, Version: "dev", Logger: log,
 		RepairRate: orNone(*pf.repairRate), FailureGrace: time.Duration(orNone(int64(*pf.failureGrace))),
-		CorruptServed: os.Getenv("KYLIX_TEST_PEER_CORRUPT") == "1"})
+		CorruptServed: os.Getenv("KYLIX_TEST_PEER_CORRUPT") == "1", Keep: func() ([]string, error) {
+			// Pinned paths keep their chunks here (rebalance drops none).
+			rec, err := readPinRecord(data)
+			var ps []string
+			for _, p := range rec.Pins {
+				ps = append(ps, p.Path)
+			}
+			return ps, err
+		}})
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
