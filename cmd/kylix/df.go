@@ -20,7 +20,10 @@ unique_bytes (distinct chunks), stored_bytes (disk taken by pack files,
 padding and not yet collected garbage included) and dedup_ratio
 (logical / stored); disk_bytes (blocks the packs take, as du counts),
 dead_bytes (pack bytes no stored chunk occupies: kylix gc compacts them) and
-what the last kylix gc freed.`).withJSON()
+what the last kylix gc freed. On a cluster member also the replication of
+the whole namespace as the alive members answer (docs/design/peers.md):
+under-replicated bytes (chunks on fewer than --replicas members), chunks no
+alive member holds, and what each member holds.`).withJSON()
 	if err := f.parse(args, 0, 0); err != nil {
 		return err
 	}

@@ -61,7 +61,10 @@ func runStat(ctx context.Context, e *env, args []string) error {
 Shows a namespace path: size, mode, manifest ID; for files also the chunk
 count, the extents on disk (backing pack file, offset, length), whether the
 file is one contiguous extent, and whether a pack holds exactly the file (then
-it can be served by FUSE passthrough and read directly by the GPU path).`).withJSON()
+it can be served by FUSE passthrough and read directly by the GPU path).
+On a cluster member, for a file also its bytes on this node, the copies
+wanted, the fewest copies of one chunk, under-replicated bytes and which
+members hold its chunks, as the alive members answer.`).withJSON()
 	chunks := f.Bool("chunks", false, "list every chunk")
 	if err := f.parse(args, 1, 1); err != nil {
 		return err
