@@ -107,19 +107,30 @@ func (n *Node) placeLoop() {
 	}
 }
 
-// members lists the members placement places over, this node included:
-// the alive ones, and those serf marked failed less than the failure grace
-// ago (so a member that comes back soon finds its chunks still its own,
-// and nobody copies them meanwhile). When such a grace ends, placement
-// runs again.
+// members lists the alive members, this node included (the fetcher's
+// order of owners).
 func (n *Node) members() []peer {
-	ps, _ := n.placementMembersGrace()
+	var ps []peer
+	for _, m := range n.serf.Members() {
+		if m.Status == serf.StatusAlive {
+			ps = append(ps, peer{name: m.Name, addr: dataAddr(m), capacity: parseCap(m.Tags[tagCapacity]), zone: m.Tags[tagZone]})
+		}
+	}
 	return ps
 }
 
-func (n *Node) placementMembers() []peer { return n.members() }
+// placementMembers lists the members placement places over, this node
+// included: the alive ones, and those serf marked failed less than the
+// failure grace ago (so a member that comes back soon finds its chunks
+// still its own, and nobody copies them meanwhile).
+func (n *Node) placementMembers() []peer {
+	ps, _ := n.placementMembersGrace(false)
+	return ps
+}
 
-func (n *Node) placementMembersGrace() ([]peer, []string) {
+// placementMembersGrace is placementMembers and the failed members in
+// their grace; with kick, placement runs again when each grace ends.
+func (n *Node) placementMembersGrace(kick bool) ([]peer, []string) {
 	var ps []peer
 	var inGrace []string
 	now := time.Now()
@@ -136,7 +147,9 @@ func (n *Node) placementMembersGrace() ([]peer, []string) {
 				continue
 			}
 			inGrace = append(inGrace, m.Name)
-			time.AfterFunc(left+10*time.Millisecond, n.kickPlace)
+			if kick {
+				time.AfterFunc(left+10*time.Millisecond, n.kickPlace)
+			}
 		}
 		ps = append(ps, peer{name: m.Name, addr: dataAddr(m), capacity: parseCap(m.Tags[tagCapacity]), zone: m.Tags[tagZone]})
 	}
@@ -146,7 +159,7 @@ func (n *Node) placementMembersGrace() ([]peer, []string) {
 // placePass pulls the chunks this member owns and lacks.
 func (n *Node) placePass(ctx context.Context) error {
 	start := time.Now()
-	members, inGrace := n.placementMembersGrace()
+	members, inGrace := n.placementMembersGrace(true)
 	r := n.cfg.Replicas
 	seen := map[chunkstore.ID]bool{}
 	var want, extra []chunkstore.ChunkRef
