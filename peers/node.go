@@ -182,7 +182,7 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 		return fmt.Errorf("cluster: data plane listen %s: %w", dl, err)
 	}
 	n.dataLn = ln
-	n.srv = newServer(s, ln, n.serverTLS, n.log, n.statsFor(n.self), n.cfg.CorruptServed, n.countReceived)
+	n.srv = newServer(s, ln, n.serverTLS, n.log, n.statsFor(n.self), n.cfg.CorruptServed, n.countReceived, n.ownsFn)
 	dpTag := ln.Addr().String()
 	if h, p, _ := net.SplitHostPort(dpTag); net.ParseIP(h).IsUnspecified() {
 		dpTag = ":" + p // peers use the gossip address's host

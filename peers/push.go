@@ -157,7 +157,17 @@ func (n *Node) pushTo(ctx context.Context, p peer, want []chunkstore.ChunkRef) (
 
 // askHas asks p which of refs it stores in its packs.
 func (n *Node) askHas(ctx context.Context, p peer, refs []chunkstore.ChunkRef) ([]bool, error) {
-	out := make([]bool, 0, len(refs))
+	codes, err := n.askHasCodes(ctx, p, refs)
+	out := make([]bool, len(codes))
+	for i, c := range codes {
+		out[i] = c&hasHeld != 0
+	}
+	return out, err
+}
+
+// askHasCodes asks p which of refs it stores and owns (hasHeld, hasOwner).
+func (n *Node) askHasCodes(ctx context.Context, p peer, refs []chunkstore.ChunkRef) ([]byte, error) {
+	out := make([]byte, 0, len(refs))
 	for start := 0; start < len(refs); start += maxHasIDs {
 		batch := refs[start:min(start+maxHasIDs, len(refs))]
 		raw := make([]byte, 0, 32*len(batch))
@@ -171,22 +181,41 @@ func (n *Node) askHas(ctx context.Context, p peer, refs []chunkstore.ChunkRef) (
 		if len(ans) != len(batch) {
 			return nil, fmt.Errorf("member %s answered %d of %d: %w", p.name, len(ans), len(batch), errProtocol)
 		}
-		for _, b := range ans {
-			out = append(out, b == 1)
-		}
+		out = append(out, ans...)
 	}
 	return out, nil
 }
 
-// has answers opHas from the local packs.
+// Bits of an opHas answer byte.
+const (
+	hasHeld  = 1 // stored in the member's packs
+	hasOwner = 2 // the member owns it, by its own view of the membership
+)
+
+// has answers opHas from the local packs and this member's placement.
 func (sv *server) has(raw []byte) (byte, []byte) {
+	var owns func(chunkstore.ID) bool
+	if sv.owner != nil {
+		owns = sv.owner()
+	}
 	out := make([]byte, len(raw)/32)
 	for i := range out {
-		if sv.s.HasChunk(chunkstore.ID(raw[32*i : 32*i+32])) {
-			out[i] = 1
+		id := chunkstore.ID(raw[32*i : 32*i+32])
+		if sv.s.HasChunk(id) {
+			out[i] |= hasHeld
+		}
+		if owns != nil && owns(id) {
+			out[i] |= hasOwner
 		}
 	}
 	return stOK, out
+}
+
+// ownsFn returns whether this member owns a chunk, by the membership now
+// (failed members in their grace included).
+func (n *Node) ownsFn() func(chunkstore.ID) bool {
+	members := n.placementMembers()
+	return func(id chunkstore.ID) bool { return owns(id, members, n.self, n.cfg.Replicas) }
 }
 
 // put stores pushed chunks (each verified against its id by PutChunk) and
@@ -389,7 +418,11 @@ func (l *limiter) wait(ctx context.Context, n int64) error {
 // moved them to the new member), each only once every one of its R owners,
 // all alive and none this member, answers that it holds it: the last
 // copies are never dropped. Chunks of pinned paths are kept (Config.Keep).
-// A member that cannot be asked keeps its chunks here for a later pass.
+// A member that cannot be asked keeps its chunks here for a later pass. An
+// owner confirms only a chunk it holds and owns by its own view of the
+// membership, and a member never drops what it owns by its view; so two
+// members whose views differ cannot each drop their copy counting on the
+// other.
 func (n *Node) rebalance(ctx context.Context, members []peer, extra []chunkstore.ChunkRef) error {
 	r := n.cfg.Replicas
 	if len(members) <= r {
@@ -442,15 +475,18 @@ func (n *Node) rebalance(ctx context.Context, members []peer, extra []chunkstore
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			held, err := n.askHas(ctx, alive[name], refs)
+			codes, err := n.askHasCodes(ctx, alive[name], refs)
 			if err != nil {
 				n.log.Warn("rebalance: could not ask a member what it holds; keeping the copies here", "member", name, "err", err)
 				return
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			for i, h := range held {
-				if h {
+			for i, c := range codes {
+				// Held, and owned by the member's own view too: two
+				// members with different views never both count on the
+				// other to keep the copy.
+				if c&hasHeld != 0 && c&hasOwner != 0 {
 					need[refs[i].ID]--
 				}
 			}

@@ -27,14 +27,17 @@ type server struct {
 	stats   *Stats
 	// received counts chunks other members pushed here.
 	received func(chunks, bytes int64)
+	// owner tells, for opHas, which chunks this member owns.
+	owner func() func(chunkstore.ID) bool
 
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
 	wg    sync.WaitGroup
 }
 
-func newServer(s *chunkstore.Store, ln net.Listener, cfg *tls.Config, log *slog.Logger, stats *Stats, corrupt bool, received func(chunks, bytes int64)) *server {
-	sv := &server{s: s, ln: tls.NewListener(ln, cfg), log: log, stats: stats, corrupt: corrupt, received: received, conns: map[net.Conn]struct{}{}}
+func newServer(s *chunkstore.Store, ln net.Listener, cfg *tls.Config, log *slog.Logger, stats *Stats, corrupt bool,
+	received func(chunks, bytes int64), owner func() func(chunkstore.ID) bool) *server {
+	sv := &server{s: s, ln: tls.NewListener(ln, cfg), log: log, stats: stats, corrupt: corrupt, received: received, owner: owner, conns: map[net.Conn]struct{}{}}
 	sv.wg.Add(1)
 	go sv.accept()
 	return sv
