@@ -99,38 +99,14 @@ func (n *Node) pushTo(ctx context.Context, p peer, want []chunkstore.ChunkRef) (
 	if err != nil {
 		return 0, 0, err
 	}
-	var batches [][]byte
-	var cur []byte
-	for i, c := range want {
-		if held[i] {
-			continue
-		}
-		if int64(c.Len)+36 > maxPut {
-			return 0, 0, fmt.Errorf("chunk %s of %d bytes is larger than a push request", c.ID.Short(), c.Len)
-		}
-		if len(cur) > 0 && len(cur)+36+int(c.Len) > putBatch {
-			batches = append(batches, cur)
-			cur = nil
-		}
-		data, err := n.s.ReadChunkUnverified(c.ID)
-		if err != nil {
-			return 0, 0, fmt.Errorf("read chunk %s here: %w", c.ID.Short(), err)
-		}
-		if n.cfg.CorruptServed { // the test hook: this member sends wrong bytes
-			data = append([]byte(nil), data...)
-			data[0] ^= 0xff
-		}
-		cur = appendPut(cur, c.ID, data)
-	}
-	if len(cur) > 0 {
-		batches = append(batches, cur)
-	}
 	var mu sync.Mutex
 	var chunks, bytes int64
 	var ferr error
 	sem := make(chan struct{}, pushInFlight)
 	var wg sync.WaitGroup
-	for _, b := range batches {
+	// send puts one batch on the wire; at most pushInFlight are in memory
+	// and in flight at once.
+	send := func(b []byte) {
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
@@ -150,6 +126,41 @@ func (n *Node) pushTo(ctx context.Context, p peer, want []chunkstore.ChunkRef) (
 				bytes += int64(len(c.data))
 			}
 		}()
+	}
+	failed := func() bool { mu.Lock(); defer mu.Unlock(); return ferr != nil }
+	var cur []byte
+	for i, c := range want {
+		if held[i] {
+			continue
+		}
+		if failed() || ctx.Err() != nil {
+			break
+		}
+		if int64(c.Len)+36 > maxPut {
+			mu.Lock()
+			ferr = fmt.Errorf("chunk %s of %d bytes is larger than a push request", c.ID.Short(), c.Len)
+			mu.Unlock()
+			break
+		}
+		if len(cur) > 0 && len(cur)+36+int(c.Len) > putBatch {
+			send(cur)
+			cur = nil
+		}
+		data, err := n.s.ReadChunkUnverified(c.ID)
+		if err != nil {
+			mu.Lock()
+			ferr = fmt.Errorf("read chunk %s here: %w", c.ID.Short(), err)
+			mu.Unlock()
+			break
+		}
+		if n.cfg.CorruptServed { // the test hook: this member sends wrong bytes
+			data = append([]byte(nil), data...)
+			data[0] ^= 0xff
+		}
+		cur = appendPut(cur, c.ID, data)
+	}
+	if len(cur) > 0 && !failed() {
+		send(cur)
 	}
 	wg.Wait()
 	return chunks, bytes, ferr
