@@ -2,21 +2,29 @@ package chunkstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	bolt "go.etcd.io/bbolt"
 )
 
+// ErrBusy: DropChunks did nothing because an import (or GC) is running;
+// call again later.
+var ErrBusy = errors.New("an import or gc is running")
+
 // DropChunks removes the given chunks from this store's index even though
 // the namespace may still name them: a cluster member drops the copies it
 // no longer owns once their owners hold them (peers, rebalance). Reads of
 // them then go to the Fetcher. The pack bytes stay until the next GC, which
-// deletes packs left without a chunk and compacts the others. It waits for
-// running imports (an import that found a chunk here must not lose it in
-// between). It returns the chunks and bytes dropped (ids not stored here are
+// deletes packs left without a chunk and compacts the others. While an
+// import or GC runs it drops nothing and returns ErrBusy (an import that
+// found a chunk here must not lose it in between, and waiting would stall
+// every import behind the one running). It returns the chunks and bytes dropped (ids not stored here are
 // skipped).
 func (s *Store) DropChunks(ctx context.Context, ids []ID) (int, int64, error) {
-	s.gcMu.Lock()
+	if !s.gcMu.TryLock() {
+		return 0, 0, ErrBusy
+	}
 	defer s.gcMu.Unlock()
 	var recs []record
 	var bytes int64

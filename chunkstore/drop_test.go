@@ -56,3 +56,23 @@ func TestDropChunks(t *testing.T) {
 		t.Errorf("GC after the drop removed no pack: %+v", res)
 	}
 }
+
+// TestDropChunksBusy: while an import runs, DropChunks drops nothing and
+// says so, rather than waiting (and stalling every import behind it).
+func TestDropChunksBusy(t *testing.T) {
+	s := openTest(t, t.TempDir())
+	im := s.NewImporter()
+	id := Sum([]byte("x"))
+	if err := im.PutChunk(id, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.DropChunks(context.Background(), []ID{id}); !errors.Is(err, ErrBusy) {
+		t.Fatalf("DropChunks during an import: %v, want ErrBusy", err)
+	}
+	if err := im.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n, _, err := s.DropChunks(context.Background(), []ID{id}); err != nil || n != 1 {
+		t.Fatalf("DropChunks after the import: %d, %v", n, err)
+	}
+}

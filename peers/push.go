@@ -519,6 +519,11 @@ func (n *Node) rebalance(ctx context.Context, members []peer, extra []chunkstore
 		return ctx.Err()
 	}
 	chunks, bytes, err := n.s.DropChunks(ctx, drop)
+	if errors.Is(err, chunkstore.ErrBusy) {
+		// An import is running here: try again after it.
+		time.AfterFunc(rebalanceRetry, n.kickPlace)
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("rebalance: %w", err)
 	}
