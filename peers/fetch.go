@@ -3,6 +3,7 @@ package peers
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -12,15 +13,49 @@ import (
 	"github.com/kylix/kylix/chunkstore"
 )
 
-// Fetch brings chunk id (n bytes) from the members: it asks the chunk's
-// owners first (placement), then the rest in rendezvous order, verifies what each sends against the id, and moves on when a
-// member does not hold the chunk, fails, or sends wrong bytes (counted as a
-// bad chunk, shown by `kylix peers`). It implements chunkstore.Fetcher; the
-// store verifies again before anyone sees the bytes.
+// Fetch brings chunk id (n bytes) from the members. A chunk in the peer
+// cache (fetched lately) is read from there. Otherwise the chunk's relay
+// (relay.go) is asked: the one member, chosen by rendezvous hashing among
+// the alive members that do not own the chunk, that fetches it once from a
+// holder and serves every member asking, so N members reading one model
+// at once take it from its owners about once. When the relay fails, this
+// member asks the holders itself (fetchShared: once for all its readers).
+// What it fetched is kept in the peer cache, except chunks this member
+// owns (placement writes those into its packs). It implements
+// chunkstore.Fetcher; the store verifies again before anyone sees the bytes.
 func (n *Node) Fetch(ctx context.Context, id chunkstore.ID, size uint32) ([]byte, error) {
 	if !n.started.Load() {
 		return nil, fmt.Errorf("chunk %s: not in a cluster: %w", id.Short(), chunkstore.ErrNotLocal)
 	}
+	members := n.members()
+	// A chunk this member owns is written into its packs by placement:
+	// not kept in the peer cache too.
+	own := owns(id, members, n.self, n.cfg.Replicas)
+	if !own {
+		if b, ok := n.cache.get(id, size); ok {
+			return b, nil
+		}
+	}
+	if r, ok := n.relayFor(id, members); ok && r.name != n.self && !n.cfg.NoRelay {
+		if data, err := n.askRelay(ctx, r, id, size); err == nil {
+			if !own {
+				n.cache.put(id, data)
+			}
+			return data, nil
+		}
+	}
+	if own || n.cfg.NoRelay {
+		return n.fetchDirect(ctx, id, size)
+	}
+	return n.fetchShared(ctx, id, size)
+}
+
+// fetchDirect asks the holders of chunk id one at a time: its owners first
+// (placement), then the rest in rendezvous order. It verifies what each
+// sends against the id, and moves on when a member does not hold the
+// chunk, fails, or sends wrong bytes (counted as a bad chunk, shown by
+// `kylix peers`).
+func (n *Node) fetchDirect(ctx context.Context, id chunkstore.ID, size uint32) ([]byte, error) {
 	ps := n.fetchOrder(id)
 	var lastErr error
 	asked := 0
@@ -29,32 +64,47 @@ func (n *Node) Fetch(ctx context.Context, id chunkstore.ID, size uint32) ([]byte
 			return nil, err
 		}
 		asked++
-		actx, cancel := context.WithTimeout(ctx, n.cfg.FetchTimeout)
-		data, err := n.request(actx, p, request{op: opChunk, id: id, len: size}, size)
-		cancel()
-		st := n.statsFor(p.name)
-		switch {
-		case err != nil:
-			st.Errors.Add(1)
-			lastErr = err
-			n.log.Warn("fetch: member failed; asking another", "chunk", id.String(), "member", p.name, "err", err)
-			continue
-		case data == nil:
-			continue // not held there
-		case uint32(len(data)) != size || chunkstore.Sum(data) != id:
-			st.BadChunks.Add(1)
-			lastErr = fmt.Errorf("member %s sent a wrong chunk", p.name)
-			n.log.Error("fetch: a member sent bytes that fail their hash; asking another", "chunk", id.String(), "member", p.name, "bytes", len(data))
+		data, err := n.ask(ctx, p, opChunk, id, size)
+		if errors.Is(err, errNotHeld) {
 			continue
 		}
-		st.Fetched.Add(1)
-		st.FetchedBytes.Add(int64(len(data)))
+		if err != nil {
+			lastErr = err
+			continue
+		}
 		return data, nil
 	}
 	if lastErr != nil {
 		return nil, fmt.Errorf("chunk %s: no member of %d asked sent it (last: %v): %w", id.Short(), asked, lastErr, chunkstore.ErrNotLocal)
 	}
 	return nil, fmt.Errorf("chunk %s: none of the %d other members holds it: %w", id.Short(), asked, chunkstore.ErrNotLocal)
+}
+
+// errNotHeld: the member asked does not hold the chunk.
+var errNotHeld = errors.New("not held")
+
+// ask sends one chunk request (op opChunk or opRelay) to p, with the fetch
+// time limit, verifies the answer and counts it in p's stats.
+func (n *Node) ask(ctx context.Context, p peer, op byte, id chunkstore.ID, size uint32) ([]byte, error) {
+	actx, cancel := context.WithTimeout(ctx, n.cfg.FetchTimeout)
+	data, err := n.request(actx, p, request{op: op, id: id, len: size}, size)
+	cancel()
+	st := n.statsFor(p.name)
+	switch {
+	case err != nil:
+		st.Errors.Add(1)
+		n.log.Warn("fetch: member failed; asking another", "chunk", id.String(), "member", p.name, "err", err)
+		return nil, err
+	case data == nil:
+		return nil, errNotHeld
+	case uint32(len(data)) != size || chunkstore.Sum(data) != id:
+		st.BadChunks.Add(1)
+		n.log.Error("fetch: a member sent bytes that fail their hash; asking another", "chunk", id.String(), "member", p.name, "bytes", len(data))
+		return nil, fmt.Errorf("member %s sent a wrong chunk", p.name)
+	}
+	st.Fetched.Add(1)
+	st.FetchedBytes.Add(int64(len(data)))
+	return data, nil
 }
 
 // fetchOrder lists the other live members to ask for chunk id: its

@@ -68,6 +68,14 @@ type Config struct {
 	// FetchTimeout bounds one attempt to fetch a chunk from one member.
 	// Default 30 s.
 	FetchTimeout time.Duration
+	// CacheDir holds the peer cache (chunks fetched from other members);
+	// empty: no peer cache. CacheBytes is its budget (default
+	// DefaultCacheBytes).
+	CacheDir   string
+	CacheBytes int64
+	// NoRelay: ask the holders directly, never a chunk's relay (tests and
+	// benchmarks compare the two).
+	NoRelay bool
 }
 
 // Tag names (serf tags hold at most 512 bytes in all: only small facts).
@@ -104,9 +112,13 @@ type Node struct {
 	seen     map[string]time.Time
 	nsMerged map[string]string // member -> the root of theirs merged last
 	nsTag    string
+	// memberChanged is when a member last joined, left or failed here.
+	memberChanged time.Time
 
 	nsKick  chan struct{}
 	place   placement
+	cache   *peerCache // nil: none
+	relay   relayState
 	ctx     context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -121,6 +133,9 @@ type Stats struct {
 	Errors       atomic.Int64 // requests that failed (connection, error answer)
 	Served       atomic.Int64 // chunks this node served (own stats only)
 	ServedBytes  atomic.Int64
+	// ServedPackBytes: of ServedBytes, those read from this node's packs
+	// (it holds the chunk), not from a cache.
+	ServedPackBytes atomic.Int64
 }
 
 func (s *Stats) served(n int64) { s.Served.Add(1); s.ServedBytes.Add(n) }
@@ -159,6 +174,15 @@ func New(cfg Config) (*Node, error) {
 	n := &Node{cfg: cfg, log: cfg.Logger, serverTLS: st, clientTLS: ct, self: cfg.Name,
 		pools: map[string]*pool{}, stats: map[string]*Stats{}, seen: map[string]time.Time{},
 		nsMerged: map[string]string{}, nsKick: make(chan struct{}, 1), place: placement{kick: make(chan struct{}, 1)}}
+	if cfg.CacheDir != "" {
+		if cfg.CacheBytes <= 0 {
+			cfg.CacheBytes = DefaultCacheBytes
+		}
+		if n.cache, err = openPeerCache(cfg.CacheDir, cfg.CacheBytes); err != nil {
+			return nil, err
+		}
+		n.cfg = cfg
+	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.place.limit.rate = max(cfg.RepairRate, 0)
 	n.place.stats.RepairRate, n.place.stats.FailureGrace = n.place.limit.rate, max(cfg.FailureGrace, 0)
@@ -183,6 +207,7 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 	}
 	n.dataLn = ln
 	n.srv = newServer(s, ln, n.serverTLS, n.log, n.statsFor(n.self), n.cfg.CorruptServed, n.countReceived, n.ownsFn)
+	n.srv.swarm.Store(&swarmHooks{cache: n.cache, relay: n.serveRelay})
 	dpTag := ln.Addr().String()
 	if h, p, _ := net.SplitHostPort(dpTag); net.ParseIP(h).IsUnspecified() {
 		dpTag = ":" + p // peers use the gossip address's host
@@ -304,6 +329,9 @@ func (n *Node) eventLoop() {
 			for _, m := range me.Members {
 				n.seen[m.Name] = time.Now()
 			}
+			if me.Type != serf.EventMemberUpdate {
+				n.memberChanged = time.Now() // rebalance waits for it to settle
+			}
 			n.mu.Unlock()
 			n.log.Info("cluster", "event", me.Type.String(), "members", memberNames(me.Members))
 			n.kickNS()
@@ -340,6 +368,8 @@ type Member struct {
 	Errors       int64 `json:"errors"`
 	Served       int64 `json:"chunks_served,omitempty"` // self only
 	ServedBytes  int64 `json:"bytes_served,omitempty"`  // self only
+	// ServedPackBytes: of ServedBytes, those from this node's packs.
+	ServedPackBytes int64 `json:"bytes_served_from_packs,omitempty"` // self only
 }
 
 // Members lists the cluster as this node sees it, by name.
@@ -357,7 +387,7 @@ func (n *Node) Members() []Member {
 		}
 		st := n.statsFor(m.Name)
 		mm.Fetched, mm.FetchedBytes, mm.BadChunks, mm.Errors = st.Fetched.Load(), st.FetchedBytes.Load(), st.BadChunks.Load(), st.Errors.Load()
-		mm.Served, mm.ServedBytes = st.Served.Load(), st.ServedBytes.Load()
+		mm.Served, mm.ServedBytes, mm.ServedPackBytes = st.Served.Load(), st.ServedBytes.Load(), st.ServedPackBytes.Load()
 		out = append(out, mm)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })

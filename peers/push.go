@@ -24,6 +24,10 @@ const putBatch = 16 << 20
 // member does not own wait for their owners to confirm them.
 const rebalanceRetry = 2 * time.Second
 
+// rebalanceSettle is how long the membership must be still before a
+// member drops copies it does not own.
+const rebalanceSettle = 5 * time.Second
+
 // pushInFlight is the opPut requests in flight to one member.
 const pushInFlight = 4
 
@@ -437,6 +441,16 @@ func (l *limiter) wait(ctx context.Context, n int64) error {
 func (n *Node) rebalance(ctx context.Context, members []peer, extra []chunkstore.ChunkRef) error {
 	r := n.cfg.Replicas
 	if len(members) <= r {
+		return nil
+	}
+	// While members join or leave, views differ (a member that just
+	// rejoined may not see the others yet): drop nothing until the
+	// membership this node sees has been still for rebalanceSettle.
+	n.mu.Lock()
+	wait := rebalanceSettle - time.Since(n.memberChanged)
+	n.mu.Unlock()
+	if wait > 0 {
+		time.AfterFunc(wait+10*time.Millisecond, n.kickPlace)
 		return nil
 	}
 	keep := map[chunkstore.ID]bool{}

@@ -2,6 +2,7 @@ package peers
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"errors"
 	"io"
@@ -29,6 +30,8 @@ type server struct {
 	received func(chunks, bytes int64)
 	// owner tells, for opHas, which chunks this member owns.
 	owner func() func(chunkstore.ID) bool
+	// swarm: the peer cache and the relay (relay.go), set once at start.
+	swarm atomic.Pointer[swarmHooks]
 
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
@@ -140,15 +143,18 @@ func (sv *server) serveConn(c net.Conn) {
 func (sv *server) answer(rq request) (byte, []byte) {
 	id := chunkstore.ID(rq.id)
 	switch rq.op {
-	case opChunk:
+	case opChunk, opRelay:
 		// Not hashed here: the receiver checks every chunk against its id
 		// before anyone sees it, and counts a member whose bytes fail.
 		data, err := sv.s.ReadChunkUnverified(id)
+		fromPack := err == nil
 		if errors.Is(err, chunkstore.ErrNotLocal) {
 			// Not in a pack here, but maybe in memory: read or fetched
 			// lately (a member reading a model serves it on).
 			if b, ok := sv.s.CachedChunk(id); ok {
 				data, err = b, nil
+			} else if sw := sv.swarm.Load(); sw != nil {
+				data, err = sw.chunk(rq.op == opRelay, id, rq.len)
 			}
 		}
 		switch {
@@ -160,6 +166,9 @@ func (sv *server) answer(rq request) (byte, []byte) {
 			return stError, errMsg(errors.New("chunk length differs from the one asked for"))
 		}
 		sv.stats.served(int64(len(data)))
+		if fromPack {
+			sv.stats.ServedPackBytes.Add(int64(len(data)))
+		}
 		if sv.corrupt {
 			data = append([]byte(nil), data...)
 			data[0] ^= 0xff
@@ -190,4 +199,26 @@ func errMsg(err error) []byte {
 		m = m[:maxErrorLen]
 	}
 	return []byte(m)
+}
+
+// swarmHooks give the data plane the node's peer cache and relay.
+type swarmHooks struct {
+	cache *peerCache
+	relay func(ctx context.Context, id chunkstore.ID, size uint32) ([]byte, error)
+}
+
+// chunk serves a chunk that is neither in the packs nor in memory: from
+// the peer cache, or (relay requests) through the relay's one fetch.
+func (h *swarmHooks) chunk(relay bool, id chunkstore.ID, size uint32) ([]byte, error) {
+	if b, ok := h.cache.peek(id, size); ok {
+		return b, nil
+	}
+	if relay {
+		data, err := h.relay(context.Background(), id, size)
+		if err == nil && data == nil {
+			err = chunkstore.ErrNotLocal
+		}
+		return data, err
+	}
+	return nil, chunkstore.ErrNotLocal
 }

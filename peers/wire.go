@@ -33,6 +33,9 @@ const (
 	// member verifies each against its id and commits them before it
 	// answers ok.
 	opPut byte = 4
+	// opRelay asks a chunk's relay for it (relay.go): as opChunk, but a
+	// member that does not hold the chunk fetches it from the holders.
+	opRelay byte = 5
 )
 
 // Statuses (response kinds).
@@ -153,7 +156,7 @@ type request struct {
 func decodeRequest(f frame) (request, error) {
 	rq := request{op: f.kind}
 	switch f.kind {
-	case opChunk:
+	case opChunk, opRelay:
 		if len(f.payload) != 36 {
 			return rq, fmt.Errorf("chunk request of %d bytes: %w", len(f.payload), errProtocol)
 		}
@@ -188,7 +191,7 @@ func encodeRequest(rq request) []byte {
 		return rq.raw
 	}
 	p := append([]byte(nil), rq.id[:]...)
-	if rq.op == opChunk {
+	if rq.op == opChunk || rq.op == opRelay {
 		p = binary.BigEndian.AppendUint32(p, rq.len)
 	}
 	return p

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -59,7 +60,26 @@ type node struct {
 	data string
 	mnt  string
 	cmd  *exec.Cmd
-	log  *bytes.Buffer
+	log  *lockedBuffer
+}
+
+// lockedBuffer is a node's output: written by exec's copying goroutine
+// while the test reads it, so every access takes the lock.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func startNode(t *testing.T, data, mnt string) *node {
@@ -72,7 +92,7 @@ func startNode(t *testing.T, data, mnt string) *node {
 // (and ready, when given). The node is stopped at the end of the test.
 func launchNode(t *testing.T, data, mnt string, env []string, ready func() bool, extra ...string) *node {
 	t.Helper()
-	n := &node{t: t, data: data, mnt: mnt, log: &bytes.Buffer{}}
+	n := &node{t: t, data: data, mnt: mnt, log: &lockedBuffer{}}
 	n.cmd = exec.Command(kylixBin, append([]string{"serve", "--data", data, "--mount", mnt}, extra...)...)
 	if env != nil {
 		n.cmd.Env = append(os.Environ(), env...)

@@ -28,7 +28,7 @@ func TestServeReserve(t *testing.T) {
 		t.Errorf("serve --reserve lots: exit %d, stderr %q; want a failure naming --reserve", code, errs)
 	}
 
-	n := &node{t: t, data: data, mnt: mnt, log: &bytes.Buffer{}}
+	n := &node{t: t, data: data, mnt: mnt, log: &lockedBuffer{}}
 	n.cmd = exec.Command(kylixBin, "serve", "--data", data, "--mount", mnt, "--reserve", "50%")
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
 	if err := n.cmd.Start(); err != nil {

@@ -27,6 +27,7 @@ var runningPeers *peers.Node
 // peerFlags are serve's cluster flags (docs/design/peers.md).
 type peerFlags struct {
 	listen, join, keyFile, name, zone, dataListen *string
+	peerCache                                     *string
 	replicas                                      *int
 	repairRate                                    *int64
 	failureGrace                                  *time.Duration
@@ -41,6 +42,8 @@ func addPeerFlags(f *flags) *peerFlags {
 		name:       f.String("node-name", "", "this member's name in the cluster (default HOSTNAME/LISTEN)"),
 		zone:       f.String("zone", "", "this member's failure zone (a tag)"),
 		dataListen: f.String("data-listen", "", "data plane address (default: the --listen host, a port the kernel chooses)"),
+		peerCache: f.String("peer-cache", "8GiB", "budget of the cache of chunks fetched from other members, under DATA/peer-cache "+
+			"(least recently used evicted; 0: none)"),
 		replicas:   f.Int("replicas", peers.DefaultReplicas, "members that keep each chunk (placement by rendezvous hashing)"),
 		repairRate: f.Int64("repair-rate", peers.DefaultRepairRate, "placement and repair pulls: at most BYTES a second (0: no limit)"),
 		failureGrace: f.Duration("failure-grace", peers.DefaultFailureGrace,
@@ -83,7 +86,16 @@ func (pf *peerFlags) fetcher(data string, log *slog.Logger) (chunkstore.Fetcher,
 			break
 		}
 	}
-	pf.node, err = peers.New(peers.Config{Name: *pf.name, Listen: *pf.listen, DataListen: *pf.dataListen, Join: join, Key: key,
+	var cacheDir string
+	var cacheBytes int64
+	if c := strings.TrimSpace(*pf.peerCache); c != "0" {
+		if cacheBytes, err = parseSize(c); err != nil {
+			return nil, fmt.Errorf("serve: --peer-cache: %w", err)
+		}
+		cacheDir = filepath.Join(data, "peer-cache")
+	}
+	pf.node, err = peers.New(peers.Config{CacheDir: cacheDir, CacheBytes: cacheBytes, NoRelay: os.Getenv("KYLIX_TEST_PEER_NO_RELAY") == "1",
+		Name: *pf.name, Listen: *pf.listen, DataListen: *pf.dataListen, Join: join, Key: key,
 		Capacity: capacity, Zone: *pf.zone, Replicas: *pf.replicas, Version: "dev", Logger: log,
 		RepairRate: orNone(*pf.repairRate), FailureGrace: time.Duration(orNone(int64(*pf.failureGrace))),
 		CorruptServed: os.Getenv("KYLIX_TEST_PEER_CORRUPT") == "1", Keep: func() ([]string, error) {
@@ -127,6 +139,7 @@ type peersOut struct {
 	Self      string               `json:"self"`
 	Replicas  int                  `json:"replicas"`
 	Placement peers.PlacementStats `json:"placement"`
+	Swarm     peers.SwarmStats     `json:"swarm"`
 	Members   []peers.Member       `json:"members"`
 }
 
@@ -169,7 +182,7 @@ started without --listen.`).withJSON()
 	if runningPeers == nil {
 		return fmt.Errorf("the node serving %s is not in a cluster (it was started without --listen)", s.Dir())
 	}
-	out := peersOut{Self: runningPeers.Name(), Replicas: runningPeers.Replicas(), Placement: runningPeers.Placement(), Members: runningPeers.Members()}
+	out := peersOut{Self: runningPeers.Name(), Replicas: runningPeers.Replicas(), Placement: runningPeers.Placement(), Swarm: runningPeers.Swarm(), Members: runningPeers.Members()}
 	if f.jsonOut {
 		return f.printJSON(out)
 	}
@@ -181,6 +194,9 @@ started without --listen.`).withJSON()
 	if len(pl.InGrace) > 0 {
 		fmt.Fprintf(e.stdout, "failed, still owners within the grace: %s\n", strings.Join(pl.InGrace, ", "))
 	}
+	sw := out.Swarm
+	fmt.Fprintf(e.stdout, "peer cache: %s of %s, %d chunks; hits %d, misses %d, evictions %d; relay: got %d chunks through relays, answered %d relay requests, %d shared fetches\n",
+		human(sw.Cache.Bytes), human(sw.Cache.BudgetBytes), sw.Cache.Chunks, sw.Cache.Hits, sw.Cache.Misses, sw.Cache.Evictions, sw.RelayAsked, sw.RelayServed, sw.SharedFetches)
 	for _, m := range out.Members {
 		self := ""
 		if m.Self {
@@ -189,7 +205,7 @@ started without --listen.`).withJSON()
 		fmt.Fprintf(e.stdout, "%s%s: %s, gossip %s, data %s, capacity %s, last seen %s\n  fetched %d chunks (%s), bad chunks %d, errors %d",
 			m.Name, self, m.State, m.Addr, m.DataAddr, human(m.Capacity), m.LastSeen.UTC().Format(time.RFC3339), m.Fetched, human(m.FetchedBytes), m.BadChunks, m.Errors)
 		if m.Self {
-			fmt.Fprintf(e.stdout, ", served %d chunks (%s)", m.Served, human(m.ServedBytes))
+			fmt.Fprintf(e.stdout, ", served %d chunks (%s, %s of them from packs)", m.Served, human(m.ServedBytes), human(m.ServedPackBytes))
 		}
 		fmt.Fprintln(e.stdout)
 	}

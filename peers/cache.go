@@ -1,0 +1,215 @@
+package peers
+
+import (
+	"container/list"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kylix/kylix/chunkstore"
+)
+
+// DefaultCacheBytes is the default budget of the peer cache: chunks this
+// member fetched from others, kept on disk under DATA/peer-cache.
+const DefaultCacheBytes = 8 << 30
+
+// peerCache keeps chunks fetched from other members, one file per chunk
+// named by its id, and evicts the least recently used beyond its byte
+// budget. Every hit is checked against its id (a damaged file is dropped).
+type peerCache struct {
+	dir    string
+	budget int64
+
+	mu   sync.Mutex
+	ll   *list.List // front: most recently used; values *cacheEntry
+	idx  map[chunkstore.ID]*list.Element
+	used int64
+
+	hits, misses, evictions, stored atomic.Int64
+}
+
+type cacheEntry struct {
+	id   chunkstore.ID
+	size int64
+}
+
+// CacheStats is the peer cache as `kylix peers` shows it.
+type CacheStats struct {
+	Dir         string `json:"dir"`
+	BudgetBytes int64  `json:"budget_bytes"`
+	Bytes       int64  `json:"bytes"`
+	Chunks      int    `json:"chunks"`
+	Hits        int64  `json:"hits"`
+	Misses      int64  `json:"misses"`
+	Evictions   int64  `json:"evictions"`
+	Stored      int64  `json:"stored"`
+}
+
+// openPeerCache opens (creating) the cache in dir; the chunks already
+// there are kept, the least recently modified evicted first.
+func openPeerCache(dir string, budget int64) (*peerCache, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("peer cache %s: %w", dir, err)
+	}
+	c := &peerCache{dir: dir, budget: budget, ll: list.New(), idx: map[chunkstore.ID]*list.Element{}}
+	des, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("peer cache %s: %w", dir, err)
+	}
+	type found struct {
+		id   chunkstore.ID
+		size int64
+		mod  int64
+	}
+	var fs []found
+	for _, de := range des {
+		b, err := hex.DecodeString(de.Name())
+		if err != nil || len(b) != len(chunkstore.ID{}) {
+			os.Remove(filepath.Join(dir, de.Name())) // a partial write
+			continue
+		}
+		fi, err := de.Info()
+		if err != nil || !fi.Mode().IsRegular() {
+			continue
+		}
+		fs = append(fs, found{chunkstore.ID(b), fi.Size(), fi.ModTime().UnixNano()})
+	}
+	sort.Slice(fs, func(i, j int) bool { return fs[i].mod < fs[j].mod })
+	c.mu.Lock()
+	for _, f := range fs {
+		c.idx[f.id] = c.ll.PushFront(&cacheEntry{f.id, f.size})
+		c.used += f.size
+	}
+	c.evictLocked()
+	c.mu.Unlock()
+	return c, nil
+}
+
+func (c *peerCache) path(id chunkstore.ID) string { return filepath.Join(c.dir, id.String()) }
+
+// get returns chunk id's bytes when the cache holds them, verified.
+func (c *peerCache) get(id chunkstore.ID, size uint32) ([]byte, bool) {
+	if c == nil {
+		return nil, false
+	}
+	b, ok := c.peek(id, size)
+	if ok {
+		c.hits.Add(1)
+	} else {
+		c.misses.Add(1)
+	}
+	return b, ok
+}
+
+// peek is get without counting (the data plane serving a peer).
+func (c *peerCache) peek(id chunkstore.ID, size uint32) ([]byte, bool) {
+	if c == nil {
+		return nil, false
+	}
+	c.mu.Lock()
+	e, ok := c.idx[id]
+	if ok {
+		c.ll.MoveToFront(e)
+	}
+	c.mu.Unlock()
+	if !ok {
+		return nil, false
+	}
+	b, err := os.ReadFile(c.path(id))
+	if err != nil || uint32(len(b)) != size || chunkstore.Sum(b) != id {
+		c.drop(id)
+		return nil, false
+	}
+	return b, true
+}
+
+// put keeps a verified chunk; a failure to write only means it is not kept.
+func (c *peerCache) put(id chunkstore.ID, data []byte) {
+	if c == nil || int64(len(data)) > c.budget {
+		return
+	}
+	c.mu.Lock()
+	_, ok := c.idx[id]
+	c.mu.Unlock()
+	if ok {
+		return
+	}
+	f, err := os.CreateTemp(c.dir, id.String()+".tmp*")
+	if err != nil {
+		return
+	}
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), c.path(id))
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.idx[id]; ok {
+		return
+	}
+	c.idx[id] = c.ll.PushFront(&cacheEntry{id, int64(len(data))})
+	c.used += int64(len(data))
+	c.stored.Add(1)
+	c.evictLocked()
+}
+
+func (c *peerCache) drop(id chunkstore.ID) {
+	c.mu.Lock()
+	if e, ok := c.idx[id]; ok {
+		c.ll.Remove(e)
+		delete(c.idx, id)
+		c.used -= e.Value.(*cacheEntry).size
+	}
+	c.mu.Unlock()
+	os.Remove(c.path(id))
+}
+
+func (c *peerCache) evictLocked() {
+	for c.used > c.budget {
+		e := c.ll.Back()
+		if e == nil {
+			return
+		}
+		ce := e.Value.(*cacheEntry)
+		c.ll.Remove(e)
+		delete(c.idx, ce.id)
+		c.used -= ce.size
+		c.evictions.Add(1)
+		os.Remove(c.path(ce.id))
+	}
+}
+
+func (c *peerCache) statsOf() CacheStats {
+	if c == nil {
+		return CacheStats{}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return CacheStats{Dir: c.dir, BudgetBytes: c.budget, Bytes: c.used, Chunks: len(c.idx),
+		Hits: c.hits.Load(), Misses: c.misses.Load(), Evictions: c.evictions.Load(), Stored: c.stored.Load()}
+}
+
+// ids lists the chunks in the cache.
+func (c *peerCache) ids() []chunkstore.ID {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]chunkstore.ID, 0, len(c.idx))
+	for id := range c.idx {
+		out = append(out, id)
+	}
+	return out
+}
