@@ -59,6 +59,16 @@ type Config struct {
 	// (trusted networks only; every member must use the same). Default:
 	// mutual TLS 1.3.
 	Plaintext bool
+	// RepairRate bounds placement and repair pulls, bytes a second: 0
+	// means DefaultRepairRate, negative no limit.
+	RepairRate int64
+	// FailureGrace is how long after serf marks a member failed it still
+	// counts as an owner (nobody repairs its chunks): 0 means
+	// DefaultFailureGrace, negative none.
+	FailureGrace time.Duration
+	// Keep lists the namespace paths whose chunks this member keeps even
+	// when it does not own them (pins); nil: none. An error keeps all.
+	Keep func() ([]string, error)
 	// FetchTimeout bounds one attempt to fetch a chunk from one member.
 	// Default 30 s.
 	FetchTimeout time.Duration
@@ -105,6 +115,8 @@ type Node struct {
 	seen     map[string]time.Time
 	nsMerged map[string]string // member -> the root of theirs merged last
 	nsTag    string
+	// memberChanged is when a member last joined, left or failed here.
+	memberChanged time.Time
 
 	nsKick  chan struct{}
 	place   placement
@@ -149,6 +161,12 @@ func New(cfg Config) (*Node, error) {
 	if cfg.Replicas <= 0 {
 		cfg.Replicas = DefaultReplicas
 	}
+	if cfg.RepairRate == 0 {
+		cfg.RepairRate = DefaultRepairRate
+	}
+	if cfg.FailureGrace == 0 {
+		cfg.FailureGrace = DefaultFailureGrace
+	}
 	if cfg.FetchTimeout <= 0 {
 		cfg.FetchTimeout = 30 * time.Second
 	}
@@ -169,6 +187,8 @@ func New(cfg Config) (*Node, error) {
 		n.cfg = cfg
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
+	n.place.limit.rate = max(cfg.RepairRate, 0)
+	n.place.stats.RepairRate, n.place.stats.FailureGrace = n.place.limit.rate, max(cfg.FailureGrace, 0)
 	return n, nil
 }
 
@@ -189,7 +209,7 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 		return fmt.Errorf("cluster: data plane listen %s: %w", dl, err)
 	}
 	n.dataLn = ln
-	n.srv = newServer(s, ln, n.sec, n.log, n.statsFor(n.self), n.cfg.CorruptServed)
+	n.srv = newServer(s, ln, n.sec, n.log, n.statsFor(n.self), n.cfg.CorruptServed, n.countReceived, n.ownsFn)
 	n.srv.swarm.Store(&swarmHooks{cache: n.cache, relay: n.serveRelay})
 	dpTag := ln.Addr().String()
 	if h, p, _ := net.SplitHostPort(dpTag); net.ParseIP(h).IsUnspecified() {
@@ -311,6 +331,9 @@ func (n *Node) eventLoop() {
 			n.mu.Lock()
 			for _, m := range me.Members {
 				n.seen[m.Name] = time.Now()
+			}
+			if me.Type != serf.EventMemberUpdate {
+				n.memberChanged = time.Now() // rebalance waits for it to settle
 			}
 			n.mu.Unlock()
 			n.log.Info("cluster", "event", me.Type.String(), "members", memberNames(me.Members))

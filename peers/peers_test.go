@@ -340,9 +340,24 @@ func TestJoinMovesOneNth(t *testing.T) {
 	f, _, err := a.s.OpenPath("f")
 	require.NoError(t, err)
 	eventually(t, "placed over 3", placedOver(3, old...))
-	before := map[string]int64{}
+	// copies counts the stored copies of f's chunks on ns.
+	copies := func(ns ...*testNode) int {
+		n := 0
+		for _, x := range ns {
+			for _, c := range f.M.Chunks {
+				if x.s.HasChunk(c.ID) {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	// The importer drops the copies it does not own once b and c hold them.
+	eventually(t, "exactly R copies of every chunk on the three", func() bool { return copies(old...) == DefaultReplicas*len(f.M.Chunks) })
+	before, dropped := map[string]int64{}, int64(0)
 	for _, x := range old {
 		before[x.self] = x.Placement().PulledChunks
+		dropped += x.Placement().DroppedChunks
 	}
 
 	d := mustStart(t, "d", key, false, a.cfg.Listen)
@@ -354,6 +369,28 @@ func TestJoinMovesOneNth(t *testing.T) {
 	moved := float64(d.Placement().PulledChunks) / float64(DefaultReplicas*chunks)
 	t.Logf("%d chunks; the new member pulled %d: %.2f of the replicas (1/N = 0.25)", chunks, d.Placement().PulledChunks, moved)
 	require.InDelta(t, 0.25, moved, 0.15)
+	// The removal side: each replica the new member took is dropped by the
+	// old member that no longer owns it, once both owners hold it; so R
+	// copies again, and the file reads whole on every member.
+	all := append(old, d)
+	droppedSince := func() int64 {
+		var n int64
+		for _, x := range old {
+			n += x.Placement().DroppedChunks
+		}
+		return n - dropped
+	}
+	eventually(t, "exactly R copies of every chunk on the four, each moved copy dropped by one old member", func() bool {
+		return copies(all...) == DefaultReplicas*len(f.M.Chunks) && droppedSince() == d.Placement().PulledChunks
+	})
+	for _, x := range all {
+		g, _, err := x.s.OpenPath("f")
+		require.NoError(t, err)
+		got := make([]byte, g.Size())
+		_, err = g.ReadAt(got, 0)
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(data, got), "f on %s", x.self)
+	}
 }
 
 // TestServesFromMemory: a member serves chunks it holds only in its memory

@@ -22,6 +22,13 @@ import (
 // DefaultReplicas is the number of owners of each chunk.
 const DefaultReplicas = 2
 
+// DefaultRepairRate bounds placement and repair pulls, bytes a second.
+const DefaultRepairRate = 200 << 20
+
+// DefaultFailureGrace is how long a member serf marked failed still owns
+// its chunks before the others repair them.
+const DefaultFailureGrace = 30 * time.Second
+
 // placeEvery is how often placement runs without a namespace or membership
 // change.
 const placeEvery = 30 * time.Second
@@ -41,12 +48,29 @@ type PlacementStats struct {
 	OwnedMissing int64     `json:"owned_missing"` // of those, not stored here after the pass
 	PulledChunks int64     `json:"pulled_chunks"` // since start
 	PulledBytes  int64     `json:"pulled_bytes"`
+	// Pushes: chunks this node sent to their owners on import, and chunks
+	// other members pushed here (push.go).
+	PushedChunks   int64 `json:"pushed_chunks"`
+	PushedBytes    int64 `json:"pushed_bytes"`
+	ReceivedChunks int64 `json:"received_chunks"`
+	ReceivedBytes  int64 `json:"received_bytes"`
+	// Dropped: copies this member no longer owns, removed once their R
+	// owners confirmed holding them (rebalance, push.go).
+	DroppedChunks int64 `json:"dropped_chunks"`
+	DroppedBytes  int64 `json:"dropped_bytes"`
+	// RepairRate is the limit on pulls, bytes a second (0: none);
+	// FailureGrace how long a failed member still counts as an owner.
+	RepairRate   int64         `json:"repair_rate_bytes_per_s"`
+	FailureGrace time.Duration `json:"failure_grace_ns"`
+	// InGrace lists failed members still counted as owners.
+	InGrace []string `json:"in_grace,omitempty"`
 }
 
 type placement struct {
 	mu    sync.Mutex
 	stats PlacementStats
 	kick  chan struct{}
+	limit limiter
 }
 
 func (n *Node) kickPlace() {
@@ -83,25 +107,62 @@ func (n *Node) placeLoop() {
 	}
 }
 
-// members lists the alive members, this node included, for placement.
+// members lists the alive members, this node included (the fetcher's
+// order of owners).
 func (n *Node) members() []peer {
 	var ps []peer
 	for _, m := range n.serf.Members() {
+		if m.Status == serf.StatusAlive {
+			ps = append(ps, peer{name: m.Name, addr: dataAddr(m), capacity: parseCap(m.Tags[tagCapacity]), zone: m.Tags[tagZone]})
+		}
+	}
+	return ps
+}
+
+// placementMembers lists the members placement places over, this node
+// included: the alive ones, and those serf marked failed less than the
+// failure grace ago (so a member that comes back soon finds its chunks
+// still its own, and nobody copies them meanwhile).
+func (n *Node) placementMembers() []peer {
+	ps, _ := n.placementMembersGrace(false)
+	return ps
+}
+
+// placementMembersGrace is placementMembers and the failed members in
+// their grace; with kick, placement runs again when each grace ends.
+func (n *Node) placementMembersGrace(kick bool) ([]peer, []string) {
+	var ps []peer
+	var inGrace []string
+	now := time.Now()
+	for _, m := range n.serf.Members() {
 		if m.Status != serf.StatusAlive {
-			continue
+			if m.Status != serf.StatusFailed || n.cfg.FailureGrace <= 0 {
+				continue
+			}
+			n.mu.Lock()
+			since, ok := n.seen[m.Name]
+			n.mu.Unlock()
+			left := n.cfg.FailureGrace - now.Sub(since)
+			if !ok || left <= 0 {
+				continue
+			}
+			inGrace = append(inGrace, m.Name)
+			if kick {
+				time.AfterFunc(left+10*time.Millisecond, n.kickPlace)
+			}
 		}
 		ps = append(ps, peer{name: m.Name, addr: dataAddr(m), capacity: parseCap(m.Tags[tagCapacity]), zone: m.Tags[tagZone]})
 	}
-	return ps
+	return ps, inGrace
 }
 
 // placePass pulls the chunks this member owns and lacks.
 func (n *Node) placePass(ctx context.Context) error {
 	start := time.Now()
-	members := n.members()
+	members, inGrace := n.placementMembersGrace(true)
 	r := n.cfg.Replicas
 	seen := map[chunkstore.ID]bool{}
-	var want []chunkstore.ChunkRef
+	var want, extra []chunkstore.ChunkRef
 	var owned int64
 	err := n.s.Walk("", func(p string, e chunkstore.Entry) error {
 		if e.Kind != chunkstore.KindFile {
@@ -117,6 +178,9 @@ func (n *Node) placePass(ctx context.Context) error {
 			}
 			seen[c.ID] = true
 			if !owns(c.ID, members, n.self, r) {
+				if n.s.HasChunk(c.ID) {
+					extra = append(extra, c)
+				}
 				continue
 			}
 			owned++
@@ -136,12 +200,18 @@ func (n *Node) placePass(ctx context.Context) error {
 			return err
 		}
 	}
+	if len(extra) > 0 && len(inGrace) == 0 {
+		if err := n.rebalance(ctx, members, extra); err != nil {
+			return err
+		}
+	}
 	n.place.mu.Lock()
 	n.place.stats.Passes++
 	n.place.stats.LastPass = start
 	n.place.stats.Members = len(members)
 	n.place.stats.OwnedChunks = owned
 	n.place.stats.OwnedMissing = missing.Load()
+	n.place.stats.InGrace = inGrace
 	n.place.mu.Unlock()
 	return nil
 }
@@ -203,6 +273,9 @@ func (n *Node) pull(ctx context.Context, want []chunkstore.ChunkRef, missing *at
 			defer wg.Done()
 			for i := next.Add(1) - 1; i < int64(len(want)) && ctx.Err() == nil; i = next.Add(1) - 1 {
 				c := want[i]
+				if n.place.limit.wait(ctx, int64(c.Len)) != nil {
+					return
+				}
 				data, err := n.Fetch(ctx, c.ID, c.Len)
 				if err != nil {
 					if !errors.Is(err, chunkstore.ErrNotLocal) {

@@ -26,6 +26,10 @@ type server struct {
 	// a member that serves wrong bytes (docs/design/peers.md).
 	corrupt bool
 	stats   *Stats
+	// received counts chunks other members pushed here.
+	received func(chunks, bytes int64)
+	// owner tells, for opHas, which chunks this member owns.
+	owner func() func(chunkstore.ID) bool
 	// swarm: the peer cache and the relay (relay.go), set once at start.
 	swarm atomic.Pointer[swarmHooks]
 
@@ -34,8 +38,9 @@ type server struct {
 	wg    sync.WaitGroup
 }
 
-func newServer(s *chunkstore.Store, ln net.Listener, sec security, log *slog.Logger, stats *Stats, corrupt bool) *server {
-	sv := &server{s: s, ln: sec.listener(ln), log: log, stats: stats, corrupt: corrupt, conns: map[net.Conn]struct{}{}}
+func newServer(s *chunkstore.Store, ln net.Listener, sec security, log *slog.Logger, stats *Stats, corrupt bool,
+	received func(chunks, bytes int64), owner func() func(chunkstore.ID) bool) *server {
+	sv := &server{s: s, ln: sec.listener(ln), log: log, stats: stats, corrupt: corrupt, received: received, owner: owner, conns: map[net.Conn]struct{}{}}
 	sv.wg.Add(1)
 	go sv.accept()
 	return sv
@@ -100,7 +105,7 @@ func (sv *server) serveConn(c net.Conn) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
-		f, err := readFrame(r, maxRequest)
+		f, err := readRequest(r)
 		if err != nil {
 			if err != io.EOF && !errors.Is(err, net.ErrClosed) {
 				sv.log.Warn("data plane: bad request; closing the connection", "remote", c.RemoteAddr().String(), "err", err)
@@ -182,6 +187,10 @@ func (sv *server) answer(rq request) (byte, []byte) {
 			return stError, errMsg(errors.New("object too large for the data plane"))
 		}
 		return stOK, obj
+	case opHas:
+		return sv.has(rq.raw)
+	case opPut:
+		return sv.put(rq.raw)
 	}
 	return stError, errMsg(errors.New("unknown op"))
 }

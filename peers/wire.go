@@ -25,6 +25,14 @@ const (
 	opChunk byte = 1
 	// opObject asks for a manifest: payload = 32-byte id.
 	opObject byte = 2
+	// opHas asks which of up to maxHasIDs chunks the member stores in its
+	// packs: payload = 32-byte ids; answer = one byte per id, 1 if held.
+	opHas byte = 3
+	// opPut gives the member chunks to store (push, push.go): payload =
+	// repeated 32-byte id, 4-byte length, bytes; at most maxPut bytes. The
+	// member verifies each against its id and commits them before it
+	// answers ok.
+	opPut byte = 4
 	// opRelay asks a chunk's relay for it (relay.go): as opChunk, but a
 	// member that does not hold the chunk fetches it from the holders.
 	opRelay byte = 5
@@ -45,7 +53,36 @@ const (
 	maxErrorLen = 1024
 	// maxObject bounds a manifest sent over the data plane.
 	maxObject = 256 << 20
+	// maxHasIDs bounds the ids of one opHas request.
+	maxHasIDs = 4096
+	// maxPut bounds an opPut request's payload.
+	maxPut = 64 << 20
 )
+
+// readRequest reads one request frame with its op's payload limit, checked
+// before anything is allocated.
+func readRequest(r io.Reader) (frame, error) {
+	var hdr [frameHeader]byte
+	kind, id, n, err := readHeader(r, &hdr)
+	if err != nil {
+		return frame{}, err
+	}
+	max := uint32(maxRequest)
+	switch kind {
+	case opHas:
+		max = maxHasIDs * 32
+	case opPut:
+		max = maxPut
+	}
+	if n > max {
+		return frame{}, fmt.Errorf("frame of %d bytes (at most %d): %w", n, max, errProtocol)
+	}
+	f := frame{kind: kind, id: id, payload: make([]byte, n)}
+	if _, err := io.ReadFull(r, f.payload); err != nil {
+		return frame{}, noEOF(err)
+	}
+	return f, nil
+}
 
 // errProtocol marks a peer that broke the wire format.
 var errProtocol = errors.New("peer broke the data plane protocol")
@@ -111,6 +148,8 @@ type request struct {
 	op  byte
 	id  [32]byte
 	len uint32 // opChunk only
+	// raw is the payload of opHas and opPut, checked by decodeRequest.
+	raw []byte
 }
 
 // decodeRequest checks a request frame's op and payload.
@@ -131,6 +170,16 @@ func decodeRequest(f frame) (request, error) {
 			return rq, fmt.Errorf("object request of %d bytes: %w", len(f.payload), errProtocol)
 		}
 		copy(rq.id[:], f.payload)
+	case opHas:
+		if len(f.payload) == 0 || len(f.payload)%32 != 0 || len(f.payload) > maxHasIDs*32 {
+			return rq, fmt.Errorf("has request of %d bytes: %w", len(f.payload), errProtocol)
+		}
+		rq.raw = f.payload
+	case opPut:
+		if _, err := decodePut(f.payload); err != nil {
+			return rq, err
+		}
+		rq.raw = f.payload
 	default:
 		return rq, fmt.Errorf("unknown op %d: %w", f.kind, errProtocol)
 	}
@@ -138,9 +187,48 @@ func decodeRequest(f frame) (request, error) {
 }
 
 func encodeRequest(rq request) []byte {
+	if rq.op == opHas || rq.op == opPut {
+		return rq.raw
+	}
 	p := append([]byte(nil), rq.id[:]...)
 	if rq.op == opChunk || rq.op == opRelay {
 		p = binary.BigEndian.AppendUint32(p, rq.len)
 	}
 	return p
+}
+
+// putChunk is one chunk of an opPut payload.
+type putChunk struct {
+	id   [32]byte
+	data []byte
+}
+
+// decodePut splits an opPut payload into its chunks (slices of it).
+func decodePut(p []byte) ([]putChunk, error) {
+	if len(p) == 0 || len(p) > maxPut {
+		return nil, fmt.Errorf("put request of %d bytes: %w", len(p), errProtocol)
+	}
+	var out []putChunk
+	for len(p) > 0 {
+		if len(p) < 36 {
+			return nil, fmt.Errorf("put request cut inside a chunk header: %w", errProtocol)
+		}
+		var c putChunk
+		copy(c.id[:], p)
+		n := binary.BigEndian.Uint32(p[32:36])
+		if n == 0 || uint64(n) > uint64(len(p)-36) {
+			return nil, fmt.Errorf("put request with a chunk of %d bytes: %w", n, errProtocol)
+		}
+		c.data = p[36 : 36+n]
+		p = p[36+n:]
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// appendPut appends one chunk to an opPut payload.
+func appendPut(b []byte, id [32]byte, data []byte) []byte {
+	b = append(b, id[:]...)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(data)))
+	return append(b, data...)
 }

@@ -39,17 +39,19 @@ func FuzzReadRequest(f *testing.F) {
 	f.Add(appendFrame(nil, opObject, 2, make([]byte, 32)))
 	f.Add(appendFrame(nil, 9, 3, nil))
 	f.Add([]byte{1, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff})
+	f.Add(appendFrame(nil, opHas, 4, make([]byte, 64)))
+	f.Add(appendFrame(nil, opPut, 5, appendPut(nil, [32]byte{1}, []byte("abc"))))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r := bytes.NewReader(b)
 		for {
-			fr, err := readFrame(r, maxRequest)
+			fr, err := readRequest(r)
 			if err != nil {
 				if err != io.EOF && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, errProtocol) {
 					t.Fatalf("unexpected error %v", err)
 				}
 				return
 			}
-			if len(fr.payload) > maxRequest {
+			if len(fr.payload) > maxRequest && fr.kind != opHas && fr.kind != opPut || len(fr.payload) > maxPut {
 				t.Fatalf("payload of %d bytes passed the limit", len(fr.payload))
 			}
 			rq, err := decodeRequest(fr)
@@ -106,4 +108,19 @@ func FuzzReadAnswers(f *testing.F) {
 			t.Fatalf("status %d accepted", cl.status)
 		}
 	})
+}
+
+// TestPutRoundTrip: an opPut payload splits back into its chunks, and a
+// cut or empty one is a protocol error.
+func TestPutRoundTrip(t *testing.T) {
+	p := appendPut(appendPut(nil, [32]byte{1}, []byte("abc")), [32]byte{2}, []byte("defgh"))
+	pc, err := decodePut(p)
+	if err != nil || len(pc) != 2 || string(pc[0].data) != "abc" || pc[1].id != [32]byte{2} || string(pc[1].data) != "defgh" {
+		t.Fatalf("decodePut: %v %+v", err, pc)
+	}
+	for _, bad := range [][]byte{nil, p[:len(p)-1], p[:40], appendPut(nil, [32]byte{3}, nil)} {
+		if _, err := decodePut(bad); !errors.Is(err, errProtocol) {
+			t.Errorf("decodePut(%d bytes): %v, want a protocol error", len(bad), err)
+		}
+	}
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/peers"
 )
 
 func init() {
@@ -17,7 +20,10 @@ unique_bytes (distinct chunks), stored_bytes (disk taken by pack files,
 padding and not yet collected garbage included) and dedup_ratio
 (logical / stored); disk_bytes (blocks the packs take, as du counts),
 dead_bytes (pack bytes no stored chunk occupies: kylix gc compacts them) and
-what the last kylix gc freed.`).withJSON()
+what the last kylix gc freed. On a cluster member also the replication of
+the whole namespace as the alive members answer (docs/design/peers.md):
+under-replicated bytes (chunks on fewer than --replicas members), chunks no
+alive member holds, and what each member holds.`).withJSON()
 	if err := f.parse(args, 0, 0); err != nil {
 		return err
 	}
@@ -30,8 +36,18 @@ what the last kylix gc freed.`).withJSON()
 	if err != nil {
 		return err
 	}
+	cl, err := clusterReplication(ctx, "")
+	if err != nil {
+		return err
+	}
 	if f.jsonOut {
-		return f.printJSON(st)
+		return f.printJSON(struct {
+			*chunkstore.Stats
+			Cluster *peers.Replication `json:"cluster,omitempty"`
+		}{st, cl})
+	}
+	if cl != nil {
+		defer printReplication(e.stdout, cl)
 	}
 	fmt.Fprintf(e.stdout, "data dir:      %s\nfiles:         %d in %d directories\nlogical_bytes: %d (%s)\nunique_bytes:  %d (%s) in %d chunks\nstored_bytes:  %d (%s) in %d packs\ndisk_bytes:    %d (%s)\ndead_bytes:    %d (%s)\nindex_bytes:   %d (%s)\ndedup_ratio:   %.2f\nio:            %s\n",
 		st.Dir, st.Files, st.Dirs, st.LogicalBytes, human(st.LogicalBytes), st.UniqueBytes, human(st.UniqueBytes), st.Chunks,

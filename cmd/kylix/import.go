@@ -69,6 +69,7 @@ $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub.`).withJSON()
 	if err != nil {
 		return err
 	}
+	pushImported(ctx, e, dest)
 	for _, n := range res.Notes {
 		fmt.Fprintf(e.stderr, "kylix import: note: %s\n", n)
 	}

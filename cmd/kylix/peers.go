@@ -29,6 +29,8 @@ type peerFlags struct {
 	listen, join, keyFile, name, zone, dataListen *string
 	dataPlane, peerCache                          *string
 	replicas                                      *int
+	repairRate                                    *int64
+	failureGrace                                  *time.Duration
 	node                                          *peers.Node
 }
 
@@ -43,7 +45,10 @@ func addPeerFlags(f *flags) *peerFlags {
 		dataPlane:  f.String("data-plane", "tls", "data plane between members: tls (mutual TLS 1.3) or plaintext (trusted networks: peers authenticated, nothing encrypted; chunks verified either way)"),
 		peerCache: f.String("peer-cache", "8GiB", "budget of the cache of chunks fetched from other members, under DATA/peer-cache "+
 			"(least recently used evicted; 0: none)"),
-		replicas: f.Int("replicas", peers.DefaultReplicas, "members that keep each chunk (placement by rendezvous hashing)"),
+		replicas:   f.Int("replicas", peers.DefaultReplicas, "members that keep each chunk (placement by rendezvous hashing)"),
+		repairRate: f.Int64("repair-rate", peers.DefaultRepairRate, "placement and repair pulls: at most BYTES a second (0: no limit)"),
+		failureGrace: f.Duration("failure-grace", peers.DefaultFailureGrace,
+			"how long after gossip marks a member failed its chunks are repaired elsewhere (0: at once)"),
 	}
 }
 
@@ -96,7 +101,17 @@ func (pf *peerFlags) fetcher(data string, log *slog.Logger) (chunkstore.Fetcher,
 	pf.node, err = peers.New(peers.Config{CacheDir: cacheDir, CacheBytes: cacheBytes, NoRelay: os.Getenv("KYLIX_TEST_PEER_NO_RELAY") == "1",
 		Name: *pf.name, Listen: *pf.listen, DataListen: *pf.dataListen, Join: join, Key: key,
 		Capacity: capacity, Zone: *pf.zone, Replicas: *pf.replicas, Version: "dev", Logger: log,
-		Plaintext: *pf.dataPlane == "plaintext", CorruptServed: os.Getenv("KYLIX_TEST_PEER_CORRUPT") == "1"})
+		Plaintext:  *pf.dataPlane == "plaintext",
+		RepairRate: orNone(*pf.repairRate), FailureGrace: time.Duration(orNone(int64(*pf.failureGrace))),
+		CorruptServed: os.Getenv("KYLIX_TEST_PEER_CORRUPT") == "1", Keep: func() ([]string, error) {
+			// Pinned paths keep their chunks here (rebalance drops none).
+			rec, err := readPinRecord(data)
+			var ps []string
+			for _, p := range rec.Pins {
+				ps = append(ps, p.Path)
+			}
+			return ps, err
+		}})
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
@@ -114,6 +129,15 @@ func (pf *peerFlags) start(s *chunkstore.Store, fsys *kfs.FS) (stop func(), err 
 	}
 	runningPeers = pf.node
 	return func() { runningPeers = nil; pf.node.Close() }, nil
+}
+
+// orNone maps a flag's 0 ("none") to the node's negative "none" (its 0
+// is "the default").
+func orNone(v int64) int64 {
+	if v == 0 {
+		return -1
+	}
+	return v
 }
 
 type peersOut struct {
@@ -170,6 +194,11 @@ started without --listen.`).withJSON()
 	pl := out.Placement
 	fmt.Fprintf(e.stdout, "placement: %d replicas; %d chunks owned here, %d of them missing after the last pass (%d passes); pulled %d chunks (%s)\n",
 		out.Replicas, pl.OwnedChunks, pl.OwnedMissing, pl.Passes, pl.PulledChunks, human(pl.PulledBytes))
+	fmt.Fprintf(e.stdout, "push: sent %d chunks (%s) to owners on import, received %d (%s); repair rate %s/s (0: no limit), failure grace %s\n",
+		pl.PushedChunks, human(pl.PushedBytes), pl.ReceivedChunks, human(pl.ReceivedBytes), human(pl.RepairRate), pl.FailureGrace)
+	if len(pl.InGrace) > 0 {
+		fmt.Fprintf(e.stdout, "failed, still owners within the grace: %s\n", strings.Join(pl.InGrace, ", "))
+	}
 	sw := out.Swarm
 	fmt.Fprintf(e.stdout, "peer cache: %s of %s, %d chunks; hits %d, misses %d, evictions %d; relay: got %d chunks through relays, answered %d relay requests, %d shared fetches\n",
 		human(sw.Cache.Bytes), human(sw.Cache.BudgetBytes), sw.Cache.Chunks, sw.Cache.Hits, sw.Cache.Misses, sw.Cache.Evictions, sw.RelayAsked, sw.RelayServed, sw.SharedFetches)

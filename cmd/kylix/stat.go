@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/peers"
 )
 
 func init() {
@@ -13,18 +14,20 @@ func init() {
 }
 
 type statOut struct {
-	Path   string              `json:"path"`
-	Kind   string              `json:"kind"`
-	Mode   string              `json:"mode"`
-	Size   int64               `json:"size"`
-	MTime  time.Time           `json:"mtime"`
-	HLC    string              `json:"hlc"`
-	ID     string              `json:"id,omitempty"`
-	Target string              `json:"target,omitempty"`
-	Format string              `json:"format,omitempty"`
-	Chunks []chunkOut          `json:"chunks,omitempty"`
-	NChunk int                 `json:"chunk_count,omitempty"`
-	Extent []chunkstore.Extent `json:"extents,omitempty"`
+	// Cluster: which alive members hold the file's chunks (cluster only).
+	Cluster *peers.Replication  `json:"cluster,omitempty"`
+	Path    string              `json:"path"`
+	Kind    string              `json:"kind"`
+	Mode    string              `json:"mode"`
+	Size    int64               `json:"size"`
+	MTime   time.Time           `json:"mtime"`
+	HLC     string              `json:"hlc"`
+	ID      string              `json:"id,omitempty"`
+	Target  string              `json:"target,omitempty"`
+	Format  string              `json:"format,omitempty"`
+	Chunks  []chunkOut          `json:"chunks,omitempty"`
+	NChunk  int                 `json:"chunk_count,omitempty"`
+	Extent  []chunkstore.Extent `json:"extents,omitempty"`
 	// Contiguous: the whole file is one extent of one pack.
 	Contiguous bool `json:"contiguous"`
 	// WholeFilePack: a pack holding exactly this file from offset 0 (what
@@ -58,7 +61,10 @@ func runStat(ctx context.Context, e *env, args []string) error {
 Shows a namespace path: size, mode, manifest ID; for files also the chunk
 count, the extents on disk (backing pack file, offset, length), whether the
 file is one contiguous extent, and whether a pack holds exactly the file (then
-it can be served by FUSE passthrough and read directly by the GPU path).`).withJSON()
+it can be served by FUSE passthrough and read directly by the GPU path).
+On a cluster member, for a file also its bytes on this node, the copies
+wanted, the fewest copies of one chunk, under-replicated bytes and which
+members hold its chunks, as the alive members answer.`).withJSON()
 	chunks := f.Bool("chunks", false, "list every chunk")
 	if err := f.parse(args, 1, 1); err != nil {
 		return err
@@ -98,6 +104,9 @@ it can be served by FUSE passthrough and read directly by the GPU path).`).withJ
 		out.WholeFilePack, _ = file.WholeFilePack()
 		out.PassthroughPack, out.PassthroughCheck = passthroughCheck(s, file)
 		out.ResidentBytes = fileResident(file)
+		if out.Cluster, err = clusterReplication(ctx, path); err != nil {
+			return err
+		}
 	case chunkstore.KindDir:
 		l, err := s.List(path)
 		if err != nil {
@@ -138,6 +147,9 @@ it can be served by FUSE passthrough and read directly by the GPU path).`).withJ
 		fmt.Fprintf(w, "passthrough pack: %s (duplicates stored in place)\n", out.PassthroughPack)
 	}
 	fmt.Fprintf(w, "reads checked by: %s\n", out.PassthroughCheck)
+	if out.Cluster != nil {
+		printReplication(w, out.Cluster)
+	}
 	fmt.Fprintf(w, "extents:  %d\n", len(out.Extent))
 	for _, x := range out.Extent {
 		where := "not local"

@@ -1,0 +1,57 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/kylix/kylix/peers"
+)
+
+// Cluster parts of import, stat and df (docs/design/peers.md, "Push" and
+// "Replication"): nothing happens without a running cluster member.
+
+// pushImported sends what an import stored under dest to the chunks'
+// owners, so that it has its replicas when the import returns. A member
+// that could not be reached is named on stderr: its own placement pass
+// copies the chunks later.
+func pushImported(ctx context.Context, e *env, dest string) {
+	if runningPeers == nil {
+		return
+	}
+	res, err := runningPeers.Push(ctx, dest)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "kylix import: imported, but not copied to the other members yet: %v (placement copies it later)\n", err)
+		return
+	}
+	for _, f := range res.Failed {
+		fmt.Fprintf(e.stderr, "kylix import: imported, but not copied to member %s (its placement copies it later)\n", f)
+	}
+}
+
+// clusterReplication is the replication of path ("" the namespace) as the
+// alive members answer, or nil outside a cluster.
+func clusterReplication(ctx context.Context, path string) (*peers.Replication, error) {
+	if runningPeers == nil {
+		return nil, nil
+	}
+	r, err := runningPeers.Replication(ctx, path)
+	if err != nil {
+		return nil, fmt.Errorf("asking the cluster which members hold %q: %w", path, err)
+	}
+	return &r, nil
+}
+
+// printReplication writes the lines stat and df show for a cluster.
+func printReplication(w io.Writer, r *peers.Replication) {
+	fmt.Fprintf(w, "replicas: %d wanted, %d alive members; fewest copies of a chunk: %d\n", r.Replicas, r.Alive, r.MinCopies)
+	fmt.Fprintf(w, "local:    %s of %s (distinct chunks) on this node\n", human(r.LocalBytes), human(r.Bytes))
+	fmt.Fprintf(w, "under-replicated: %d chunks, %d bytes (%s); held by no alive member: %d chunks (%s)\n",
+		r.UnderChunks, r.UnderBytes, human(r.UnderBytes), r.UnheldChunks, human(r.UnheldBytes))
+	for _, h := range r.Holders {
+		fmt.Fprintf(w, "  held by %s: %d chunks (%s)\n", h.Member, h.Chunks, human(h.Bytes))
+	}
+	for _, u := range r.Unanswered {
+		fmt.Fprintf(w, "  not answering (counted as holding nothing): %s\n", u)
+	}
+}
