@@ -87,6 +87,7 @@ type PinnedRange struct {
 	// page-aligned range may hold a few bytes of other chunks beyond it.
 	verified bool
 	vlo, vhi int64
+	chunks   []chunkstore.Piece // the verified span's chunks, for Recheck
 }
 
 // NewPinnedHost returns an empty set.
@@ -115,7 +116,7 @@ func (h *PinnedHost) Lock(span PackSpan) (*PinnedRange, error) {
 				return nil, err
 			}
 			h.mu.Lock()
-			r.verified, r.vlo, r.vhi = true, span.Off, span.Off+span.Len
+			r.verified, r.vlo, r.vhi, r.chunks = true, span.Off, span.Off+span.Len, span.Chunks
 			h.mu.Unlock()
 		}
 		return r, nil
@@ -151,11 +152,14 @@ func (h *PinnedHost) Lock(span PackSpan) (*PinnedRange, error) {
 	if r := h.findLocked(span.Pack, a, b, true); r != nil { // locked meanwhile
 		unix.Munmap(m)
 		if verified && !r.verified {
-			r.verified, r.vlo, r.vhi = true, span.Off, span.Off+span.Len
+			r.verified, r.vlo, r.vhi, r.chunks = true, span.Off, span.Off+span.Len, span.Chunks
 		}
 		return r, nil
 	}
 	r := &PinnedRange{h: h, pack: span.Pack, off: a, b: m, refs: 1, regErr: map[*Loader]error{}, verified: verified, vlo: span.Off, vhi: span.Off + span.Len}
+	if verified {
+		r.chunks = span.Chunks
+	}
 	h.ranges[span.Pack] = append(h.ranges[span.Pack], r)
 	for l := range h.loaders {
 		if r.register(l) {
@@ -520,4 +524,59 @@ func ResidentBytes(path string, off, n int64) (int64, error) {
 		in += min(p0+storeio.BlockSize, end) - max(p0, off)
 	}
 	return in, nil
+}
+
+// Recheck hashes the chunks of every range verified when pinned again,
+// from the locked pages, calling pace with the bytes of each range before
+// hashing it (a rate limit; its error ends the pass). A range whose chunks
+// no longer match loses its verified mark: loads then hash its chunks
+// again (and fail on the bad one) instead of placing them as they are.
+// It returns the ranges checked and the errors of those that failed.
+func (h *PinnedHost) Recheck(pace func(n int64) error) (int, []error) {
+	h.mu.Lock()
+	var rs []*PinnedRange
+	for _, l := range h.ranges {
+		for _, r := range l {
+			if r.verified && !r.closed {
+				r.users++ // kept mapped while hashed (Release waits)
+				rs = append(rs, r)
+			}
+		}
+	}
+	h.mu.Unlock()
+	var bad []error
+	checked := 0
+	for i, r := range rs {
+		var err error
+		if pace != nil {
+			err = pace(r.vhi - r.vlo)
+		}
+		if err == nil {
+			checked++
+			if verr := verifyPinned(r.b, r.off, PackSpan{Pack: r.pack, Path: fmt.Sprintf("pack %016x", r.pack), Off: r.vlo, Len: r.vhi - r.vlo, Chunks: r.chunks}); verr != nil {
+				bad = append(bad, verr)
+				h.mu.Lock()
+				r.verified = false
+				h.mu.Unlock()
+			}
+		}
+		h.mu.Lock()
+		r.users--
+		if r.users == 0 {
+			h.idle.Broadcast()
+		}
+		h.mu.Unlock()
+		if err != nil {
+			for _, rest := range rs[i+1:] {
+				h.mu.Lock()
+				rest.users--
+				if rest.users == 0 {
+					h.idle.Broadcast()
+				}
+				h.mu.Unlock()
+			}
+			break
+		}
+	}
+	return checked, bad
 }

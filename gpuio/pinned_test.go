@@ -263,3 +263,49 @@ func TestPinnedVerifiedWhenPinned(t *testing.T) {
 	require.Equal(t, spans[0].Chunks[0].ID, ce.Chunk)
 	require.Zero(t, h.Locked())
 }
+
+// TestPinnedRecheck: a byte changed under a pinned, verified range (here
+// written into the pack file, whose pages the range maps) is found by
+// Recheck; the range loses its verified mark, and loads hash its chunks
+// again and fail on the bad one instead of placing it.
+func TestPinnedRecheck(t *testing.T) {
+	fx := newFixture(t)
+	h := NewPinnedHost()
+	spans := spansWithChunks(t, fx, "opaque.bin")
+	var locked []*PinnedRange
+	for _, s := range spans {
+		r, err := h.Lock(s)
+		require.NoError(t, err)
+		locked = append(locked, r)
+	}
+	defer func() {
+		for _, r := range locked {
+			require.NoError(t, r.Release())
+		}
+	}()
+	var paced int64
+	n, bad := h.Recheck(func(k int64) error { paced += k; return nil })
+	require.Equal(t, len(spans), n)
+	require.Empty(t, bad)
+	require.Positive(t, paced)
+
+	dev := &HostDevice{}
+	l, err := New(fx.st, dev, Options{Pinned: h, VerifyOn: VerifyDevice})
+	require.NoError(t, err)
+	defer l.Close()
+	f := fx.open(t, "opaque.bin")
+	mem, err := dev.Alloc(f.Size())
+	require.NoError(t, err)
+	defer mem.Free()
+	res, err := l.ReadRange(context.Background(), f, 0, f.Size(), mem, 0)
+	require.NoError(t, err)
+	require.Equal(t, "pin", res.VerifyOn)
+
+	damage.FlipByte(t, spans[0].Path, spans[0].Chunks[0].PackOff+9)
+	_, bad = h.Recheck(nil)
+	require.Len(t, bad, 1)
+	var ce *chunkstore.CorruptError
+	require.ErrorAs(t, bad[0], &ce)
+	_, err = l.ReadRange(context.Background(), f, 0, f.Size(), mem, 0)
+	require.ErrorAs(t, err, &ce, "the changed chunk is hashed again and refused")
+}

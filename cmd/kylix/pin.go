@@ -705,3 +705,39 @@ func pinDoctor() (string, bool, string) {
 	}
 	return "pins", false, fmt.Sprintf("RLIMIT_MEMLOCK is %s and there is no CAP_IPC_LOCK: a node run like this can pin at most that much; raise it (ulimit -l, LimitMEMLOCK=) or run the node as root", human(int64(rl.Cur)))
 }
+
+// recheckLoop re-hashes the pinned memory verified when pinned, at rate
+// bytes per second (the scrub's rate; 0: never), a pass a minute, until ctx
+// ends. A range that no longer matches loses its verified mark, so loads
+// hash it again (docs/design/pin.md).
+func (np *nodePins) recheckLoop(ctx context.Context, rate int64) {
+	if np == nil || rate <= 0 {
+		return
+	}
+	t := time.NewTimer(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		start, done := time.Now(), int64(0)
+		pace := func(n int64) error {
+			done += n
+			w := time.NewTimer(time.Until(start.Add(time.Duration(float64(done) / float64(rate) * float64(time.Second)))))
+			defer w.Stop()
+			select {
+			case <-w.C:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		_, bad := np.host.Recheck(pace)
+		for _, err := range bad {
+			np.log.Error("pinned memory no longer matches its chunks: loads of it are hashed again (kylix verify)", "err", err)
+		}
+		t.Reset(time.Minute)
+	}
+}

@@ -205,7 +205,9 @@ inside the mount point.`)
 	scrubCtx, stopScrub := context.WithCancel(ctx)
 	scrubDone := make(chan struct{})
 	go func() { s.RunScrub(scrubCtx, *scrubRate); close(scrubDone) }()
-	defer func() { stopScrub(); <-scrubDone }() // before the store closes
+	recheckDone := make(chan struct{}) // pinned memory, at the same rate (pin.go)
+	go func() { runningNode.pins.recheckLoop(scrubCtx, *scrubRate); close(recheckDone) }()
+	defer func() { stopScrub(); <-scrubDone; <-recheckDone }() // before the store closes
 	stopPeers, err := pf.start(s, fsys)
 	if err != nil {
 		fsys.Unmount()
