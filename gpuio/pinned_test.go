@@ -22,6 +22,18 @@ func spansOf(t *testing.T, fx *fixture, name string) []PackSpan {
 	return out
 }
 
+// lockAll locks every span in h, failing the test on an error.
+func lockAll(t *testing.T, h *PinnedHost, spans []PackSpan) []*PinnedRange {
+	t.Helper()
+	var locked []*PinnedRange
+	for _, s := range spans {
+		r, err := h.Lock(s)
+		require.NoError(t, err)
+		locked = append(locked, r)
+	}
+	return locked
+}
+
 // TestPinnedLoadsCopyFromPinnedPages: a loader made with Options.Pinned
 // copies the bytes of pinned ranges straight from their registration (IO
 // "page cache (pinned)"), every byte right, verified on the device or the
@@ -32,12 +44,7 @@ func TestPinnedLoadsCopyFromPinnedPages(t *testing.T) {
 	for _, vo := range []VerifyOn{VerifyDevice, VerifyCPU} {
 		t.Run(string(vo), func(t *testing.T) {
 			h := NewPinnedHost()
-			var locked []*PinnedRange
-			for _, s := range spansOf(t, fx, "opaque.bin") {
-				r, err := h.Lock(s)
-				require.NoError(t, err)
-				locked = append(locked, r)
-			}
+			locked := lockAll(t, h, spansOf(t, fx, "opaque.bin"))
 			want := fx.files["opaque.bin"]
 			require.GreaterOrEqual(t, h.Locked(), int64(len(want)))
 			require.Zero(t, h.Added(spansOf(t, fx, "opaque.bin")), "locking the same spans again adds nothing")
@@ -67,11 +74,7 @@ func TestPinnedLoadsCopyFromPinnedPages(t *testing.T) {
 			require.NotContains(t, load("a.safetensors").IO, "pinned")
 
 			// A range locked while the loader exists is registered at once.
-			for _, s := range spansOf(t, fx, "a.safetensors") {
-				r, err := h.Lock(s)
-				require.NoError(t, err)
-				locked = append(locked, r)
-			}
+			locked = append(locked, lockAll(t, h, spansOf(t, fx, "a.safetensors"))...)
 			require.Equal(t, h.Locked(), h.Registrations()[0].Bytes)
 			require.Contains(t, load("a.safetensors").IO, "pinned")
 
@@ -92,12 +95,7 @@ func TestPinnedLoadsCopyFromPinnedPages(t *testing.T) {
 func TestPinnedReleaseWaitsForLoads(t *testing.T) {
 	fx := newFixture(t)
 	h := NewPinnedHost()
-	var locked []*PinnedRange
-	for _, s := range spansOf(t, fx, "opaque.bin") {
-		r, err := h.Lock(s)
-		require.NoError(t, err)
-		locked = append(locked, r)
-	}
+	locked := lockAll(t, h, spansOf(t, fx, "opaque.bin"))
 	dev := &HostDevice{}
 	l, err := New(fx.st, dev, Options{Pinned: h, Buffers: 4})
 	require.NoError(t, err)
@@ -145,12 +143,7 @@ func TestPinnedLockErrors(t *testing.T) {
 func TestPinnedSharedByLoaders(t *testing.T) {
 	fx := newFixture(t)
 	h := NewPinnedHost()
-	var locked []*PinnedRange
-	for _, s := range spansOf(t, fx, "opaque.bin") {
-		r, err := h.Lock(s)
-		require.NoError(t, err)
-		locked = append(locked, r)
-	}
+	locked := lockAll(t, h, spansOf(t, fx, "opaque.bin"))
 	d0, d1 := &HostDevice{}, &HostDevice{}
 	l0, err := New(fx.st, d0, Options{Pinned: h})
 	require.NoError(t, err)
@@ -212,12 +205,7 @@ func spansWithChunks(t *testing.T, fx *fixture, name string) []PackSpan {
 func TestPinnedVerifiedWhenPinned(t *testing.T) {
 	fx := newFixture(t)
 	h := NewPinnedHost()
-	var locked []*PinnedRange
-	for _, s := range spansWithChunks(t, fx, "b.safetensors") {
-		r, err := h.Lock(s)
-		require.NoError(t, err)
-		locked = append(locked, r)
-	}
+	locked := lockAll(t, h, spansWithChunks(t, fx, "b.safetensors"))
 	dev := &HostDevice{}
 	l, err := New(fx.st, dev, Options{Pinned: h, VerifyOn: VerifyDevice})
 	require.NoError(t, err)
@@ -272,12 +260,7 @@ func TestPinnedRecheck(t *testing.T) {
 	fx := newFixture(t)
 	h := NewPinnedHost()
 	spans := spansWithChunks(t, fx, "opaque.bin")
-	var locked []*PinnedRange
-	for _, s := range spans {
-		r, err := h.Lock(s)
-		require.NoError(t, err)
-		locked = append(locked, r)
-	}
+	locked := lockAll(t, h, spans)
 	defer func() {
 		for _, r := range locked {
 			require.NoError(t, r.Release())

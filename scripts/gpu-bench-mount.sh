@@ -21,25 +21,7 @@ j=$out/mount.jsonl; : > "$j"
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 mkdir -p "$work" "$mnt"
 if [ ! -f "$src/config.json" ]; then
-  PYTHONUNBUFFERED=1 python3 - "$src" <<'PY' || exit 1
-import sys, torch
-from transformers import LlamaConfig, LlamaForCausalLM
-cfg = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=8,
-                  num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
-                  torch_dtype="bfloat16")
-with torch.device("meta"):
-    m = LlamaForCausalLM(cfg)
-g = torch.Generator(device="cuda:0").manual_seed(7)
-sd = {}
-for name, p in m.state_dict().items():
-    if name.endswith("norm.weight"):
-        sd[name] = torch.ones(p.shape, dtype=torch.bfloat16)
-    else:
-        sd[name] = (torch.randn(p.shape, generator=g, device="cuda:0", dtype=torch.float32) * 0.02).to(torch.bfloat16).cpu()
-total = sum(t.numel() * t.element_size() for t in sd.values())
-m.save_pretrained(sys.argv[1], state_dict=sd, max_shard_size="2GB", safe_serialization=True)
-print("checkpoint: %.2f GB of tensors" % (total / 1e9))
-PY
+  python3 "$here/make_llama.py" "$src" || exit 1
 fi
 $k import "$src" models/ckpt | tail -2
 setsid $k serve --mount "$mnt" > "$out/serve.log" 2>&1 &

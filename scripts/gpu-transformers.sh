@@ -17,24 +17,7 @@ node=
 trap '[ -n "$node" ] && { kill -TERM $node; wait $node; }; rm -rf "$work"' EXIT
 export KYLIX_DATA=$work/data PYTHONUNBUFFERED=1
 src=$work/ckpt mnt=$work/mnt
-python3 - "$src" <<'PY' || exit 1
-import sys, torch
-from transformers import LlamaConfig, LlamaForCausalLM
-cfg = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=8,
-                  num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
-                  torch_dtype="bfloat16")
-with torch.device("meta"):
-    m = LlamaForCausalLM(cfg)
-g = torch.Generator(device="cuda:0").manual_seed(7)
-sd = {}
-for name, p in m.state_dict().items():
-    if name.endswith("norm.weight"):
-        sd[name] = torch.ones(p.shape, dtype=torch.bfloat16)
-    else:
-        sd[name] = (torch.randn(p.shape, generator=g, device="cuda:0", dtype=torch.float32) * 0.02).to(torch.bfloat16).cpu()
-m.save_pretrained(sys.argv[1], state_dict=sd, max_shard_size="2GB", safe_serialization=True)
-print("checkpoint: %.2f GB of tensors" % (sum(t.numel() * t.element_size() for t in sd.values()) / 1e9))
-PY
+python3 "$here/make_llama.py" "$src" || exit 1
 $k import "$src" models/llama | tail -1
 setsid $k serve --mount "$mnt" --client-socket "$work/client.sock" > "$work/serve.log" 2>&1 &
 node=$!
