@@ -188,7 +188,7 @@ func TestNetnsPartitionHealed(t *testing.T) {
 		ms = append(ms, c.start(i, key, nil, 0))
 	}
 	for _, m := range ms {
-		waitFor(t, 30*time.Second, "four alive members", func() bool { return aliveCount(t, m) == 4 })
+		waitFor(t, membershipWait, "four alive members", func() bool { return aliveCount(t, m) == 4 })
 	}
 
 	src, sum := randomFile(t, 12<<20+77)
@@ -263,7 +263,7 @@ func TestNetnsPlaintext(t *testing.T) {
 	pt := []string{"--data-plane", "plaintext"}
 	a := c.start(0, key, pt)
 	b := c.start(1, key, pt, 0)
-	waitFor(t, 30*time.Second, "two alive members", func() bool { return aliveCount(t, b) == 2 })
+	waitFor(t, membershipWait, "two alive members", func() bool { return aliveCount(t, b) == 2 })
 	src, sum := randomFile(t, 8<<20+5)
 	mustKylix(t, "/", "import", "--data", a.data, src, "p.bin")
 	onB := filepath.Join(b.mnt, "p.bin")

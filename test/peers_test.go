@@ -48,6 +48,13 @@ func gossipAddr(t *testing.T, ip string) string {
 	return ""
 }
 
+// membershipWait bounds the wait for members to see each other. Gossip
+// usually converges in well under a second, but a member that misses every
+// broadcast about a newcomer (seen in CI on a loaded 2-core machine) only
+// learns of it at its next full state exchange with a random member, which
+// memberlist schedules every 30 s: the wait covers two of those.
+const membershipWait = 75 * time.Second
+
 type member struct {
 	*node
 	addr string
@@ -156,7 +163,7 @@ func TestClusterReadElsewhere(t *testing.T) {
 	a := startMember(t, "127.0.0.2", key, nil)
 	b := startMember(t, "127.0.0.3", key, nil, a.addr)
 	c := startMember(t, "127.0.0.4", key, nil, a.addr)
-	waitFor(t, 20*time.Second, "three alive members seen by B", func() bool { return aliveCount(t, b) == 3 })
+	waitFor(t, membershipWait, "three alive members seen by B", func() bool { return aliveCount(t, b) == 3 })
 
 	src, sum := randomFile(t, 24<<20+4321)
 	mustKylix(t, "/", "import", "--data", a.data, src, "models/m.bin")
@@ -211,7 +218,7 @@ func TestClusterBadPeer(t *testing.T) {
 	a := startMember(t, "127.0.0.5", key, nil)
 	c := startMember(t, "127.0.0.6", key, []string{"KYLIX_TEST_PEER_CORRUPT=1"}, a.addr)
 	b := startMember(t, "127.0.0.7", key, nil, a.addr)
-	waitFor(t, 20*time.Second, "three alive members seen by B", func() bool { return aliveCount(t, b) == 3 })
+	waitFor(t, membershipWait, "three alive members seen by B", func() bool { return aliveCount(t, b) == 3 })
 
 	// Random bytes are cut into chunks of about 1 MiB: with 32 of them, C
 	// ranks first for some (all but certainly: 2^-32 that it does not).
@@ -291,7 +298,7 @@ func TestClusterPlacement(t *testing.T) {
 			}
 		}
 	})
-	waitFor(t, 30*time.Second, "five alive members seen by each", func() bool {
+	waitFor(t, membershipWait, "five alive members seen by each", func() bool {
 		for _, m := range ms {
 			if aliveCount(t, m) != 5 {
 				return false
@@ -446,7 +453,7 @@ func TestClusterPush(t *testing.T) {
 	b := startMember(t, "127.0.0.41", key, nil, a.addr)
 	c := startMember(t, "127.0.0.42", key, nil, a.addr)
 	ms := []*member{a, b, c}
-	waitFor(t, 20*time.Second, "three alive members seen by each", func() bool {
+	waitFor(t, membershipWait, "three alive members seen by each", func() bool {
 		for _, m := range ms {
 			if aliveCount(t, m) != 3 {
 				return false

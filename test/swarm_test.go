@@ -83,7 +83,7 @@ func TestClusterSwarm(t *testing.T) {
 			}
 		}
 	})
-	waitFor(t, 30*time.Second, "five alive members seen by each", func() bool {
+	waitFor(t, membershipWait, "five alive members seen by each", func() bool {
 		for _, m := range ms {
 			if aliveCount(t, m) != 5 {
 				return false
@@ -162,7 +162,7 @@ func TestClusterSwarm(t *testing.T) {
 	b := ms[1]
 	b.stop()
 	b.node = launchNode(t, b.data, b.mnt, env, nil, "--listen", b.addr, "--cluster-key", key, "--node-name", "127.0.0.31", "--join", a.addr)
-	waitFor(t, 30*time.Second, "five alive members seen by B", func() bool { return aliveCount(t, b) == 5 })
+	waitFor(t, membershipWait, "five alive members seen by B", func() bool { return aliveCount(t, b) == 5 })
 	for _, f := range files {
 		if shaOn(t, b, filepath.Join(b.mnt, f)) != sums[f] {
 			t.Fatalf("%s read again through B's mount differs from the source", f)
