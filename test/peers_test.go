@@ -50,7 +50,7 @@ func gossipAddr(t *testing.T, ip string) string {
 
 // membershipWait bounds the wait for members to see each other. Gossip
 // usually converges in well under a second, but a member that misses every
-// broadcast about a newcomer (seen in CI on a loaded 2-core machine) only
+// broadcast about a newcomer (seen once in CI, cause not known) only
 // learns of it at its next full state exchange with a random member, which
 // memberlist schedules every 30 s: the wait covers two of those.
 const membershipWait = 75 * time.Second
