@@ -80,6 +80,10 @@ type Config struct {
 	// NoRelay: ask the holders directly, never a chunk's relay (tests and
 	// benchmarks compare the two).
 	NoRelay bool
+	// GossipLog passes every line of serf and memberlist to Logger (at
+	// Info), not only their warnings and errors: which member learned of
+	// which join, state exchanges, probes. For diagnosis.
+	GossipLog bool
 }
 
 // Tag names (serf tags hold at most 512 bytes in all: only small facts).
@@ -228,7 +232,7 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 	if n.cfg.Zone != "" {
 		conf.Tags[tagZone] = n.cfg.Zone
 	}
-	lw := &logWriter{log: n.log}
+	lw := &logWriter{log: n.log, all: n.cfg.GossipLog}
 	conf.Logger = log.New(lw, "", 0)
 	ml := memberlist.DefaultLANConfig()
 	ml.Logger = conf.Logger
@@ -479,8 +483,12 @@ func (n *Node) request(ctx context.Context, p peer, rq request, max uint32) ([]b
 }
 
 // logWriter passes serf's and memberlist's warnings and errors to the
-// node's log; their debug and info lines are dropped.
-type logWriter struct{ log *slog.Logger }
+// node's log; their debug and info lines are dropped unless all is set
+// (Config.GossipLog).
+type logWriter struct {
+	log *slog.Logger
+	all bool
+}
 
 func (w *logWriter) Write(p []byte) (int, error) {
 	line := string(bytes.TrimSpace(p))
@@ -489,6 +497,8 @@ func (w *logWriter) Write(p []byte) (int, error) {
 		w.log.Error("gossip: " + line)
 	case strings.Contains(line, "[WARN]"):
 		w.log.Warn("gossip: " + line)
+	case w.all:
+		w.log.Info("gossip: " + line)
 	}
 	return len(p), nil
 }

@@ -115,7 +115,7 @@ func (c *netnsCluster) start(i int, key string, extra []string, join ...int) *me
 	data, mnt := dirs(t)
 	addr := c.addr(i) + ":7946"
 	args := []string{"--net=/var/run/netns/" + c.nodes[i], kylixBin, "serve", "--data", data, "--mount", mnt,
-		"--listen", addr, "--cluster-key", key, "--node-name", fmt.Sprintf("n%d", i)}
+		"--listen", addr, "--cluster-key", key, "--node-name", fmt.Sprintf("n%d", i), "--log-gossip"}
 	var js []string
 	for _, j := range join {
 		js = append(js, c.addr(j)+":7946")

@@ -72,7 +72,7 @@ func startMemberArgs(t *testing.T, ip, key string, env, extra []string, join ...
 	t.Helper()
 	data, mnt := dirs(t)
 	addr := gossipAddr(t, ip)
-	args := append([]string{"--listen", addr, "--cluster-key", key, "--node-name", ip}, extra...)
+	args := append([]string{"--listen", addr, "--cluster-key", key, "--node-name", ip, "--log-gossip"}, extra...)
 	if len(join) > 0 {
 		args = append(args, "--join", strings.Join(join, ","))
 	}

@@ -161,7 +161,7 @@ func TestClusterSwarm(t *testing.T) {
 	// from its packs and its peer cache: nothing is fetched.
 	b := ms[1]
 	b.stop()
-	b.node = launchNode(t, b.data, b.mnt, env, nil, "--listen", b.addr, "--cluster-key", key, "--node-name", "127.0.0.31", "--join", a.addr)
+	b.node = launchNode(t, b.data, b.mnt, env, nil, "--listen", b.addr, "--cluster-key", key, "--node-name", "127.0.0.31", "--join", a.addr, "--log-gossip")
 	waitFor(t, membershipWait, "five alive members seen by B", func() bool { return aliveCount(t, b) == 5 })
 	for _, f := range files {
 		if shaOn(t, b, filepath.Join(b.mnt, f)) != sums[f] {

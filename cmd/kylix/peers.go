@@ -29,6 +29,7 @@ type peerFlags struct {
 	listen, join, keyFile, name, zone, dataListen *string
 	dataPlane, peerCache                          *string
 	replicas                                      *int
+	logGossip                                     *bool
 	repairRate                                    *int64
 	failureGrace                                  *time.Duration
 	node                                          *peers.Node
@@ -49,6 +50,7 @@ func addPeerFlags(f *flags) *peerFlags {
 		repairRate: f.Int64("repair-rate", peers.DefaultRepairRate, "placement and repair pulls: at most BYTES a second (0: no limit)"),
 		failureGrace: f.Duration("failure-grace", peers.DefaultFailureGrace,
 			"how long after gossip marks a member failed its chunks are repaired elsewhere (0: at once)"),
+		logGossip: f.Bool("log-gossip", false, "log every line of the gossip layer (serf, memberlist), not only its warnings and errors: joins, state exchanges, probes (diagnosis)"),
 	}
 }
 
@@ -101,7 +103,7 @@ func (pf *peerFlags) fetcher(data string, log *slog.Logger) (chunkstore.Fetcher,
 	pf.node, err = peers.New(peers.Config{CacheDir: cacheDir, CacheBytes: cacheBytes, NoRelay: os.Getenv("KYLIX_TEST_PEER_NO_RELAY") == "1",
 		Name: *pf.name, Listen: *pf.listen, DataListen: *pf.dataListen, Join: join, Key: key,
 		Capacity: capacity, Zone: *pf.zone, Replicas: *pf.replicas, Version: "dev", Logger: log,
-		Plaintext:  *pf.dataPlane == "plaintext",
+		Plaintext: *pf.dataPlane == "plaintext", GossipLog: *pf.logGossip,
 		RepairRate: orNone(*pf.repairRate), FailureGrace: time.Duration(orNone(int64(*pf.failureGrace))),
 		CorruptServed: os.Getenv("KYLIX_TEST_PEER_CORRUPT") == "1", Keep: func() ([]string, error) {
 			// Pinned paths keep their chunks here (rebalance drops none).
