@@ -53,7 +53,7 @@ var runningNode struct {
 }
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	f := newFlags(e, "serve", "[--data DIR] [--mount DIR] [--client-socket PATH|none] [--gpu-idle D] [--reserve SIZE|PERCENT] [--no-passthrough] [--scrub-rate BYTES] [--pin-budget SIZE|PERCENT] [--metrics ADDR] [--debug] [--stop-timeout D] [--listen HOST:PORT --cluster-key FILE [--join HOST:PORT,...]]", `
+	f := newFlags(e, "serve", "[--config FILE] [--data DIR] [--mount DIR] [--client-socket PATH|none] [--gpu-idle D] [--reserve SIZE|PERCENT] [--no-passthrough] [--scrub-rate BYTES] [--pin-budget SIZE|PERCENT] [--metrics ADDR] [--debug] [--stop-timeout D] [--listen HOST:PORT --cluster-key FILE [--join HOST:PORT,...]]", `
 Runs a node: opens the store, mounts its namespace at the mount point, and
 serves the admin socket DATA/kylix.sock. While the node runs, the other
 commands (import, export, ls, stat, df, verify, gc, rm) given the same data
@@ -91,7 +91,19 @@ end), the node detaches the mount and exits anyway; a second signal exits at
 once. The store is crash-safe, so nothing committed is lost either way.
 A mount left by a node killed with kill -9 is cleared at the next start.
 The mount point may not be inside the data directory, nor the data directory
-inside the mount point.`)
+inside the mount point.
+
+Every flag below may instead be set in a TOML file given by --config FILE
+(or $KYLIX_CONFIG; by default none is read): each key is a flag's name
+without the dashes (listen = "10.0.0.2:7946", join = ["10.0.0.1:7946"],
+cluster-key = "/etc/kylix/cluster.key", replicas = 2, failure-grace = "30s").
+A flag on the command line wins over the file, the file over environment
+variables and defaults. A key that is no flag is an error, and so is a
+value of the wrong type. Relative paths in the file are taken from the
+file's directory. The file must not be writable by every user (as root:
+owned by root); the cluster key stays in its own file, which the file
+names. Example and details: docs/examples/kylix.toml, docs/design/peers.md.`)
+	configFlag := f.String("config", "", "read settings from this TOML `FILE` (keys: these flags' names; the command line wins; default $"+configEnv+", else none)")
 	mnt := f.String("mount", e.defaultMountDir(), "mount point (env KYLIX_MOUNT)")
 	noPT := f.Bool("no-passthrough", false, "serve every file through the node, never FUSE passthrough")
 	debug := f.Bool("debug", false, "log every FUSE request")
@@ -108,6 +120,13 @@ inside the mount point.`)
 	if err := f.parse(args, 0, 0); err != nil {
 		return err
 	}
+	var fromConfig []string
+	if p := configPath(f, *configFlag); p != "" {
+		var err error
+		if fromConfig, err = applyConfig(f, p); err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+	}
 	reserve, err := kfs.ParseReserve(*reserveFlag)
 	if err != nil {
 		return fmt.Errorf("serve: --%w", err)
@@ -116,6 +135,9 @@ inside the mount point.`)
 		return fmt.Errorf("serve: a node already runs for this data directory")
 	}
 	log := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if len(fromConfig) > 0 {
+		log.Info("settings from the config file", "file", configPath(f, *configFlag), "keys", strings.Join(fromConfig, ","))
+	}
 	// KYLIX_CPUPROFILE=FILE writes a CPU profile of the node (benchmarks).
 	if p := e.getenv("KYLIX_CPUPROFILE"); p != "" {
 		if pf, err := os.Create(p); err == nil {
