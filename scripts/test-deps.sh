@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the real clients the tests need, where missing: fuse3, C and C++
 # compilers, Debian's python3-torch and python3-numpy, setpriv, mkfs.ext4 and
-# systemd-analyze, ip and nsenter (network-namespace tests). Idempotent: with everything present it installs nothing and
+# systemd-analyze, ip, tc, nsenter and nft (network-namespace tests; nft adds
+# packet loss). Idempotent: with everything present it installs nothing and
 # asks no registry. `make test` and .ci/run run it first.
 #
 # As root where apt-get is, it installs what is missing. Elsewhere it names
@@ -15,7 +16,8 @@ command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 command -v c++ >/dev/null 2>&1 || need+=(g++)
 /usr/bin/python3 -c 'import torch, numpy' >/dev/null 2>&1 || need+=(python3-torch python3-numpy)
 command -v setpriv >/dev/null 2>&1 && command -v prlimit >/dev/null 2>&1 && command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
-command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || need+=(iproute2)
+command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 if [ ${#need[@]} -eq 0 ]; then
