@@ -18,9 +18,15 @@ import (
 // command line (with --help at the end, so that serve stops there).
 func serveFlagSet(t *testing.T, args ...string) *flags {
 	t.Helper()
+	return serveFlagSetEnv(t, nil, args...)
+}
+
+// serveFlagSetEnv is serveFlagSet with environment variables.
+func serveFlagSetEnv(t *testing.T, environ map[string]string, args ...string) *flags {
+	t.Helper()
 	var got *flags
 	e := &env{stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard,
-		getenv: func(string) string { return "" }, onFlags: func(f *flags) { got = f }}
+		getenv: func(k string) string { return environ[k] }, onFlags: func(f *flags) { got = f }}
 	require.ErrorIs(t, runServe(context.Background(), e, append(args, "--help")), errHelp)
 	require.NotNil(t, got)
 	return got
@@ -80,6 +86,17 @@ func TestConfigCommandLineWins(t *testing.T) {
 	assert.Equal(t, "5", flagValue(f, "replicas"))
 	assert.Equal(t, "false", flagValue(f, "log-gossip"))
 	assert.Equal(t, "a", flagValue(f, "zone"))
+}
+
+// The file wins over environment variables (they are defaults).
+func TestConfigOverEnvironment(t *testing.T) {
+	p := writeConfig(t, "data = \"/cfg/data\"\nmount = \"/cfg/mnt\"\n")
+	f := serveFlagSetEnv(t, map[string]string{"KYLIX_DATA": "/env/data", "KYLIX_MOUNT": "/env/mnt"})
+	assert.Equal(t, "/env/mnt", flagValue(f, "mount"))
+	_, err := applyConfig(f, p)
+	require.NoError(t, err)
+	assert.Equal(t, "/cfg/data", f.data)
+	assert.Equal(t, "/cfg/mnt", flagValue(f, "mount"))
 }
 
 // Every flag of serve can be set in the file (a value of its type: its
