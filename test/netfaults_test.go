@@ -144,18 +144,19 @@ func timedRead(t *testing.T, m *member, p string, want [32]byte, d time.Duration
 	return took
 }
 
-// TestNetnsLossyLink: three members in network namespaces; the reader n2
-// joins after five files were imported on n0 (n0 and n1 hold them), with
-// placement pulls throttled to nothing (--repair-rate 1), so that its
-// reads fetch the chunks from the others. A 1 MiB file is read first (the
-// data plane's connections come up); then the first 32 MiB file reads
-// over a clean link; the second with n2's link limited to 100 Mbit/s each way
-// (tbf); the third with 5% of packets dropped each way (nftables) and 5
-// ms of delay where the kernel has netem; the fourth with all of these.
-// Each reads byte-equal within its deadline; the read times are logged.
-// Under the faults gossip still converges (files imported on n1 and on
-// n2 reach the others) and every member still sees all three alive; the
-// loss rules dropped about 5% of the packets each way.
+// TestNetnsLossyLink: three members in network namespaces. The reader n2
+// joins, through a link dropping 5% of packets each way, after five files
+// were imported on n0 (n0 and n1 hold them), with placement pulls
+// throttled to nothing (--repair-rate 1), so that its reads fetch the
+// chunks from the others. A 1 MiB file is read first (the data plane's
+// connections come up); then one 32 MiB file over a clean link, one with
+// n2's link limited to 100 Mbit/s each way (tbf), one with 5% of packets
+// dropped each way (nftables) and 5 ms of delay where the kernel has
+// netem, and one with all of these. Each reads byte-equal within its
+// deadline; the read times are logged. Under the faults gossip still
+// converges (files imported on n1 and on n2 reach the others) and every
+// member still sees all three alive; the loss rules dropped about 5% of
+// the packets each way.
 func TestNetnsLossyLink(t *testing.T) {
 	c := newNetnsCluster(t, 3)
 	testneeds.Command(t, "nft", "nftables") // before anything starts
@@ -177,11 +178,18 @@ func TestNetnsLossyLink(t *testing.T) {
 		sums[name] = sum
 	}
 
+	// n2 joins through a lossy link: the join and the gossip that spreads
+	// it cross the loss.
+	c.setFaults(2, linkFaults{lossPercent: 5})
 	n2 := c.start(2, key, []string{"--repair-rate", "1"}, 0)
 	ms := []*member{n0, n1, n2}
 	for i, m := range ms {
-		waitFor(t, membershipWait, fmt.Sprintf("n%d to see three alive", i), func() bool { return aliveCount(t, m) == 3 })
+		waitFor(t, membershipWait, fmt.Sprintf("n%d to see three alive (n2 joined under 5%% loss)", i), func() bool { return aliveCount(t, m) == 3 })
 	}
+	joinIn, joinOut := c.lossCounts(2)
+	t.Logf("n2's loss rules dropped, while it joined: %v coming in, %v going out", joinIn, joinOut)
+	require.Positive(t, joinIn.dropped+joinOut.dropped, "no packet dropped while n2 joined")
+	c.setFaults(2, linkFaults{})
 	for _, name := range names {
 		waitFor(t, 30*time.Second, name+" in n2's mount", visible(filepath.Join(n2.mnt, name)))
 	}
