@@ -25,6 +25,7 @@ import (
 
 	"github.com/kylix/kylix/chunkstore"
 	"github.com/kylix/kylix/gpuio"
+	"github.com/kylix/kylix/peers"
 )
 
 func init() {
@@ -47,6 +48,11 @@ type pinRecord struct {
 type pinRecordEntry struct {
 	Path  string    `json:"path"`
 	Added time.Time `json:"added"`
+	// Pending: a pin in a cluster still bringing its chunks here. It is
+	// recorded so that rebalance keeps what arrives (the record is the
+	// node's keep set) and removed if the pin fails; a node that stopped
+	// in the middle drops it at its next start (never held, so not a pin).
+	Pending bool `json:"pending,omitempty"`
 }
 
 // nodePins is the pins of a running node.
@@ -134,6 +140,17 @@ func startPins(s *chunkstore.Store, budget string, log *slog.Logger) (*nodePins,
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w (fix or remove it; it only lists pinned paths)", err)
 	}
+	if i := slices.IndexFunc(rec.Pins, func(r pinRecordEntry) bool { return r.Pending }); i >= 0 {
+		for _, r := range rec.Pins {
+			if r.Pending {
+				log.Warn("a pin that was still fetching its chunks when the node stopped is not kept (kylix pin it again)", "path", r.Path)
+			}
+		}
+		rec.Pins = slices.DeleteFunc(rec.Pins, func(r pinRecordEntry) bool { return r.Pending })
+		if err := writePinRecord(s.Dir(), rec); err != nil {
+			return nil, fmt.Errorf("serve: %w", err)
+		}
+	}
 	if len(rec.Pins) == 0 {
 		return np, nil
 	}
@@ -207,7 +224,7 @@ func (np *nodePins) resolve(ctx context.Context, path string) (*pinHeld, error) 
 		pieces := plan.Pieces
 		for _, x := range f.Extents() {
 			if x.Pack == 0 {
-				return fmt.Errorf("%s: %s at offset %d is not stored on this node; only local data can be pinned", fp, human(x.Len), x.FileOff)
+				return fmt.Errorf("%s: %s at offset %d is %w; only local data can be pinned (in a cluster, kylix pin brings it from the members first)", fp, human(x.Len), x.FileOff, errNotHere)
 			}
 			var chunks []chunkstore.Piece
 			for len(pieces) > 0 && pieces[0].FileOff < x.FileOff+x.Len {
@@ -264,13 +281,72 @@ func (np *nodePins) lockPath(ctx context.Context, path string) (*pinHeld, error)
 	return p, nil
 }
 
+// pinFetched is what a pin brought from the cluster before it locked.
+type pinFetched struct {
+	chunks int
+	bytes  int64
+}
+
 // pin pins path (again: the pin then follows the path's current version).
-func (np *nodePins) pin(ctx context.Context, path string) (*pinHeld, error) {
+// In a cluster (cl not nil) it first brings the chunks of path not stored
+// here from the members into this node's packs, recording the path as a
+// pending pin meanwhile so that rebalance keeps them; a failure leaves the
+// record as it was.
+func (np *nodePins) pin(ctx context.Context, path string, cl *pinCluster) (*pinHeld, pinFetched, error) {
 	np.op.Lock()
 	defer np.op.Unlock()
-	p, err := np.lockPath(ctx, path)
-	if err != nil {
-		return nil, err
+	var got pinFetched
+	pending := false
+	defer func() {
+		if pending { // failed: the record without the pending entry
+			np.mu.Lock()
+			if err := np.saveLocked(""); err != nil {
+				np.log.Error("removing a failed pin from the record", "path", path, "err", err)
+			}
+			np.mu.Unlock()
+		}
+	}()
+	var p *pinHeld
+	for try := 0; ; try++ {
+		if cl != nil {
+			miss, bytes, err := missingBelow(ctx, np.s, path)
+			if err != nil {
+				return nil, got, fmt.Errorf("pin %s: %w", shownPath(path), err)
+			}
+			if len(miss) > 0 {
+				// Bytes no pin locks yet: the pin needs at least that much.
+				if used := np.host.Locked(); used+bytes > np.budget {
+					return nil, got, fmt.Errorf("pin %s: refused: %s of it is not on this node, more than the node's pin budget leaves free (%s of %s used): unpin something (kylix unpin) or restart the node with a larger --pin-budget",
+						shownPath(path), human(bytes), human(used), human(np.budget))
+				}
+				np.mu.Lock()
+				if np.pins[path] == nil && !pending {
+					if err := np.saveLocked(path); err != nil {
+						np.mu.Unlock()
+						return nil, got, fmt.Errorf("pin %s: %w", shownPath(path), err)
+					}
+					pending = true
+				}
+				np.mu.Unlock()
+				c, b, err := bringHere(ctx, cl.e, np.s, cl.node, "pin "+shownPath(path)+": fetching", miss)
+				got.chunks += c
+				got.bytes += b
+				if err != nil {
+					return nil, got, fmt.Errorf("pin %s: not pinned: %w", shownPath(path), err)
+				}
+			}
+		}
+		var err error
+		p, err = np.lockPath(ctx, path)
+		if err == nil {
+			break
+		}
+		// A chunk brought here was dropped again before the pending
+		// record kept it (a rebalance pass already under way): bring it
+		// again.
+		if cl == nil || !errors.Is(err, errNotHere) || try == 2 {
+			return nil, got, err
+		}
 	}
 	np.mu.Lock()
 	old := np.pins[path]
@@ -278,23 +354,31 @@ func (np *nodePins) pin(ctx context.Context, path string) (*pinHeld, error) {
 	if old != nil {
 		p.added = old.added
 	}
-	err = np.saveLocked()
+	err := np.saveLocked("")
 	if err != nil {
 		if old != nil {
 			np.pins[path] = old
 		} else {
 			delete(np.pins, path)
 		}
+	} else {
+		pending = false
 	}
 	np.mu.Unlock()
 	if err != nil {
 		p.release()
-		return nil, err
+		return nil, got, err
 	}
 	if old != nil {
 		old.release()
 	}
-	return p, nil
+	return p, got, nil
+}
+
+// pinCluster is what a pin needs to bring chunks from the cluster.
+type pinCluster struct {
+	e    *env // for the progress bar
+	node *peers.Node
 }
 
 func (np *nodePins) unpin(path string) error {
@@ -308,7 +392,7 @@ func (np *nodePins) unpin(path string) error {
 		return notPinned(path, names)
 	}
 	delete(np.pins, path)
-	if err := np.saveLocked(); err != nil {
+	if err := np.saveLocked(""); err != nil {
 		np.pins[path] = p
 		np.mu.Unlock()
 		return err
@@ -336,11 +420,15 @@ func (np *nodePins) namesLocked() []string {
 	return names
 }
 
-// saveLocked writes the record (np.mu held).
-func (np *nodePins) saveLocked() error {
+// saveLocked writes the record (np.mu held), with pending, when not "",
+// as a pin still bringing its chunks.
+func (np *nodePins) saveLocked(pending string) error {
 	rec := pinRecord{Version: 1, Pins: []pinRecordEntry{}}
 	for _, n := range np.namesLocked() {
 		rec.Pins = append(rec.Pins, pinRecordEntry{Path: n, Added: np.pins[n].added})
+	}
+	if pending != "" {
+		rec.Pins = append(rec.Pins, pinRecordEntry{Path: pending, Added: time.Now().UTC(), Pending: true})
 	}
 	return writePinRecord(np.s.Dir(), rec)
 }
@@ -418,7 +506,9 @@ func newPinView(s *chunkstore.Store) *pinView {
 		rec, _ := readPinRecord(s.Dir())
 		v := &pinView{}
 		for _, r := range rec.Pins {
-			v.recorded = append(v.recorded, r.Path)
+			if !r.Pending {
+				v.recorded = append(v.recorded, r.Path)
+			}
 		}
 		return v
 	}
@@ -589,6 +679,10 @@ type pinOut struct {
 	BudgetBytes int64  `json:"budget_bytes"`
 	UsedBytes   int64  `json:"used_bytes"`
 	GPUNote     string `json:"gpu_note"`
+	// Fetched: the chunks of the path this node did not store, brought
+	// from the members into its packs before locking (cluster only).
+	FetchedChunks int   `json:"fetched_chunks"`
+	FetchedBytes  int64 `json:"fetched_bytes"`
 }
 
 func runPin(ctx context.Context, e *env, args []string) error {
@@ -601,6 +695,12 @@ Locked memory is limited by the node's --pin-budget: a pin past it is
 refused, and nothing of it is locked. Pinning again follows the path's
 current version. The node records its pins in DATA/pins.json and pins them
 again when it restarts. Needs a running node (kylix serve).
+
+On a cluster member a pin also means "kept on this node": the chunks of
+PATH not stored here are first fetched from the members (16 at a time,
+each verified) into this node's packs, with a progress bar on a terminal,
+and rebalance never drops them. If a chunk cannot be fetched, the pin
+fails naming the file, and PATH is not pinned.
 See docs/design/pin.md.`).withJSON()
 	if err := f.parse(args, 1, 1); err != nil {
 		return err
@@ -618,20 +718,29 @@ See docs/design/pin.md.`).withJSON()
 	if err != nil {
 		return fmt.Errorf("pin %s: %w", f.Arg(0), err)
 	}
-	p, err := np.pin(ctx, clean)
+	var cl *pinCluster
+	if runningPeers != nil {
+		cl = &pinCluster{e: e, node: runningPeers}
+	}
+	p, got, err := np.pin(ctx, clean, cl)
 	if err != nil {
 		return err
 	}
 	st := np.status()
-	out := pinOut{Path: shownPath(clean), Files: p.nfiles, Bytes: p.bytes, BudgetBytes: st.BudgetBytes, UsedBytes: st.LockedBytes, GPUNote: st.GPUNote}
+	out := pinOut{Path: shownPath(clean), Files: p.nfiles, Bytes: p.bytes, BudgetBytes: st.BudgetBytes, UsedBytes: st.LockedBytes, GPUNote: st.GPUNote,
+		FetchedChunks: got.chunks, FetchedBytes: got.bytes}
 	for _, r := range p.locked {
 		out.LockedBytes += r.Size()
 	}
 	if f.jsonOut {
 		return f.printJSON(out)
 	}
-	fmt.Fprintf(e.stdout, "pinned %s: %d files, %s, %s locked in memory (node: %s of %s budget used)\ngpu: %s\n",
-		out.Path, out.Files, human(out.Bytes), human(out.LockedBytes), human(out.UsedBytes), human(out.BudgetBytes), out.GPUNote)
+	fetched := ""
+	if cl != nil {
+		fetched = fmt.Sprintf("; %s fetched from the members into this node's packs first", human(out.FetchedBytes))
+	}
+	fmt.Fprintf(e.stdout, "pinned %s: %d files, %s, %s locked in memory (node: %s of %s budget used)%s\ngpu: %s\n",
+		out.Path, out.Files, human(out.Bytes), human(out.LockedBytes), human(out.UsedBytes), human(out.BudgetBytes), fetched, out.GPUNote)
 	return nil
 }
 
