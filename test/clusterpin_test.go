@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kylix/kylix/fs/layout"
 )
 
 // Pins, warm-up and stat across the cluster (docs/design/pin.md, "In a
@@ -53,13 +55,17 @@ func droppedOn(t *testing.T, m *member) int64 {
 //   - kylix pin on B brings the rest from A into B's packs (progress bar on
 //     a pty), then stat on B shows every byte local and B holding every
 //     chunk;
+//   - a file of A's made local on B by KYLIX_IOC_MAKE_LOCAL is kept on B
+//     (kylix node lists it);
 //   - a rebalance pass on B that drops copies it does not own (those of a
-//     file imported on B) keeps the pinned chunks;
+//     file imported on B) keeps the pinned chunks and those made local;
 //   - kylix warm on B of another file of A's fetches the chunks B lacks
 //     (fetched bytes > 0) into B's peer cache, as stat then shows;
-//   - after kill -9 of A, the pinned file reads byte-equal through B's mount;
+//   - after kill -9 of A, the pinned file and the file made local read
+//     byte-equal through B's mount;
 //   - a pin of a file whose chunks only A held fails naming the file and
-//     leaves nothing pinned or recorded.
+//     leaves nothing pinned or recorded; kylix unpin of the file made
+//     local removes it from the record.
 func TestClusterPinWarmStat(t *testing.T) {
 	requireFUSE(t)
 	key := clusterKey(t)
@@ -112,14 +118,41 @@ func TestClusterPinWarmStat(t *testing.T) {
 		t.Errorf("B's pin record after the pin: %s %v", rec, err)
 	}
 
+	// A file of A's made local on B through the mount (KYLIX_IOC_MAKE_LOCAL).
+	msrc, msum := randomFile(t, 12<<20+17)
+	mustKylix(t, "/", "import", "--data", a.data, msrc, "cp/local.bin")
+	lp := filepath.Join(b.mnt, "cp", "local.bin")
+	waitFor(t, 20*time.Second, "cp/local.bin in B's namespace", visible(lp))
+	if st := clusterStat(t, b, "cp/local.bin"); *st.LocalBytes >= st.Size {
+		t.Fatalf("B stores all of cp/local.bin (%d bytes) before MAKE_LOCAL", st.Size)
+	}
+	lf, err := os.Open(lp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := layout.MakeLocal(int(lf.Fd()), 0, 0); err != nil {
+		t.Fatalf("%v\nnode log:\n%s", err, b.log)
+	}
+	lf.Close()
+	if st := clusterStat(t, b, "cp/local.bin"); *st.LocalBytes != st.Size || st.Pinned {
+		t.Fatalf("after MAKE_LOCAL, B stores %d of %d bytes of cp/local.bin (pinned %v)", *st.LocalBytes, st.Size, st.Pinned)
+	}
+	if out := mustKylix(t, "/", "node", "--data", b.data); !strings.Contains(out, "kept here (made local, not locked): cp/local.bin") {
+		t.Errorf("kylix node on B does not list the file made local:\n%s", out)
+	}
+
 	// A rebalance pass on B that drops copies it does not own (those of a
-	// file imported on B, pushed to A) must keep the pinned chunks.
+	// file imported on B, pushed to A) must keep the pinned chunks and
+	// those made local.
 	d0 := droppedOn(t, b)
 	ctl, _ := randomFile(t, 8<<20)
 	mustKylix(t, "/", "import", "--data", b.data, ctl, "cp/control.bin")
 	waitFor(t, 90*time.Second, "B's rebalance dropping the copies of cp/control.bin it does not own", func() bool { return droppedOn(t, b) > d0 })
 	if st := clusterStat(t, b, "cp/pinned.bin"); *st.LocalBytes != st.Size {
 		t.Fatalf("after a rebalance pass on B, B stores %d of %d bytes of the pinned file", *st.LocalBytes, st.Size)
+	}
+	if st := clusterStat(t, b, "cp/local.bin"); *st.LocalBytes != st.Size {
+		t.Fatalf("after a rebalance pass on B, B stores %d of %d bytes of the file made local", *st.LocalBytes, st.Size)
 	}
 
 	// Warm on B of another file of A's: what B lacks is fetched.
@@ -162,6 +195,9 @@ func TestClusterPinWarmStat(t *testing.T) {
 	if shaOn(t, b, filepath.Join(b.mnt, "cp", "pinned.bin")) != sum {
 		t.Fatal("the pinned file read through B's mount after A was killed differs from the source")
 	}
+	if shaOn(t, b, lp) != msum {
+		t.Fatal("the file made local read through B's mount after A was killed differs from the source")
+	}
 	out, errs, code := kylix(t, "/", "pin", "--data", b.data, "cp/lost.bin")
 	if code != 1 || !strings.Contains(errs, "pin cp/lost.bin: not pinned: cp/lost.bin: ") || !strings.Contains(errs, "no member could send it") {
 		t.Fatalf("pin of a file whose chunks no member can send: exit %d\nstdout: %s\nstderr: %s", code, out, errs)
@@ -185,5 +221,10 @@ func TestClusterPinWarmStat(t *testing.T) {
 	}
 	if len(node.Pins.Pins) != 1 || node.Pins.Pins[0].Path != "cp/pinned.bin" {
 		t.Errorf("B's pins after a failed pin: %+v", node.Pins.Pins)
+	}
+	// kylix unpin of a file made local: no longer kept.
+	mustKylix(t, "/", "unpin", "--data", b.data, "cp/local.bin")
+	if rec, err := os.ReadFile(filepath.Join(b.data, "pins.json")); err != nil || strings.Contains(string(rec), "local.bin") {
+		t.Errorf("B's pin record after unpin of the file made local: %s %v", rec, err)
 	}
 }

@@ -53,6 +53,10 @@ type pinRecordEntry struct {
 	// node's keep set) and removed if the pin fails; a node that stopped
 	// in the middle drops it at its next start (never held, so not a pin).
 	Pending bool `json:"pending,omitempty"`
+	// Kept: not a pin but a file made local by KYLIX_IOC_MAKE_LOCAL on a
+	// cluster member. Nothing is locked; its chunks stored here are in
+	// the keep set, so rebalance does not drop them again.
+	Kept bool `json:"kept,omitempty"`
 }
 
 // nodePins is the pins of a running node.
@@ -67,8 +71,13 @@ type nodePins struct {
 
 	op sync.Mutex // one pin or unpin at a time (and the start-up re-pins)
 
-	mu   sync.Mutex // guards pins
+	mu   sync.Mutex // guards pins, kept, pending
 	pins map[string]*pinHeld
+	// kept: paths made local by KYLIX_IOC_MAKE_LOCAL (keepLocal), when
+	// recorded.
+	kept map[string]time.Time
+	// pending: the path of a pin fetching its chunks ("" none).
+	pending string
 }
 
 // pinHeld is one pin: the file versions it resolved to and their locked
@@ -133,7 +142,7 @@ func startPins(s *chunkstore.Store, budget string, log *slog.Logger) (*nodePins,
 	if err != nil {
 		return nil, fmt.Errorf("serve: --%w", err)
 	}
-	np := &nodePins{s: s, log: log, host: gpuio.NewPinnedHost(), budget: b, pins: map[string]*pinHeld{}}
+	np := &nodePins{s: s, log: log, host: gpuio.NewPinnedHost(), budget: b, pins: map[string]*pinHeld{}, kept: map[string]time.Time{}}
 	np.ctx, np.cancel = context.WithCancel(context.Background())
 	os.Remove(filepath.Join(s.Dir(), pinRecordName+".tmp")) // left by a node killed while writing
 	rec, err := readPinRecord(s.Dir())
@@ -151,6 +160,12 @@ func startPins(s *chunkstore.Store, budget string, log *slog.Logger) (*nodePins,
 			return nil, fmt.Errorf("serve: %w", err)
 		}
 	}
+	for _, r := range rec.Pins {
+		if r.Kept {
+			np.kept[r.Path] = r.Added
+		}
+	}
+	rec.Pins = slices.DeleteFunc(rec.Pins, func(r pinRecordEntry) bool { return r.Kept })
 	if len(rec.Pins) == 0 {
 		return np, nil
 	}
@@ -300,7 +315,8 @@ func (np *nodePins) pin(ctx context.Context, path string, cl *pinCluster) (*pinH
 	defer func() {
 		if pending { // failed: the record without the pending entry
 			np.mu.Lock()
-			if err := np.saveLocked(""); err != nil {
+			np.pending = ""
+			if err := np.saveLocked(); err != nil {
 				np.log.Error("removing a failed pin from the record", "path", path, "err", err)
 			}
 			np.mu.Unlock()
@@ -321,7 +337,9 @@ func (np *nodePins) pin(ctx context.Context, path string, cl *pinCluster) (*pinH
 				}
 				np.mu.Lock()
 				if np.pins[path] == nil && !pending {
-					if err := np.saveLocked(path); err != nil {
+					np.pending = path
+					if err := np.saveLocked(); err != nil {
+						np.pending = ""
 						np.mu.Unlock()
 						return nil, got, fmt.Errorf("pin %s: %w", shownPath(path), err)
 					}
@@ -354,8 +372,12 @@ func (np *nodePins) pin(ctx context.Context, path string, cl *pinCluster) (*pinH
 	if old != nil {
 		p.added = old.added
 	}
-	err := np.saveLocked("")
+	np.pending = ""
+	err := np.saveLocked()
 	if err != nil {
+		if pending {
+			np.pending = path
+		}
 		if old != nil {
 			np.pins[path] = old
 		} else {
@@ -387,12 +409,21 @@ func (np *nodePins) unpin(path string) error {
 	np.mu.Lock()
 	p := np.pins[path]
 	if p == nil {
+		if added, ok := np.kept[path]; ok {
+			delete(np.kept, path)
+			err := np.saveLocked()
+			if err != nil {
+				np.kept[path] = added
+			}
+			np.mu.Unlock()
+			return err
+		}
 		names := np.namesLocked()
 		np.mu.Unlock()
 		return notPinned(path, names)
 	}
 	delete(np.pins, path)
-	if err := np.saveLocked(""); err != nil {
+	if err := np.saveLocked(); err != nil {
 		np.pins[path] = p
 		np.mu.Unlock()
 		return err
@@ -420,17 +451,40 @@ func (np *nodePins) namesLocked() []string {
 	return names
 }
 
-// saveLocked writes the record (np.mu held), with pending, when not "",
-// as a pin still bringing its chunks.
-func (np *nodePins) saveLocked(pending string) error {
+// saveLocked writes the record (np.mu held): the pins, the pin still
+// bringing its chunks (pending) and the paths kept by MAKE_LOCAL.
+func (np *nodePins) saveLocked() error {
 	rec := pinRecord{Version: 1, Pins: []pinRecordEntry{}}
 	for _, n := range np.namesLocked() {
 		rec.Pins = append(rec.Pins, pinRecordEntry{Path: n, Added: np.pins[n].added})
 	}
-	if pending != "" {
-		rec.Pins = append(rec.Pins, pinRecordEntry{Path: pending, Added: time.Now().UTC(), Pending: true})
+	if np.pending != "" {
+		rec.Pins = append(rec.Pins, pinRecordEntry{Path: np.pending, Added: time.Now().UTC(), Pending: true})
+	}
+	for _, n := range slices.Sorted(maps.Keys(np.kept)) {
+		rec.Pins = append(rec.Pins, pinRecordEntry{Path: n, Added: np.kept[n], Kept: true})
 	}
 	return writePinRecord(np.s.Dir(), rec)
+}
+
+// keepLocal records path as kept on this node before KYLIX_IOC_MAKE_LOCAL
+// stores chunks of it (fs.Options.KeepLocal): rebalance, whose keep set is
+// the record's paths, then leaves them here. kylix unpin PATH removes it.
+func (np *nodePins) keepLocal(path string) error {
+	np.mu.Lock()
+	defer np.mu.Unlock()
+	if _, ok := np.kept[path]; ok {
+		return nil
+	}
+	if p := np.pins[path]; p != nil {
+		return nil
+	}
+	np.kept[path] = time.Now().UTC()
+	if err := np.saveLocked(); err != nil {
+		delete(np.kept, path)
+		return err
+	}
+	return nil
 }
 
 func readPinRecord(dir string) (pinRecord, error) {
@@ -490,6 +544,7 @@ type pinView struct {
 	node     bool
 	held     []pinSnap
 	recorded []string
+	kept     []string // made local by KYLIX_IOC_MAKE_LOCAL, kept here
 }
 
 type pinSnap struct {
@@ -506,7 +561,10 @@ func newPinView(s *chunkstore.Store) *pinView {
 		rec, _ := readPinRecord(s.Dir())
 		v := &pinView{}
 		for _, r := range rec.Pins {
-			if !r.Pending {
+			switch {
+			case r.Kept:
+				v.kept = append(v.kept, r.Path)
+			case !r.Pending:
 				v.recorded = append(v.recorded, r.Path)
 			}
 		}
@@ -519,6 +577,7 @@ func newPinView(s *chunkstore.Store) *pinView {
 		p := np.pins[n]
 		v.held = append(v.held, pinSnap{path: n, held: p.held(), state: p.state, files: p.files, locked: slices.Clone(p.locked)})
 	}
+	v.kept = slices.Sorted(maps.Keys(np.kept))
 	return v
 }
 
@@ -563,6 +622,9 @@ func (v *pinView) info(path string, ent chunkstore.Entry) (bool, string) {
 				return false, fmt.Sprintf("recorded pin %s; pins are held only while a node runs (none does)", shownPath(r))
 			}
 		}
+		if slices.Contains(v.kept, clean) {
+			return false, "recorded as kept on this node (made local by KYLIX_IOC_MAKE_LOCAL)"
+		}
 		return false, ""
 	}
 	var stale string
@@ -579,6 +641,9 @@ func (v *pinView) info(path string, ent chunkstore.Entry) (bool, string) {
 		case under:
 			stale = fmt.Sprintf("pin %s was made before this version of the file: kylix pin %s again", shownPath(p.path), shownPath(p.path))
 		}
+	}
+	if stale == "" && slices.Contains(v.kept, clean) {
+		return false, "its chunks made local by KYLIX_IOC_MAKE_LOCAL are kept on this node (kylix unpin " + shownPath(clean) + " lets rebalance drop them)"
 	}
 	return false, stale
 }
@@ -607,6 +672,9 @@ type pinsStatus struct {
 	GPU []gpuio.PinRegistration `json:"gpu"`
 	// GPUNote says plainly whether the locked bytes are registered.
 	GPUNote string `json:"gpu_note"`
+	// Kept lists the files made local by KYLIX_IOC_MAKE_LOCAL whose
+	// chunks this node keeps (not locked; kylix unpin removes one).
+	Kept []string `json:"kept,omitempty"`
 }
 
 type pinStatus struct {
@@ -632,6 +700,9 @@ func (np *nodePins) status() *pinsStatus {
 			ps.LockedBytes += r.Size()
 		}
 		out.Pins = append(out.Pins, ps)
+	}
+	for _, k := range slices.Sorted(maps.Keys(np.kept)) {
+		out.Kept = append(out.Kept, shownPath(k))
 	}
 	np.mu.Unlock()
 	if out.GPU == nil {
@@ -669,6 +740,9 @@ func printPins(w io.Writer, st *pinsStatus) {
 		}
 	}
 	fmt.Fprintf(w, "  gpu: %s\n", st.GPUNote)
+	if len(st.Kept) > 0 {
+		fmt.Fprintf(w, "  kept here (made local, not locked): %s\n", strings.Join(st.Kept, ", "))
+	}
 }
 
 type pinOut struct {

@@ -58,7 +58,8 @@ func TestPinRecord(t *testing.T) {
 
 // TestPinPendingDropped: a pin recorded as pending (a node stopped while
 // the pin fetched its chunks from the cluster) is not a pin: the next start
-// drops it from the record and does not hold it; the other pins stay.
+// drops it from the record and does not hold it; the other pins stay, and
+// a path kept by MAKE_LOCAL stays kept (not pinned); unpin removes it.
 func TestPinPendingDropped(t *testing.T) {
 	dir := t.TempDir()
 	s, err := chunkstore.Open(chunkstore.Options{Dir: dir})
@@ -66,17 +67,26 @@ func TestPinPendingDropped(t *testing.T) {
 	defer s.Close()
 	added := time.Unix(1700000000, 0).UTC()
 	require.NoError(t, writePinRecord(dir, pinRecord{Version: 1, Pins: []pinRecordEntry{
-		{Path: "m/kept", Added: added}, {Path: "m/half", Added: added, Pending: true}}}))
+		{Path: "m/kept", Added: added}, {Path: "m/half", Added: added, Pending: true}, {Path: "m/local", Added: added, Kept: true}}}))
 	var logs bytes.Buffer
 	np, err := startPins(s, "1MiB", slog.New(slog.NewTextHandler(&logs, nil)))
 	require.NoError(t, err)
 	np.close() // waits for the re-pins
 	rec, err := readPinRecord(dir)
 	require.NoError(t, err)
-	require.Equal(t, []pinRecordEntry{{Path: "m/kept", Added: added}}, rec.Pins)
+	require.Equal(t, []pinRecordEntry{{Path: "m/kept", Added: added}, {Path: "m/local", Added: added, Kept: true}}, rec.Pins)
 	require.Contains(t, np.pins, "m/kept")
 	require.NotContains(t, np.pins, "m/half")
+	require.NotContains(t, np.pins, "m/local")
+	require.Equal(t, []string{"m/local"}, np.status().Kept)
 	require.Contains(t, logs.String(), "still fetching its chunks")
+	require.NoError(t, np.keepLocal("m/other"))
+	require.NoError(t, np.unpin("m/local"))
+	rec, err = readPinRecord(dir)
+	require.NoError(t, err)
+	require.Len(t, rec.Pins, 2)
+	require.Equal(t, "m/other", rec.Pins[1].Path)
+	require.True(t, rec.Pins[1].Kept)
 }
 
 // TestWarmVerifies: warm hashes every chunk; a flipped byte in a pack
