@@ -223,7 +223,9 @@ func TestClusterPinWarmStat(t *testing.T) {
 		t.Errorf("B's pins after a failed pin: %+v", node.Pins.Pins)
 	}
 	// kylix unpin of a file made local: no longer kept.
-	mustKylix(t, "/", "unpin", "--data", b.data, "cp/local.bin")
+	if out := mustKylix(t, "/", "unpin", "--data", b.data, "cp/local.bin"); !strings.Contains(out, "cp/local.bin is no longer kept on this node") {
+		t.Errorf("kylix unpin of the file made local: %s", out)
+	}
 	if rec, err := os.ReadFile(filepath.Join(b.data, "pins.json")); err != nil || strings.Contains(string(rec), "local.bin") {
 		t.Errorf("B's pin record after unpin of the file made local: %s %v", rec, err)
 	}

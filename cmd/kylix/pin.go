@@ -821,7 +821,9 @@ See docs/design/pin.md.`).withJSON()
 func runUnpin(ctx context.Context, e *env, args []string) error {
 	f := newFlags(e, "unpin", "[--data DIR] PATH", `
 Releases the pin of PATH (as given to kylix pin): its memory is unlocked and
-unregistered from the GPU, and the record no longer lists it. Without a
+unregistered from the GPU, and the record no longer lists it. For a file
+made local by KYLIX_IOC_MAKE_LOCAL on a cluster member (kylix node lists
+them as kept), it ends the keep: rebalance may drop its chunks again. Without a
 running node it only removes PATH from the record DATA/pins.json.`)
 	if err := f.parse(args, 1, 1); err != nil {
 		return err
@@ -836,8 +838,16 @@ running node it only removes PATH from the record DATA/pins.json.`)
 		return fmt.Errorf("unpin %s: %w", f.Arg(0), err)
 	}
 	if np := runningNode.pins; e.store != nil && np != nil {
+		np.mu.Lock()
+		_, kept := np.kept[clean]
+		kept = kept && np.pins[clean] == nil
+		np.mu.Unlock()
 		if err := np.unpin(clean); err != nil {
 			return err
+		}
+		if kept {
+			fmt.Fprintf(e.stdout, "%s is no longer kept on this node: rebalance may drop the chunks KYLIX_IOC_MAKE_LOCAL stored (reads fetch them again)\n", shownPath(clean))
+			return nil
 		}
 		st := np.status()
 		fmt.Fprintf(e.stdout, "unpinned %s (node: %s of %s budget used)\n", shownPath(clean), human(st.LockedBytes), human(st.BudgetBytes))
