@@ -216,6 +216,9 @@ corrupt, or not stored here and no member can send it.`).withJSON()
 	fetchedLine := ""
 	if out.FetchedChunks > 0 {
 		fetchedLine = fmt.Sprintf(": %s from this node's packs, %s (%d chunks) fetched from the members into the peer cache", human(out.LocalBytes), human(out.FetchedBytes), out.FetchedChunks)
+		if out.PeerCachedBytes > 0 {
+			fetchedLine += fmt.Sprintf(" (%s of it was there already)", human(out.PeerCachedBytes))
+		}
 	}
 	fmt.Fprintf(e.stdout, "warmed %s: %d files, %s verified in %.2fs (%.2f GB/s)%s; %s resident in the page cache\n",
 		out.Path, out.Files, human(out.Bytes), out.Seconds, out.GBps, fetchedLine, human(out.ResidentBytes))
