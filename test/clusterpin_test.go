@@ -119,7 +119,7 @@ func TestClusterPinWarmStat(t *testing.T) {
 	}
 
 	// A file of A's made local on B through the mount (KYLIX_IOC_MAKE_LOCAL).
-	msrc, msum := randomFile(t, 12<<20+17)
+	msrc, msum := randomFile(t, 16<<20+17)
 	mustKylix(t, "/", "import", "--data", a.data, msrc, "cp/local.bin")
 	lp := filepath.Join(b.mnt, "cp", "local.bin")
 	waitFor(t, 20*time.Second, "cp/local.bin in B's namespace", visible(lp))
@@ -145,7 +145,7 @@ func TestClusterPinWarmStat(t *testing.T) {
 	// file imported on B, pushed to A) must keep the pinned chunks and
 	// those made local.
 	d0 := droppedOn(t, b)
-	ctl, _ := randomFile(t, 8<<20)
+	ctl, _ := randomFile(t, 16<<20)
 	mustKylix(t, "/", "import", "--data", b.data, ctl, "cp/control.bin")
 	waitFor(t, 90*time.Second, "B's rebalance dropping the copies of cp/control.bin it does not own", func() bool { return droppedOn(t, b) > d0 })
 	if st := clusterStat(t, b, "cp/pinned.bin"); *st.LocalBytes != st.Size {
@@ -196,7 +196,7 @@ func TestClusterPinWarmStat(t *testing.T) {
 	}
 
 	// A file only A holds the rest of, then A is gone.
-	lsrc, _ := randomFile(t, 8<<20)
+	lsrc, _ := randomFile(t, 16<<20)
 	mustKylix(t, "/", "import", "--data", a.data, lsrc, "cp/lost.bin")
 	waitFor(t, 20*time.Second, "cp/lost.bin in B's namespace", visible(filepath.Join(b.mnt, "cp", "lost.bin")))
 	if st := clusterStat(t, b, "cp/lost.bin"); *st.LocalBytes >= st.Size {
