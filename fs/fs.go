@@ -66,6 +66,11 @@ type Options struct {
 	// (docs/design/ioctl.md); "" when there is none. At most
 	// layout.ClientSocketMax-1 bytes.
 	ClientSocket string
+	// KeepLocal, when set, is called with a file's namespace path before
+	// KYLIX_IOC_MAKE_LOCAL stores chunks of it here, so that the caller
+	// can keep them (a cluster member's rebalance would drop chunks it
+	// does not own; docs/design/pin.md). An error fails the ioctl (EIO).
+	KeepLocal func(path string) error
 }
 
 // FS is a mounted (or mountable) view of a store's namespace.

@@ -251,7 +251,9 @@ func clipRange(off, length, size uint64) (uint64, bool) {
 // range is stored here. Missing chunks are brought by the store's Fetcher
 // (the cluster, docs/design/peers.md), verified and stored; one that
 // cannot be brought (always, on a node alone) is EIO, logged with the
-// chunk and the file.
+// chunk and the file. Before fetching, the file's path goes to
+// Options.KeepLocal (a cluster member records it so that rebalance keeps
+// what is stored).
 func (n *fileNode) ioctlMakeLocal(ctx context.Context, input []byte) syscall.Errno {
 	req, err := layout.DecodeMakeLocal(input)
 	if err != nil {
@@ -273,6 +275,17 @@ func (n *fileNode) ioctlMakeLocal(ctx context.Context, input []byte) syscall.Err
 	plan.Release()
 	if len(miss) == 0 {
 		return 0
+	}
+	if keep := n.fsys.opts.KeepLocal; keep != nil {
+		n.fsys.nsMu.RLock()
+		p, ok := n.path()
+		n.fsys.nsMu.RUnlock()
+		if ok {
+			if err := keep(p); err != nil {
+				n.fsys.log.Warn("KYLIX_IOC_MAKE_LOCAL: cannot record the file as kept here", "path", p, "err", err)
+				return syscall.EIO
+			}
+		}
 	}
 	if _, err := sf.MakeLocal(ctx, int64(req.Offset), int64(end-req.Offset)); err != nil {
 		n.fsys.log.Warn("KYLIX_IOC_MAKE_LOCAL: chunks are not stored here and could not be fetched",

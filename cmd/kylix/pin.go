@@ -25,6 +25,7 @@ import (
 
 	"github.com/kylix/kylix/chunkstore"
 	"github.com/kylix/kylix/gpuio"
+	"github.com/kylix/kylix/peers"
 )
 
 func init() {
@@ -47,6 +48,15 @@ type pinRecord struct {
 type pinRecordEntry struct {
 	Path  string    `json:"path"`
 	Added time.Time `json:"added"`
+	// Pending: a pin in a cluster still bringing its chunks here. It is
+	// recorded so that rebalance keeps what arrives (the record is the
+	// node's keep set) and removed if the pin fails; a node that stopped
+	// in the middle drops it at its next start (never held, so not a pin).
+	Pending bool `json:"pending,omitempty"`
+	// Kept: not a pin but a file made local by KYLIX_IOC_MAKE_LOCAL on a
+	// cluster member. Nothing is locked; its chunks stored here are in
+	// the keep set, so rebalance does not drop them again.
+	Kept bool `json:"kept,omitempty"`
 }
 
 // nodePins is the pins of a running node.
@@ -61,8 +71,13 @@ type nodePins struct {
 
 	op sync.Mutex // one pin or unpin at a time (and the start-up re-pins)
 
-	mu   sync.Mutex // guards pins
+	mu   sync.Mutex // guards pins, kept, pending
 	pins map[string]*pinHeld
+	// kept: paths made local by KYLIX_IOC_MAKE_LOCAL (keepLocal), when
+	// recorded.
+	kept map[string]time.Time
+	// pending: the path of a pin fetching its chunks ("" none).
+	pending string
 }
 
 // pinHeld is one pin: the file versions it resolved to and their locked
@@ -127,13 +142,30 @@ func startPins(s *chunkstore.Store, budget string, log *slog.Logger) (*nodePins,
 	if err != nil {
 		return nil, fmt.Errorf("serve: --%w", err)
 	}
-	np := &nodePins{s: s, log: log, host: gpuio.NewPinnedHost(), budget: b, pins: map[string]*pinHeld{}}
+	np := &nodePins{s: s, log: log, host: gpuio.NewPinnedHost(), budget: b, pins: map[string]*pinHeld{}, kept: map[string]time.Time{}}
 	np.ctx, np.cancel = context.WithCancel(context.Background())
 	os.Remove(filepath.Join(s.Dir(), pinRecordName+".tmp")) // left by a node killed while writing
 	rec, err := readPinRecord(s.Dir())
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w (fix or remove it; it only lists pinned paths)", err)
 	}
+	if i := slices.IndexFunc(rec.Pins, func(r pinRecordEntry) bool { return r.Pending }); i >= 0 {
+		for _, r := range rec.Pins {
+			if r.Pending {
+				log.Warn("a pin that was still fetching its chunks when the node stopped is not kept (kylix pin it again)", "path", r.Path)
+			}
+		}
+		rec.Pins = slices.DeleteFunc(rec.Pins, func(r pinRecordEntry) bool { return r.Pending })
+		if err := writePinRecord(s.Dir(), rec); err != nil {
+			return nil, fmt.Errorf("serve: %w", err)
+		}
+	}
+	for _, r := range rec.Pins {
+		if r.Kept {
+			np.kept[r.Path] = r.Added
+		}
+	}
+	rec.Pins = slices.DeleteFunc(rec.Pins, func(r pinRecordEntry) bool { return r.Kept })
 	if len(rec.Pins) == 0 {
 		return np, nil
 	}
@@ -207,7 +239,7 @@ func (np *nodePins) resolve(ctx context.Context, path string) (*pinHeld, error) 
 		pieces := plan.Pieces
 		for _, x := range f.Extents() {
 			if x.Pack == 0 {
-				return fmt.Errorf("%s: %s at offset %d is not stored on this node; only local data can be pinned", fp, human(x.Len), x.FileOff)
+				return fmt.Errorf("%s: %s at offset %d is %w; only local data can be pinned (in a cluster, kylix pin brings it from the members first)", fp, human(x.Len), x.FileOff, errNotHere)
 			}
 			var chunks []chunkstore.Piece
 			for len(pieces) > 0 && pieces[0].FileOff < x.FileOff+x.Len {
@@ -264,13 +296,75 @@ func (np *nodePins) lockPath(ctx context.Context, path string) (*pinHeld, error)
 	return p, nil
 }
 
+// pinFetched is what a pin brought from the cluster before it locked.
+type pinFetched struct {
+	chunks int
+	bytes  int64
+}
+
 // pin pins path (again: the pin then follows the path's current version).
-func (np *nodePins) pin(ctx context.Context, path string) (*pinHeld, error) {
+// In a cluster (cl not nil) it first brings the chunks of path not stored
+// here from the members into this node's packs, recording the path as a
+// pending pin meanwhile so that rebalance keeps them; a failure leaves the
+// record as it was.
+func (np *nodePins) pin(ctx context.Context, path string, cl *pinCluster) (*pinHeld, pinFetched, error) {
 	np.op.Lock()
 	defer np.op.Unlock()
-	p, err := np.lockPath(ctx, path)
-	if err != nil {
-		return nil, err
+	var got pinFetched
+	pending := false
+	defer func() {
+		if pending { // failed: the record without the pending entry
+			np.mu.Lock()
+			np.pending = ""
+			if err := np.saveLocked(); err != nil {
+				np.log.Error("removing a failed pin from the record", "path", path, "err", err)
+			}
+			np.mu.Unlock()
+		}
+	}()
+	var p *pinHeld
+	for try := 0; ; try++ {
+		if cl != nil {
+			miss, bytes, err := missingBelow(ctx, np.s, path)
+			if err != nil {
+				return nil, got, fmt.Errorf("pin %s: %w", shownPath(path), err)
+			}
+			if len(miss) > 0 {
+				// Bytes no pin locks yet: the pin needs at least that much.
+				if used := np.host.Locked(); used+bytes > np.budget {
+					return nil, got, fmt.Errorf("pin %s: refused: %s of it is not on this node, more than the node's pin budget leaves free (%s of %s used): unpin something (kylix unpin) or restart the node with a larger --pin-budget",
+						shownPath(path), human(bytes), human(used), human(np.budget))
+				}
+				np.mu.Lock()
+				if np.pins[path] == nil && !pending {
+					np.pending = path
+					if err := np.saveLocked(); err != nil {
+						np.pending = ""
+						np.mu.Unlock()
+						return nil, got, fmt.Errorf("pin %s: %w", shownPath(path), err)
+					}
+					pending = true
+				}
+				np.mu.Unlock()
+				c, b, err := bringHere(ctx, cl.e, np.s, cl.node, "pin "+shownPath(path)+": fetching", miss)
+				got.chunks += c
+				got.bytes += b
+				if err != nil {
+					return nil, got, fmt.Errorf("pin %s: not pinned: %w", shownPath(path), err)
+				}
+			}
+		}
+		var err error
+		p, err = np.lockPath(ctx, path)
+		if err == nil {
+			break
+		}
+		// A chunk brought here was dropped again before the pending
+		// record kept it (a rebalance pass already under way): bring it
+		// again.
+		if cl == nil || !errors.Is(err, errNotHere) || try == 2 {
+			return nil, got, err
+		}
 	}
 	np.mu.Lock()
 	old := np.pins[path]
@@ -278,23 +372,35 @@ func (np *nodePins) pin(ctx context.Context, path string) (*pinHeld, error) {
 	if old != nil {
 		p.added = old.added
 	}
-	err = np.saveLocked()
+	np.pending = ""
+	err := np.saveLocked()
 	if err != nil {
+		if pending {
+			np.pending = path
+		}
 		if old != nil {
 			np.pins[path] = old
 		} else {
 			delete(np.pins, path)
 		}
+	} else {
+		pending = false
 	}
 	np.mu.Unlock()
 	if err != nil {
 		p.release()
-		return nil, err
+		return nil, got, err
 	}
 	if old != nil {
 		old.release()
 	}
-	return p, nil
+	return p, got, nil
+}
+
+// pinCluster is what a pin needs to bring chunks from the cluster.
+type pinCluster struct {
+	e    *env // for the progress bar
+	node *peers.Node
 }
 
 func (np *nodePins) unpin(path string) error {
@@ -303,6 +409,15 @@ func (np *nodePins) unpin(path string) error {
 	np.mu.Lock()
 	p := np.pins[path]
 	if p == nil {
+		if added, ok := np.kept[path]; ok {
+			delete(np.kept, path)
+			err := np.saveLocked()
+			if err != nil {
+				np.kept[path] = added
+			}
+			np.mu.Unlock()
+			return err
+		}
 		names := np.namesLocked()
 		np.mu.Unlock()
 		return notPinned(path, names)
@@ -336,13 +451,40 @@ func (np *nodePins) namesLocked() []string {
 	return names
 }
 
-// saveLocked writes the record (np.mu held).
+// saveLocked writes the record (np.mu held): the pins, the pin still
+// bringing its chunks (pending) and the paths kept by MAKE_LOCAL.
 func (np *nodePins) saveLocked() error {
 	rec := pinRecord{Version: 1, Pins: []pinRecordEntry{}}
 	for _, n := range np.namesLocked() {
 		rec.Pins = append(rec.Pins, pinRecordEntry{Path: n, Added: np.pins[n].added})
 	}
+	if np.pending != "" {
+		rec.Pins = append(rec.Pins, pinRecordEntry{Path: np.pending, Added: time.Now().UTC(), Pending: true})
+	}
+	for _, n := range slices.Sorted(maps.Keys(np.kept)) {
+		rec.Pins = append(rec.Pins, pinRecordEntry{Path: n, Added: np.kept[n], Kept: true})
+	}
 	return writePinRecord(np.s.Dir(), rec)
+}
+
+// keepLocal records path as kept on this node before KYLIX_IOC_MAKE_LOCAL
+// stores chunks of it (fs.Options.KeepLocal): rebalance, whose keep set is
+// the record's paths, then leaves them here. kylix unpin PATH removes it.
+func (np *nodePins) keepLocal(path string) error {
+	np.mu.Lock()
+	defer np.mu.Unlock()
+	if _, ok := np.kept[path]; ok {
+		return nil
+	}
+	if p := np.pins[path]; p != nil {
+		return nil
+	}
+	np.kept[path] = time.Now().UTC()
+	if err := np.saveLocked(); err != nil {
+		delete(np.kept, path)
+		return err
+	}
+	return nil
 }
 
 func readPinRecord(dir string) (pinRecord, error) {
@@ -402,6 +544,7 @@ type pinView struct {
 	node     bool
 	held     []pinSnap
 	recorded []string
+	kept     []string // made local by KYLIX_IOC_MAKE_LOCAL, kept here
 }
 
 type pinSnap struct {
@@ -418,7 +561,12 @@ func newPinView(s *chunkstore.Store) *pinView {
 		rec, _ := readPinRecord(s.Dir())
 		v := &pinView{}
 		for _, r := range rec.Pins {
-			v.recorded = append(v.recorded, r.Path)
+			switch {
+			case r.Kept:
+				v.kept = append(v.kept, r.Path)
+			case !r.Pending:
+				v.recorded = append(v.recorded, r.Path)
+			}
 		}
 		return v
 	}
@@ -429,6 +577,7 @@ func newPinView(s *chunkstore.Store) *pinView {
 		p := np.pins[n]
 		v.held = append(v.held, pinSnap{path: n, held: p.held(), state: p.state, files: p.files, locked: slices.Clone(p.locked)})
 	}
+	v.kept = slices.Sorted(maps.Keys(np.kept))
 	return v
 }
 
@@ -473,6 +622,9 @@ func (v *pinView) info(path string, ent chunkstore.Entry) (bool, string) {
 				return false, fmt.Sprintf("recorded pin %s; pins are held only while a node runs (none does)", shownPath(r))
 			}
 		}
+		if slices.Contains(v.kept, clean) {
+			return false, "recorded as kept on this node (made local by KYLIX_IOC_MAKE_LOCAL)"
+		}
 		return false, ""
 	}
 	var stale string
@@ -489,6 +641,9 @@ func (v *pinView) info(path string, ent chunkstore.Entry) (bool, string) {
 		case under:
 			stale = fmt.Sprintf("pin %s was made before this version of the file: kylix pin %s again", shownPath(p.path), shownPath(p.path))
 		}
+	}
+	if stale == "" && slices.Contains(v.kept, clean) {
+		return false, "its chunks made local by KYLIX_IOC_MAKE_LOCAL are kept on this node (kylix unpin " + shownPath(clean) + " lets rebalance drop them)"
 	}
 	return false, stale
 }
@@ -517,6 +672,9 @@ type pinsStatus struct {
 	GPU []gpuio.PinRegistration `json:"gpu"`
 	// GPUNote says plainly whether the locked bytes are registered.
 	GPUNote string `json:"gpu_note"`
+	// Kept lists the files made local by KYLIX_IOC_MAKE_LOCAL whose
+	// chunks this node keeps (not locked; kylix unpin removes one).
+	Kept []string `json:"kept,omitempty"`
 }
 
 type pinStatus struct {
@@ -542,6 +700,9 @@ func (np *nodePins) status() *pinsStatus {
 			ps.LockedBytes += r.Size()
 		}
 		out.Pins = append(out.Pins, ps)
+	}
+	for _, k := range slices.Sorted(maps.Keys(np.kept)) {
+		out.Kept = append(out.Kept, shownPath(k))
 	}
 	np.mu.Unlock()
 	if out.GPU == nil {
@@ -579,6 +740,9 @@ func printPins(w io.Writer, st *pinsStatus) {
 		}
 	}
 	fmt.Fprintf(w, "  gpu: %s\n", st.GPUNote)
+	if len(st.Kept) > 0 {
+		fmt.Fprintf(w, "  kept here (made local, not locked): %s\n", strings.Join(st.Kept, ", "))
+	}
 }
 
 type pinOut struct {
@@ -589,6 +753,10 @@ type pinOut struct {
 	BudgetBytes int64  `json:"budget_bytes"`
 	UsedBytes   int64  `json:"used_bytes"`
 	GPUNote     string `json:"gpu_note"`
+	// Fetched: the chunks of the path this node did not store, brought
+	// from the members into its packs before locking (cluster only).
+	FetchedChunks int   `json:"fetched_chunks"`
+	FetchedBytes  int64 `json:"fetched_bytes"`
 }
 
 func runPin(ctx context.Context, e *env, args []string) error {
@@ -601,6 +769,12 @@ Locked memory is limited by the node's --pin-budget: a pin past it is
 refused, and nothing of it is locked. Pinning again follows the path's
 current version. The node records its pins in DATA/pins.json and pins them
 again when it restarts. Needs a running node (kylix serve).
+
+On a cluster member a pin also means "kept on this node": the chunks of
+PATH not stored here are first fetched from the members (16 at a time,
+each verified) into this node's packs, with a progress bar on a terminal,
+and rebalance never drops them. If a chunk cannot be fetched, the pin
+fails naming the file, and PATH is not pinned.
 See docs/design/pin.md.`).withJSON()
 	if err := f.parse(args, 1, 1); err != nil {
 		return err
@@ -618,27 +792,38 @@ See docs/design/pin.md.`).withJSON()
 	if err != nil {
 		return fmt.Errorf("pin %s: %w", f.Arg(0), err)
 	}
-	p, err := np.pin(ctx, clean)
+	var cl *pinCluster
+	if runningPeers != nil {
+		cl = &pinCluster{e: e, node: runningPeers}
+	}
+	p, got, err := np.pin(ctx, clean, cl)
 	if err != nil {
 		return err
 	}
 	st := np.status()
-	out := pinOut{Path: shownPath(clean), Files: p.nfiles, Bytes: p.bytes, BudgetBytes: st.BudgetBytes, UsedBytes: st.LockedBytes, GPUNote: st.GPUNote}
+	out := pinOut{Path: shownPath(clean), Files: p.nfiles, Bytes: p.bytes, BudgetBytes: st.BudgetBytes, UsedBytes: st.LockedBytes, GPUNote: st.GPUNote,
+		FetchedChunks: got.chunks, FetchedBytes: got.bytes}
 	for _, r := range p.locked {
 		out.LockedBytes += r.Size()
 	}
 	if f.jsonOut {
 		return f.printJSON(out)
 	}
-	fmt.Fprintf(e.stdout, "pinned %s: %d files, %s, %s locked in memory (node: %s of %s budget used)\ngpu: %s\n",
-		out.Path, out.Files, human(out.Bytes), human(out.LockedBytes), human(out.UsedBytes), human(out.BudgetBytes), out.GPUNote)
+	fetched := ""
+	if cl != nil {
+		fetched = fmt.Sprintf("; %s fetched from the members into this node's packs first", human(out.FetchedBytes))
+	}
+	fmt.Fprintf(e.stdout, "pinned %s: %d files, %s, %s locked in memory (node: %s of %s budget used)%s\ngpu: %s\n",
+		out.Path, out.Files, human(out.Bytes), human(out.LockedBytes), human(out.UsedBytes), human(out.BudgetBytes), fetched, out.GPUNote)
 	return nil
 }
 
 func runUnpin(ctx context.Context, e *env, args []string) error {
 	f := newFlags(e, "unpin", "[--data DIR] PATH", `
 Releases the pin of PATH (as given to kylix pin): its memory is unlocked and
-unregistered from the GPU, and the record no longer lists it. Without a
+unregistered from the GPU, and the record no longer lists it. For a file
+made local by KYLIX_IOC_MAKE_LOCAL on a cluster member (kylix node lists
+them as kept), it ends the keep: rebalance may drop its chunks again. Without a
 running node it only removes PATH from the record DATA/pins.json.`)
 	if err := f.parse(args, 1, 1); err != nil {
 		return err
@@ -653,8 +838,16 @@ running node it only removes PATH from the record DATA/pins.json.`)
 		return fmt.Errorf("unpin %s: %w", f.Arg(0), err)
 	}
 	if np := runningNode.pins; e.store != nil && np != nil {
+		np.mu.Lock()
+		_, kept := np.kept[clean]
+		kept = kept && np.pins[clean] == nil
+		np.mu.Unlock()
 		if err := np.unpin(clean); err != nil {
 			return err
+		}
+		if kept {
+			fmt.Fprintf(e.stdout, "%s is no longer kept on this node: rebalance may drop the chunks KYLIX_IOC_MAKE_LOCAL stored (reads fetch them again)\n", shownPath(clean))
+			return nil
 		}
 		st := np.status()
 		fmt.Fprintf(e.stdout, "unpinned %s (node: %s of %s budget used)\n", shownPath(clean), human(st.LockedBytes), human(st.BudgetBytes))

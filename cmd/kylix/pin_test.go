@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kylix/kylix/chunkstore"
 	"github.com/kylix/kylix/internal/damage"
 )
 
@@ -54,6 +56,39 @@ func TestPinRecord(t *testing.T) {
 	}
 }
 
+// TestPinPendingDropped: a pin recorded as pending (a node stopped while
+// the pin fetched its chunks from the cluster) is not a pin: the next start
+// drops it from the record and does not hold it; the other pins stay, and
+// a path kept by MAKE_LOCAL stays kept (not pinned); unpin removes it.
+func TestPinPendingDropped(t *testing.T) {
+	dir := t.TempDir()
+	s, err := chunkstore.Open(chunkstore.Options{Dir: dir})
+	require.NoError(t, err)
+	defer s.Close()
+	added := time.Unix(1700000000, 0).UTC()
+	require.NoError(t, writePinRecord(dir, pinRecord{Version: 1, Pins: []pinRecordEntry{
+		{Path: "m/kept", Added: added}, {Path: "m/half", Added: added, Pending: true}, {Path: "m/local", Added: added, Kept: true}}}))
+	var logs bytes.Buffer
+	np, err := startPins(s, "1MiB", slog.New(slog.NewTextHandler(&logs, nil)))
+	require.NoError(t, err)
+	np.close() // waits for the re-pins
+	rec, err := readPinRecord(dir)
+	require.NoError(t, err)
+	require.Equal(t, []pinRecordEntry{{Path: "m/kept", Added: added}, {Path: "m/local", Added: added, Kept: true}}, rec.Pins)
+	require.Contains(t, np.pins, "m/kept")
+	require.NotContains(t, np.pins, "m/half")
+	require.NotContains(t, np.pins, "m/local")
+	require.Equal(t, []string{"m/local"}, np.status().Kept)
+	require.Contains(t, logs.String(), "still fetching its chunks")
+	require.NoError(t, np.keepLocal("m/other"))
+	require.NoError(t, np.unpin("m/local"))
+	rec, err = readPinRecord(dir)
+	require.NoError(t, err)
+	require.Len(t, rec.Pins, 2)
+	require.Equal(t, "m/other", rec.Pins[1].Path)
+	require.True(t, rec.Pins[1].Kept)
+}
+
 // TestWarmVerifies: warm hashes every chunk; a flipped byte in a pack
 // fails it (exit 1) with the path and the corruption named.
 func TestWarmVerifies(t *testing.T) {
@@ -65,6 +100,9 @@ func TestWarmVerifies(t *testing.T) {
 	require.Contains(t, r.stdout, "warmed m: 1 files")
 	var so statOut
 	require.NoError(t, json.Unmarshal([]byte(mustKylix(t, data, "stat", "--json", "m/f").stdout), &so))
+	require.Equal(t, so.Size, *so.LocalBytes, "stat: every byte in this node's packs")
+	require.Nil(t, so.PeerCacheBytes, "stat: no peer cache outside a cluster")
+	require.Contains(t, mustKylix(t, data, "stat", "m/f").stdout, "here:     3.1 MiB of 3.1 MiB in this node's packs\n")
 	damage.FlipByte(t, so.Extent[0].PackPath, so.Extent[0].PackOff+1000)
 	r = kylix(t, data, "warm", "m/f")
 	require.Equal(t, 1, r.code)

@@ -204,7 +204,12 @@ names. Example and details: docs/examples/kylix.toml, docs/design/peers.md.`)
 			clientLine = "  client socket: " + client.path + "\n"
 		}
 	}
-	fsys, err := kfs.New(s, kfs.Options{Logger: log, NoPassthrough: *noPT, Debug: *debug, ScrubRate: max(0, *scrubRate), Reserve: &reserve, ClientSocket: sockPath})
+	var keepLocal func(string) error
+	if pf.node != nil { // a cluster member: MAKE_LOCAL's chunks are kept from rebalance (pin.go)
+		keepLocal = runningNode.pins.keepLocal
+	}
+	fsys, err := kfs.New(s, kfs.Options{Logger: log, NoPassthrough: *noPT, Debug: *debug, ScrubRate: max(0, *scrubRate), Reserve: &reserve, ClientSocket: sockPath,
+		KeepLocal: keepLocal})
 	if err != nil {
 		return err
 	}

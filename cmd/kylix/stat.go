@@ -48,6 +48,13 @@ type statOut struct {
 	PinGPU string `json:"pin_gpu,omitempty"`
 	// ResidentBytes: the file's bytes in the page cache now.
 	ResidentBytes int64 `json:"resident_bytes"`
+	// LocalBytes: the file's bytes stored in this node's packs (files
+	// only; a chunk repeated in the file counts each time).
+	LocalBytes *int64 `json:"local_bytes,omitempty"`
+	// PeerCacheBytes: of the rest, the bytes in this node's peer cache
+	// (cluster only): readable here without asking a member, but
+	// evictable, unlike the packs.
+	PeerCacheBytes *int64 `json:"peer_cache_bytes,omitempty"`
 }
 
 type chunkOut struct {
@@ -62,9 +69,10 @@ Shows a namespace path: size, mode, manifest ID; for files also the chunk
 count, the extents on disk (backing pack file, offset, length), whether the
 file is one contiguous extent, and whether a pack holds exactly the file (then
 it can be served by FUSE passthrough and read directly by the GPU path).
-On a cluster member, for a file also its bytes on this node, the copies
+For a file, its bytes stored in this node's packs; on a cluster member
+also those in its peer cache (fetched lately, evictable), the copies
 wanted, the fewest copies of one chunk, under-replicated bytes and which
-members hold its chunks, as the alive members answer.`).withJSON()
+members hold its chunks in their packs, as the alive members answer.`).withJSON()
 	chunks := f.Bool("chunks", false, "list every chunk")
 	if err := f.parse(args, 1, 1); err != nil {
 		return err
@@ -104,8 +112,28 @@ members hold its chunks, as the alive members answer.`).withJSON()
 		out.WholeFilePack, _ = file.WholeFilePack()
 		out.PassthroughPack, out.PassthroughCheck = passthroughCheck(s, file)
 		out.ResidentBytes = fileResident(file)
+		var local int64
+		var notLocal []chunkstore.ChunkRef
+		for _, x := range out.Extent {
+			if x.Pack != 0 {
+				local += x.Len
+			}
+		}
+		out.LocalBytes = &local
 		if out.Cluster, err = clusterReplication(ctx, path); err != nil {
 			return err
+		}
+		if runningPeers != nil {
+			plan, err := file.Plan(0, file.Size())
+			if err != nil {
+				return err
+			}
+			for _, pc := range plan.Missing() {
+				notLocal = append(notLocal, chunkstore.ChunkRef{ID: pc.ID, Len: uint32(pc.Len)})
+			}
+			plan.Release()
+			_, cached := runningPeers.PeerCached(notLocal)
+			out.PeerCacheBytes = &cached
 		}
 	case chunkstore.KindDir:
 		l, err := s.List(path)
@@ -137,6 +165,12 @@ members hold its chunks, as the alive members answer.`).withJSON()
 		return nil
 	}
 	fmt.Fprintf(w, "resident: %s of %s in memory (page cache)\n", human(out.ResidentBytes), human(out.Size))
+	if out.PeerCacheBytes != nil {
+		fmt.Fprintf(w, "here:     %s of %s in this node's packs, %s in its peer cache, %s only on other members\n",
+			human(*out.LocalBytes), human(out.Size), human(*out.PeerCacheBytes), human(max(0, out.Size-*out.LocalBytes-*out.PeerCacheBytes)))
+	} else {
+		fmt.Fprintf(w, "here:     %s of %s in this node's packs\n", human(*out.LocalBytes), human(out.Size))
+	}
 	fmt.Fprintf(w, "format:   %s\nchunks:   %d\ncontiguous: %v\n", out.Format, out.NChunk, out.Contiguous)
 	if out.WholeFilePack != "" {
 		fmt.Fprintf(w, "whole-file pack: %s (passthrough-eligible)\n", out.WholeFilePack)

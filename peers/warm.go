@@ -1,0 +1,52 @@
+package peers
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/kylix/kylix/chunkstore"
+)
+
+// For kylix pin, warm and stat across the cluster (docs/design/pin.md):
+// a fetch for a caller that stores the chunk itself, and what the peer
+// cache holds.
+
+// FetchToStore brings chunk id (size bytes) from the members for a caller
+// that writes it into this node's packs (kylix pin): like Fetch, from the
+// peer cache, else the chunk's relay, else the holders (owners first), each
+// answer checked against the id; but what it fetches is not kept in the
+// peer cache, since the packs will hold it. A chunk nobody can send fails
+// with an error wrapping chunkstore.ErrNotLocal.
+func (n *Node) FetchToStore(ctx context.Context, id chunkstore.ID, size uint32) ([]byte, error) {
+	if !n.started.Load() {
+		return nil, fmt.Errorf("chunk %s: not in a cluster: %w", id.Short(), chunkstore.ErrNotLocal)
+	}
+	if b, ok := n.cache.get(id, size); ok {
+		return b, nil
+	}
+	members := n.members()
+	if r, ok := n.relayFor(id, members); ok && r.name != n.self && !n.cfg.NoRelay {
+		if data, err := n.askRelay(ctx, r, id, size); err == nil {
+			return data, nil
+		}
+	}
+	return n.fetchDirect(ctx, id, size)
+}
+
+// PeerCached returns how many of refs, and their bytes, the peer cache
+// holds now (by its index: the files are checked when read).
+func (n *Node) PeerCached(refs []chunkstore.ChunkRef) (chunks int, bytes int64) {
+	c := n.cache
+	if c == nil {
+		return 0, 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range refs {
+		if _, ok := c.idx[r.ID]; ok {
+			chunks++
+			bytes += int64(r.Len)
+		}
+	}
+	return chunks, bytes
+}
