@@ -54,6 +54,8 @@ type Importer struct {
 	ownFiles     []vfs.File // exclusive pack writers to close after sync
 	newFiles     bool       // a pack file was created: sync the directory
 	closed       bool
+	onChunk      func(ID, []byte) // ImportOptions.OnChunk
+	received     []ID             // stored by PutChunk, not yet committed
 }
 
 // Flush thresholds for batches of small files.
@@ -133,6 +135,9 @@ func (im *Importer) PutFile(ctx context.Context, f *os.File, name string, progre
 	m := &FileManifest{Size: size, Format: plan.format}
 	seen := map[ID]bool{}
 	err = forEachChunk(ctx, f, size, plan, progress, func(id ID, data []byte) error {
+		if im.onChunk != nil {
+			im.onChunk(id, data)
+		}
 		m.Chunks = append(m.Chunks, ChunkRef{ID: id, Len: uint32(len(data))})
 		res.Chunks++
 		have := seen[id]
@@ -240,6 +245,8 @@ func (im *Importer) Flush() error {
 	if err := im.s.commit(recs); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
+	im.s.noteReceived(im.received)
+	im.received = im.received[:0]
 	clear(im.pending)
 	clear(im.pendingPacks)
 	im.pendingObjs = im.pendingObjs[:0]
@@ -772,6 +779,8 @@ func produceChunks(ctx context.Context, f *os.File, size int64, plan chunkPlan, 
 // PutChunk stores a chunk that came from elsewhere (a replica the peer
 // layer places here), after checking it against id, in the shared packs;
 // it is committed with the next Flush. A chunk already stored is skipped.
+// GC keeps a chunk stored this way for ReceivedGrace after its commit even
+// while no head names it (received.go).
 func (im *Importer) PutChunk(id ID, data []byte) error {
 	if im.closed {
 		return fmt.Errorf("store chunk %s: importer closed", id.Short())
@@ -787,6 +796,7 @@ func (im *Importer) PutChunk(id ID, data []byte) error {
 	if err := w.finish(); err != nil {
 		return fmt.Errorf("store chunk %s: %w", id.Short(), err)
 	}
+	im.received = append(im.received, id)
 	im.pendingBytes += int64(len(data))
 	return nil
 }
