@@ -55,7 +55,7 @@ type Importer struct {
 	newFiles     bool       // a pack file was created: sync the directory
 	closed       bool
 	onChunk      func(ID, []byte) // ImportOptions.OnChunk
-	received     []ID             // stored by PutChunk, not yet committed
+	received     []ID             // stored by PutReceived, not yet committed
 }
 
 // Flush thresholds for batches of small files.
@@ -779,26 +779,40 @@ func produceChunks(ctx context.Context, f *os.File, size int64, plan chunkPlan, 
 // PutChunk stores a chunk that came from elsewhere (a replica the peer
 // layer places here), after checking it against id, in the shared packs;
 // it is committed with the next Flush. A chunk already stored is skipped.
-// GC keeps a chunk stored this way for ReceivedGrace after its commit even
-// while no head names it (received.go).
 func (im *Importer) PutChunk(id ID, data []byte) error {
+	_, err := im.putChunk(id, data)
+	return err
+}
+
+// PutReceived is PutChunk for a chunk another member pushed here before
+// any namespace here names it: GC keeps it for ReceivedGrace after its
+// commit even while no head names it (received.go).
+func (im *Importer) PutReceived(id ID, data []byte) error {
+	stored, err := im.putChunk(id, data)
+	if stored {
+		im.received = append(im.received, id)
+	}
+	return err
+}
+
+// putChunk is PutChunk; stored says the chunk was new here.
+func (im *Importer) putChunk(id ID, data []byte) (bool, error) {
 	if im.closed {
-		return fmt.Errorf("store chunk %s: importer closed", id.Short())
+		return false, fmt.Errorf("store chunk %s: importer closed", id.Short())
 	}
 	if Sum(data) != id {
-		return &CorruptError{Chunk: id, Reason: "bytes to store fail their hash"}
+		return false, &CorruptError{Chunk: id, Reason: "bytes to store fail their hash"}
 	}
 	if have, err := im.has(id); err != nil || have {
-		return err
+		return false, err
 	}
 	w := &sharedSink{im: im}
 	w.write(id, data)
 	if err := w.finish(); err != nil {
-		return fmt.Errorf("store chunk %s: %w", id.Short(), err)
+		return false, fmt.Errorf("store chunk %s: %w", id.Short(), err)
 	}
-	im.received = append(im.received, id)
 	im.pendingBytes += int64(len(data))
-	return nil
+	return true, nil
 }
 
 // PendingBytes is the bytes written and not yet committed (Flush).

@@ -17,11 +17,13 @@ import (
 // owners before the owners' namespaces name them: the namespace merge
 // follows about a second later. GC removes what no head names, so a GC on
 // an owner in between would remove the pushed copies. Each chunk stored by
-// Importer.PutChunk is recorded with the time it was committed, and GC
+// Importer.PutReceived is recorded with the time it was committed, and GC
 // keeps an unnamed chunk received within ReceivedGrace as if it were named.
+// (Placement's pulls and make-local store chunks the namespace here names
+// already, through PutChunk: they are not recorded.)
 
 // ReceivedGrace is how long GC keeps a chunk received from another member
-// (Importer.PutChunk) that no head names yet: long past the second the
+// (Importer.PutReceived) that no head names yet: long past the second the
 // namespace merge takes, short enough that the copies of an import that
 // never committed on its member (it failed, or was interrupted, after
 // streaming some chunks) are collected within the hour.
@@ -40,9 +42,15 @@ const receivedRec = 40
 // receivedSet is the received chunks in their grace, in memory and in
 // receivedFile.
 type receivedSet struct {
-	mu sync.Mutex
-	at map[ID]int64 // commit time, Unix nanoseconds
+	mu     sync.Mutex
+	at     map[ID]int64 // commit time, Unix nanoseconds
+	pruned int          // len(at) after the last prune
 }
+
+// receivedPruneMin: noteReceived drops the expired records itself once
+// the list has doubled since the last prune and holds at least this many,
+// so that a member whose GC never runs does not keep them all.
+const receivedPruneMin = 1 << 16
 
 func (s *Store) receivedPath() string { return filepath.Join(s.dir, receivedFile) }
 
@@ -58,11 +66,15 @@ func (s *Store) loadReceived() {
 		}
 		return
 	}
+	cutoff := s.clock.now().Add(-ReceivedGrace).UnixNano()
 	for ; len(b) >= receivedRec; b = b[receivedRec:] {
 		var id ID
 		copy(id[:], b)
-		s.recv.at[id] = int64(binary.BigEndian.Uint64(b[32:40]))
+		if t := int64(binary.BigEndian.Uint64(b[32:40])); t > cutoff {
+			s.recv.at[id] = t
+		}
 	}
+	s.recv.pruned = len(s.recv.at)
 }
 
 // noteReceived records ids as received now (after their commit).
@@ -89,6 +101,11 @@ func (s *Store) noteReceived(ids []ID) {
 	if err != nil {
 		s.log.Warn("recording chunks received from members; they keep their gc grace until this node restarts", "file", s.receivedPath(), "err", err)
 	}
+	if len(s.recv.at) >= max(2*s.recv.pruned, receivedPruneMin) {
+		if err := s.rewriteReceived(s.clock.now().Add(-ReceivedGrace).UnixNano(), nil); err != nil {
+			s.log.Warn("pruning the list of chunks received from members", "err", err)
+		}
+	}
 }
 
 // receivedSince returns whether chunk id was received after cutoff (Unix
@@ -104,6 +121,11 @@ func (s *Store) receivedSince(id ID, cutoff int64) bool {
 func (s *Store) pruneReceived(cutoff int64, live map[ID]bool) error {
 	s.recv.mu.Lock()
 	defer s.recv.mu.Unlock()
+	return s.rewriteReceived(cutoff, live)
+}
+
+// rewriteReceived is pruneReceived with recv.mu held.
+func (s *Store) rewriteReceived(cutoff int64, live map[ID]bool) error {
 	n := len(s.recv.at)
 	var buf []byte
 	for id, t := range s.recv.at {
@@ -114,6 +136,7 @@ func (s *Store) pruneReceived(cutoff int64, live map[ID]bool) error {
 		buf = append(buf, id[:]...)
 		buf = binary.BigEndian.AppendUint64(buf, uint64(t))
 	}
+	s.recv.pruned = len(s.recv.at)
 	if n == 0 {
 		return nil
 	}

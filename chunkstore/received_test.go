@@ -12,10 +12,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestGCKeepsReceivedChunks: a chunk stored by PutChunk (pushed by another
-// member) that no head names survives GC within ReceivedGrace, across a
+// TestGCKeepsReceivedChunks: a chunk stored by PutReceived (pushed by
+// another member) that no head names survives GC within ReceivedGrace, across a
 // restart too, and is collected once the grace has passed. A chunk that was
-// imported here and then removed from the namespace gets no grace. A
+// imported here and then removed from the namespace, or stored by PutChunk
+// (placement's pulls), gets no grace. A
 // received chunk that the namespace then names, then stops naming, is
 // collected at once (it left the list when it was named).
 func TestGCKeepsReceivedChunks(t *testing.T) {
@@ -33,8 +34,10 @@ func TestGCKeepsReceivedChunks(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 1))
 	pushed := randBytes(r, 100<<10)
 	id := Sum(pushed)
+	pulled := randBytes(r, 60<<10) // stored by PutChunk: no grace
 	im := s.NewImporter()
-	require.NoError(t, im.PutChunk(id, pushed))
+	require.NoError(t, im.PutReceived(id, pushed))
+	require.NoError(t, im.PutChunk(Sum(pulled), pulled))
 	require.NoError(t, im.Close())
 	// A local file, removed: not received, so no grace.
 	src := t.TempDir()
@@ -51,6 +54,7 @@ func TestGCKeepsReceivedChunks(t *testing.T) {
 	require.Equal(t, 1, res.ReceivedKept)
 	require.True(t, s.HasChunk(id), "a chunk received a moment ago was collected")
 	require.False(t, s.HasChunk(local), "a removed local chunk was kept")
+	require.False(t, s.HasChunk(Sum(pulled)), "a chunk stored by PutChunk, not received, was kept")
 
 	// A restart keeps the record.
 	now.Add(int64(30 * time.Minute))
@@ -76,7 +80,7 @@ func TestGCKeepsReceivedChunks(t *testing.T) {
 	other := randBytes(r, 50<<10)
 	oid := Sum(other)
 	im = s.NewImporter()
-	require.NoError(t, im.PutChunk(oid, other))
+	require.NoError(t, im.PutReceived(oid, other))
 	require.NoError(t, im.Close())
 	src2 := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(src2, "g"), other, 0o644))
