@@ -24,6 +24,10 @@ type GCResult struct {
 	// live chunks, after compaction (docs/design/gc.md): what is left in
 	// packs under the threshold, in whole-file packs, and past --max-bytes.
 	DeadBytes int64 `json:"dead_bytes_in_live_packs"`
+	// ReceivedKept: chunks no head names, kept because they were received
+	// from another member within ReceivedGrace (the namespace merge that
+	// names them may not have arrived yet).
+	ReceivedKept int `json:"received_kept"`
 	Compaction
 }
 
@@ -89,6 +93,9 @@ func (s *Store) Collect(ctx context.Context, opts GCOptions) (GCResult, error) {
 			return res, fmt.Errorf("gc: mark from head %q: %w (run kylix verify)", h.Name, err)
 		}
 	}
+	// Chunks received from members within the grace count as live: the
+	// namespace merge that names them may not have arrived (received.go).
+	cutoff := s.clock.now().Add(-ReceivedGrace).UnixNano()
 	livePack := map[uint64]bool{}
 	liveBytes := map[uint64]int64{}
 	packSize := map[uint64]int64{}
@@ -109,7 +116,11 @@ func (s *Store) Collect(ctx context.Context, opts GCOptions) (GCResult, error) {
 			if err != nil {
 				return err
 			}
-			if liveChunk[id] {
+			kept := !liveChunk[id] && s.receivedSince(id, cutoff)
+			if kept {
+				res.ReceivedKept++
+			}
+			if liveChunk[id] || kept {
 				livePack[l.Pack] = true
 				liveBytes[l.Pack] += int64(l.Len)
 				if opts.Compact {
@@ -198,6 +209,11 @@ func (s *Store) Collect(ctx context.Context, opts GCOptions) (GCResult, error) {
 		if err := s.commit(removed); err != nil {
 			return res, fmt.Errorf("gc: %w", err)
 		}
+	}
+	if err := s.pruneReceived(cutoff, liveChunk); err != nil {
+		// The grace list only ever delays collection: a stale one is
+		// rewritten at the next GC.
+		s.log.Warn("gc: rewriting the list of chunks received from members", "err", err)
 	}
 	compacted := false
 	if opts.Compact {

@@ -35,6 +35,14 @@ type ImportOptions struct {
 	// directories (following them could loop) and dangling links are kept
 	// as links too, each listed in Notes.
 	NoDereference bool
+	// OnChunk, if set, is called with every chunk of every file as the
+	// import reads it, in file order, new or already stored (a chunk
+	// repeated in a file comes again each time). It runs on the importing
+	// goroutine before the chunk is written, so a slow OnChunk slows the
+	// import down (that is its backpressure), and data is valid only
+	// during the call. A cluster member streams an import's chunks to
+	// their owners through it (peers.PushStream).
+	OnChunk func(id ID, data []byte)
 
 	root string // the imported tree, absolute (set by Import)
 }
@@ -111,6 +119,7 @@ func (s *Store) Import(ctx context.Context, src, dest string, opts ImportOptions
 	}
 	im := s.NewImporter()
 	defer im.Abort()
+	im.onChunk = opts.OnChunk
 	e, err := s.importEntry(ctx, im, src, st, "", &res, opts, progress)
 	if err != nil {
 		return res, err

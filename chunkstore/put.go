@@ -54,6 +54,8 @@ type Importer struct {
 	ownFiles     []vfs.File // exclusive pack writers to close after sync
 	newFiles     bool       // a pack file was created: sync the directory
 	closed       bool
+	onChunk      func(ID, []byte) // ImportOptions.OnChunk
+	received     []ID             // stored by PutReceived, not yet committed
 }
 
 // Flush thresholds for batches of small files.
@@ -133,6 +135,9 @@ func (im *Importer) PutFile(ctx context.Context, f *os.File, name string, progre
 	m := &FileManifest{Size: size, Format: plan.format}
 	seen := map[ID]bool{}
 	err = forEachChunk(ctx, f, size, plan, progress, func(id ID, data []byte) error {
+		if im.onChunk != nil {
+			im.onChunk(id, data)
+		}
 		m.Chunks = append(m.Chunks, ChunkRef{ID: id, Len: uint32(len(data))})
 		res.Chunks++
 		have := seen[id]
@@ -240,6 +245,8 @@ func (im *Importer) Flush() error {
 	if err := im.s.commit(recs); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
+	im.s.noteReceived(im.received)
+	im.received = im.received[:0]
 	clear(im.pending)
 	clear(im.pendingPacks)
 	im.pendingObjs = im.pendingObjs[:0]
@@ -773,22 +780,39 @@ func produceChunks(ctx context.Context, f *os.File, size int64, plan chunkPlan, 
 // layer places here), after checking it against id, in the shared packs;
 // it is committed with the next Flush. A chunk already stored is skipped.
 func (im *Importer) PutChunk(id ID, data []byte) error {
+	_, err := im.putChunk(id, data)
+	return err
+}
+
+// PutReceived is PutChunk for a chunk another member pushed here before
+// any namespace here names it: GC keeps it for ReceivedGrace after its
+// commit even while no head names it (received.go).
+func (im *Importer) PutReceived(id ID, data []byte) error {
+	stored, err := im.putChunk(id, data)
+	if stored {
+		im.received = append(im.received, id)
+	}
+	return err
+}
+
+// putChunk is PutChunk; stored says the chunk was new here.
+func (im *Importer) putChunk(id ID, data []byte) (bool, error) {
 	if im.closed {
-		return fmt.Errorf("store chunk %s: importer closed", id.Short())
+		return false, fmt.Errorf("store chunk %s: importer closed", id.Short())
 	}
 	if Sum(data) != id {
-		return &CorruptError{Chunk: id, Reason: "bytes to store fail their hash"}
+		return false, &CorruptError{Chunk: id, Reason: "bytes to store fail their hash"}
 	}
 	if have, err := im.has(id); err != nil || have {
-		return err
+		return false, err
 	}
 	w := &sharedSink{im: im}
 	w.write(id, data)
 	if err := w.finish(); err != nil {
-		return fmt.Errorf("store chunk %s: %w", id.Short(), err)
+		return false, fmt.Errorf("store chunk %s: %w", id.Short(), err)
 	}
 	im.pendingBytes += int64(len(data))
-	return nil
+	return true, nil
 }
 
 // PendingBytes is the bytes written and not yet committed (Flush).

@@ -112,6 +112,10 @@ type Store struct {
 
 	// relocs counts compaction commits that moved chunks (File.Fresh).
 	relocs atomic.Uint64
+
+	// recv: chunks received from members, kept by GC within
+	// ReceivedGrace (received.go).
+	recv receivedSet
 }
 
 type sharedPack struct {
@@ -192,6 +196,7 @@ func Open(opts Options) (*Store, error) {
 	if err := s.recoverPacks(); err != nil {
 		return nil, err
 	}
+	s.loadReceived()
 	if err := s.observeHeads(); err != nil {
 		return nil, err
 	}

@@ -233,8 +233,9 @@ func (n *Node) ownsFn() func(chunkstore.ID) bool {
 	return func(id chunkstore.ID) bool { return owns(id, members, n.self, n.cfg.Replicas) }
 }
 
-// put stores pushed chunks (each verified against its id by PutChunk) and
-// commits them before answering.
+// put stores pushed chunks (each verified against its id by PutReceived,
+// which also gives them their GC grace until the namespace merge names
+// them) and commits them before answering.
 func (sv *server) put(raw []byte) (byte, []byte) {
 	pc, err := decodePut(raw)
 	if err != nil {
@@ -242,7 +243,7 @@ func (sv *server) put(raw []byte) (byte, []byte) {
 	}
 	im := sv.s.NewImporter()
 	for _, c := range pc {
-		if err := im.PutChunk(chunkstore.ID(c.id), c.data); err != nil {
+		if err := im.PutReceived(chunkstore.ID(c.id), c.data); err != nil {
 			im.Abort()
 			var ce *chunkstore.CorruptError
 			if errors.As(err, &ce) {

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/peers"
 )
 
 func init() {
@@ -64,12 +65,23 @@ $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub.`).withJSON()
 	}
 	defer s.Close()
 	p := newProgress(e, "import")
-	res, err := s.Import(ctx, src, dest, chunkstore.ImportOptions{Progress: p.update, NoDereference: *noDeref})
+	opts := chunkstore.ImportOptions{Progress: p.update, NoDereference: *noDeref}
+	var push *peers.PushStream
+	if runningPeers != nil {
+		// A cluster member: the chunks go to their owners as they are
+		// read (docs/design/peers.md, "Push on import").
+		push = runningPeers.NewPushStream(ctx)
+		opts.OnChunk = push.Add
+	}
+	res, err := s.Import(ctx, src, dest, opts)
 	p.finish()
 	if err != nil {
+		if push != nil {
+			push.Abort()
+		}
 		return err
 	}
-	pushImported(ctx, e, dest)
+	pushed(e, push)
 	for _, n := range res.Notes {
 		fmt.Fprintf(e.stderr, "kylix import: note: %s\n", n)
 	}
@@ -89,4 +101,22 @@ $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub.`).withJSON()
 	}
 	fmt.Fprintf(e.stdout, "  new:          %s\n  deduplicated: %s (%.1f%%)\n  root:         %s\n", human(res.NewBytes), human(res.DedupBytes), pct, res.Root)
 	return nil
+}
+
+// pushed waits until every owner answered the import's push (nil outside a
+// cluster), so that each chunk has its replicas when the import returns. A
+// member that could not be reached is named on stderr: its own placement
+// pass copies the chunks later. The import itself is committed either way.
+func pushed(e *env, push *peers.PushStream) {
+	if push == nil {
+		return
+	}
+	res, err := push.Close()
+	if err != nil {
+		fmt.Fprintf(e.stderr, "kylix import: imported, but not copied to the other members yet: %v (placement copies it later)\n", err)
+		return
+	}
+	for _, f := range res.Failed {
+		fmt.Fprintf(e.stderr, "kylix import: imported, but not copied to member %s (its placement copies it later)\n", f)
+	}
 }

@@ -11,24 +11,6 @@ import (
 // Cluster parts of import, stat and df (docs/design/peers.md, "Push" and
 // "Replication"): nothing happens without a running cluster member.
 
-// pushImported sends what an import stored under dest to the chunks'
-// owners, so that it has its replicas when the import returns. A member
-// that could not be reached is named on stderr: its own placement pass
-// copies the chunks later.
-func pushImported(ctx context.Context, e *env, dest string) {
-	if runningPeers == nil {
-		return
-	}
-	res, err := runningPeers.Push(ctx, dest)
-	if err != nil {
-		fmt.Fprintf(e.stderr, "kylix import: imported, but not copied to the other members yet: %v (placement copies it later)\n", err)
-		return
-	}
-	for _, f := range res.Failed {
-		fmt.Fprintf(e.stderr, "kylix import: imported, but not copied to member %s (its placement copies it later)\n", f)
-	}
-}
-
 // clusterReplication is the replication of path ("" the namespace) as the
 // alive members answer, or nil outside a cluster.
 func clusterReplication(ctx context.Context, path string) (*peers.Replication, error) {
