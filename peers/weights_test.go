@@ -1,0 +1,117 @@
+package peers
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func names(ps []peer) []string {
+	var out []string
+	for _, p := range ps {
+		out = append(out, p.name)
+	}
+	return out
+}
+
+// TestByWeight: the order byWeight gives, case by case.
+func TestByWeight(t *testing.T) {
+	ps := []peer{{name: "a"}, {name: "b"}, {name: "c"}}
+	now := time.Unix(1000, 0)
+	const mb = 1 << 20
+	cases := []struct {
+		what  string
+		views []weightView
+		want  []string
+	}{
+		{"none measured: the given order", []weightView{{}, {}, {}}, []string{"a", "b", "c"}},
+		{"the fastest first", []weightView{{bps: 10 * mb}, {bps: 100 * mb}, {bps: 50 * mb}}, []string{"b", "c", "a"}},
+		{"in flight counts: 100 MB/s with 3 in flight after 50 MB/s idle",
+			[]weightView{{bps: 10 * mb}, {bps: 100 * mb, inflight: 3}, {bps: 50 * mb}}, []string{"c", "b", "a"}},
+		{"unmeasured at the mean of the measured (55 MB/s): tried before the slow one",
+			[]weightView{{bps: 10 * mb}, {bps: 100 * mb}, {}}, []string{"b", "c", "a"}},
+		{"a member that failed just now sinks",
+			[]weightView{{bps: 100 * mb, fail: 0.25, lastFail: now}, {bps: 20 * mb}, {bps: 10 * mb}}, []string{"b", "c", "a"}},
+		{"an old failure weighs little (5 half-lives)",
+			[]weightView{{bps: 100 * mb, fail: 0.25, lastFail: now.Add(-5 * failHalfLife)}, {bps: 20 * mb}, {bps: 10 * mb}}, []string{"a", "b", "c"}},
+		{"ties keep the given order", []weightView{{bps: mb}, {bps: mb}, {bps: mb}}, []string{"a", "b", "c"}},
+	}
+	for _, c := range cases {
+		require.Equal(t, c.want, names(byWeight(ps, c.views, now)), c.what)
+	}
+}
+
+// TestWeightMeasures: answers set the moving averages; failures raise the
+// failure rate, answers lower it.
+func TestWeightMeasures(t *testing.T) {
+	var w weight
+	w.answered(1<<20, time.Second)
+	v := w.view()
+	require.InDelta(t, 1<<20, v.bps, 1)
+	require.InDelta(t, 1.0, v.latency, 1e-9)
+	w.answered(4<<20, time.Second) // 0.75 * 1 MiB/s + 0.25 * 4 MiB/s
+	require.InDelta(t, 1.75*(1<<20), w.view().bps, 1)
+	now := time.Now()
+	w.failed(now)
+	require.InDelta(t, weightAlpha, w.view().recentFail(now), 1e-9)
+	require.InDelta(t, weightAlpha/2, w.view().recentFail(now.Add(failHalfLife)), 1e-9)
+	w.answered(1<<20, time.Second)
+	require.Less(t, w.view().fail, weightAlpha)
+	require.EqualValues(t, 3, w.view().samples)
+}
+
+// TestFetchPrefersFastHolders: three members hold a file, one of them
+// serving at 2 MiB/s. A fourth reads it: most chunks come from the two fast
+// ones, the bytes are right, and every holder was measured.
+func TestFetchPrefersFastHolders(t *testing.T) {
+	key, _ := NewKey()
+	// Four replicas with four members: every member owns every chunk, so
+	// the reader asks the three holders directly (no relay), in the order
+	// of their measured throughput.
+	cfg := func(name string, join ...string) Config {
+		return Config{Name: name, Key: key, Join: join, Replicas: 4}
+	}
+	f1, err := startNodeCfg(t, cfg("fast1"))
+	require.NoError(t, err)
+	f2, err := startNodeCfg(t, cfg("fast2", f1.cfg.Listen))
+	require.NoError(t, err)
+	sc := cfg("slow", f1.cfg.Listen)
+	sc.ServeRate = 2 << 20
+	slow, err := startNodeCfg(t, sc)
+	require.NoError(t, err)
+	rc := cfg("reader", f1.cfg.Listen)
+	rc.NoPlacement = true
+	rd, err := startNodeCfg(t, rc)
+	require.NoError(t, err)
+	eventually(t, "four alive members", func() bool { return len(rd.livePeers()) == 3 })
+
+	data := randBytes(32 << 20)
+	for _, n := range []*testNode{f1, f2, slow} {
+		importBytes(t, n, "f", data) // same content: the same chunks on each
+	}
+	eventually(t, "f on reader", func() bool { _, err := rd.s.Lookup("f"); return err == nil })
+	f, _, err := rd.s.OpenPath("f")
+	require.NoError(t, err)
+	chunks := int64(len(f.M.Chunks))
+
+	got, err := readAll(rd, "f")
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(got, data), "bytes read differ from the source")
+
+	fast := rd.statsFor("fast1").Fetched.Load() + rd.statsFor("fast2").Fetched.Load()
+	slowN := rd.statsFor("slow").Fetched.Load()
+	t.Logf("%d chunks: fast members sent %d, the slow one %d", chunks, fast, slowN)
+	for _, m := range rd.Members() {
+		t.Logf("%s: %+v", m.Name, m.Throughput)
+	}
+	require.Equal(t, chunks, fast+slowN, "each chunk fetched once")
+	require.LessOrEqual(t, slowN*4, chunks, "the slow member sent more than a quarter of the chunks")
+	for _, name := range []string{"fast1", "fast2", "slow"} {
+		tp := rd.statsFor(name).weight.throughput()
+		require.Positive(t, tp.Samples, "%s never measured", name)
+		require.Zero(t, tp.InFlight, "%s: requests left counted in flight", name)
+	}
+	require.Less(t, rd.statsFor("slow").weight.view().bps, rd.statsFor("fast1").weight.view().bps)
+}
