@@ -40,8 +40,8 @@ type readAhead struct {
 	inflight int
 }
 
-// readAheadWindow is the window's length in chunks; 0: off.
-func (s *Store) readAheadWindow() int {
+// ReadAheadWindow is the read-ahead window's length in chunks; 0: off.
+func (s *Store) ReadAheadWindow() int {
 	switch w := s.opts.ReadAheadChunks; {
 	case w < 0:
 		return 0
@@ -57,7 +57,7 @@ func (s *Store) readAheadWindow() int {
 // reader got to, and no further than the window asked for) push it on; any
 // other read starts it over after last.
 func (f *File) readingAhead(first, last int) {
-	ra, window := f.ra, f.s.readAheadWindow()
+	ra, window := f.ra, f.s.ReadAheadWindow()
 	if ra == nil || window == 0 {
 		return
 	}
