@@ -26,7 +26,7 @@ const (
 	ReadAheadBytes = 64 << 20
 	// readAheadInFlight bounds the fetches of one file's window at once
 	// (the rest of the window waits, in file order).
-	readAheadInFlight = 8
+	readAheadInFlight = 16
 )
 
 // readAhead follows one File's reader.

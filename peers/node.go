@@ -52,6 +52,9 @@ type Config struct {
 	// connections together (0: no limit). Tests only: a member with
 	// little bandwidth (weights.go).
 	ServeRate int64
+	// ServeDelay delays every byte the data plane sends by this much
+	// (the sender does not wait). Tests only: a distant member.
+	ServeDelay time.Duration
 	// Replicas is the number of members that keep each chunk (placement).
 	// Default DefaultReplicas.
 	Replicas int
@@ -220,8 +223,8 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 		return fmt.Errorf("cluster: data plane listen %s: %w", dl, err)
 	}
 	n.dataLn = ln
-	if n.cfg.ServeRate > 0 {
-		ln = &slowListener{Listener: ln, rate: float64(n.cfg.ServeRate)}
+	if n.cfg.ServeRate > 0 || n.cfg.ServeDelay > 0 {
+		ln = &slowListener{Listener: ln, rate: float64(n.cfg.ServeRate), delay: n.cfg.ServeDelay}
 	}
 	n.srv = newServer(s, ln, n.sec, n.log, n.statsFor(n.self), n.cfg.CorruptServed, n.countReceived, n.ownsFn)
 	n.srv.swarm.Store(&swarmHooks{cache: n.cache, relay: n.serveRelay})

@@ -209,14 +209,17 @@ func (w *weight) throughput() Throughput {
 		FailRate: math.Round(v.recentFail(time.Now())*1e3) / 1e3, Samples: v.samples, InFlight: v.inflight}
 }
 
-// slowListener limits what the connections it accepts write, together,
-// to rate bytes a second: Config.ServeRate, a test hook for a member with
-// little bandwidth.
+// slowListener is a test hook for a member with little bandwidth or far
+// away: what the connections it accepts write leaves at most rate bytes a
+// second, all connections together (Config.ServeRate, 0: no limit), and
+// delay later (Config.ServeDelay: the writer does not wait for it, as
+// with a long link).
 type slowListener struct {
 	net.Listener
-	rate float64
-	mu   sync.Mutex
-	next time.Time // when the bytes written so far have left
+	rate  float64
+	delay time.Duration
+	mu    sync.Mutex
+	next  time.Time // when the bytes written so far have left
 }
 
 func (l *slowListener) Accept() (net.Conn, error) {
@@ -224,24 +227,72 @@ func (l *slowListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &slowConn{Conn: c, l: l}, nil
+	sc := &slowConn{Conn: c, l: l, q: make(chan delayed, 1024), done: make(chan struct{})}
+	if l.delay > 0 {
+		go sc.pump()
+	}
+	return sc, nil
 }
 
 type slowConn struct {
 	net.Conn
-	l *slowListener
+	l     *slowListener
+	q     chan delayed
+	done  chan struct{}
+	close sync.Once
+	err   atomic.Pointer[error]
+}
+
+type delayed struct {
+	at time.Time
+	b  []byte
 }
 
 func (c *slowConn) Write(p []byte) (int, error) {
 	l := c.l
-	l.mu.Lock()
-	now := time.Now()
-	if l.next.Before(now) {
-		l.next = now
+	if l.rate > 0 {
+		l.mu.Lock()
+		now := time.Now()
+		if l.next.Before(now) {
+			l.next = now
+		}
+		l.next = l.next.Add(time.Duration(float64(len(p)) / l.rate * float64(time.Second)))
+		until := l.next
+		l.mu.Unlock()
+		time.Sleep(time.Until(until))
 	}
-	l.next = l.next.Add(time.Duration(float64(len(p)) / l.rate * float64(time.Second)))
-	until := l.next
-	l.mu.Unlock()
-	time.Sleep(time.Until(until))
-	return c.Conn.Write(p)
+	if l.delay <= 0 {
+		return c.Conn.Write(p)
+	}
+	if e := c.err.Load(); e != nil {
+		return 0, *e
+	}
+	select {
+	case c.q <- delayed{time.Now().Add(l.delay), append([]byte(nil), p...)}:
+		return len(p), nil
+	case <-c.done:
+		return 0, net.ErrClosed
+	}
+}
+
+// pump writes what Write queued, each when its delay has passed.
+func (c *slowConn) pump() {
+	for {
+		select {
+		case d := <-c.q:
+			time.Sleep(time.Until(d.at))
+			if _, err := c.Conn.Write(d.b); err != nil {
+				c.err.Store(&err)
+				c.Close()
+				return
+			}
+		case <-c.done:
+			return
+		}
+	}
+}
+
+func (c *slowConn) Close() error {
+	c.close.Do(func() { close(c.done) })
+	return c.Conn.Close()
 }

@@ -107,7 +107,7 @@ func (pf *peerFlags) fetcher(data string, log *slog.Logger) (chunkstore.Fetcher,
 		Capacity: capacity, Zone: *pf.zone, Replicas: *pf.replicas, Version: "dev", Logger: log,
 		Plaintext: *pf.dataPlane == "plaintext", GossipLog: *pf.logGossip,
 		RepairRate: orNone(*pf.repairRate), FailureGrace: time.Duration(orNone(int64(*pf.failureGrace))),
-		CorruptServed: os.Getenv("KYLIX_TEST_PEER_CORRUPT") == "1", Keep: func() ([]string, error) {
+		CorruptServed: os.Getenv("KYLIX_TEST_PEER_CORRUPT") == "1", ServeDelay: testServeDelay(), Keep: func() ([]string, error) {
 			// Pinned paths keep their chunks here (rebalance drops none).
 			rec, err := readPinRecord(data)
 			var ps []string
@@ -138,6 +138,13 @@ func (pf *peerFlags) start(s *chunkstore.Store, fsys *kfs.FS) (stop func(), err 
 // readAheadChunks is the store's Options.ReadAheadChunks from --read-ahead.
 func (pf *peerFlags) readAheadChunks() int {
 	return int(orNone(int64(*pf.readAhead)))
+}
+
+// testServeDelay is KYLIX_TEST_PEER_DELAY (a duration): a test hook that
+// delays what this member's data plane sends (a distant member).
+func testServeDelay() time.Duration {
+	d, _ := time.ParseDuration(os.Getenv("KYLIX_TEST_PEER_DELAY"))
+	return d
 }
 
 // orNone maps a flag's 0 ("none") to the node's negative "none" (its 0
