@@ -138,9 +138,13 @@ func byWeight(ps []peer, views []weightView, now time.Time) []peer {
 	return out
 }
 
+// fixedOrder: holders are asked in the fixed order (owners, then the rest,
+// by rendezvous), not by weight. Benchmarks only.
+var fixedOrder atomic.Bool
+
 // weigh orders ps by measured throughput (byWeight).
 func (n *Node) weigh(ps []peer) []peer {
-	if len(ps) < 2 {
+	if len(ps) < 2 || fixedOrder.Load() {
 		return ps
 	}
 	views := make([]weightView, len(ps))

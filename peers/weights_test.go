@@ -2,6 +2,9 @@ package peers
 
 import (
 	"bytes"
+	"os"
+	"sort"
+	"strconv"
 	"testing"
 	"time"
 
@@ -62,14 +65,12 @@ func TestWeightMeasures(t *testing.T) {
 	require.EqualValues(t, 3, w.view().samples)
 }
 
-// TestFetchPrefersFastHolders: three members hold a file, one of them
-// serving at 2 MiB/s. A fourth reads it: most chunks come from the two fast
-// ones, the bytes are right, and every holder was measured.
-func TestFetchPrefersFastHolders(t *testing.T) {
+// slowCluster starts three holders, one serving at 2 MiB/s, and a reader
+// (four replicas over four members: every member owns every chunk, so the
+// reader asks the three holders directly, no relay, in the order of their
+// measured throughput).
+func slowCluster(t *testing.T) (rd *testNode, holders []*testNode) {
 	key, _ := NewKey()
-	// Four replicas with four members: every member owns every chunk, so
-	// the reader asks the three holders directly (no relay), in the order
-	// of their measured throughput.
 	cfg := func(name string, join ...string) Config {
 		return Config{Name: name, Key: key, Join: join, Replicas: 4}
 	}
@@ -83,12 +84,19 @@ func TestFetchPrefersFastHolders(t *testing.T) {
 	require.NoError(t, err)
 	rc := cfg("reader", f1.cfg.Listen)
 	rc.NoPlacement = true
-	rd, err := startNodeCfg(t, rc)
+	rd, err = startNodeCfg(t, rc)
 	require.NoError(t, err)
 	eventually(t, "four alive members", func() bool { return len(rd.livePeers()) == 3 })
+	return rd, []*testNode{f1, f2, slow}
+}
 
+// TestFetchPrefersFastHolders: three members hold a file, one of them
+// serving at 2 MiB/s. A fourth reads it: most chunks come from the two fast
+// ones, the bytes are right, and every holder was measured.
+func TestFetchPrefersFastHolders(t *testing.T) {
+	rd, holders := slowCluster(t)
 	data := randBytes(32 << 20)
-	for _, n := range []*testNode{f1, f2, slow} {
+	for _, n := range holders {
 		importBytes(t, n, "f", data) // same content: the same chunks on each
 	}
 	eventually(t, "f on reader", func() bool { _, err := rd.s.Lookup("f"); return err == nil })
@@ -114,4 +122,47 @@ func TestFetchPrefersFastHolders(t *testing.T) {
 		require.Zero(t, tp.InFlight, "%s: requests left counted in flight", name)
 	}
 	require.Less(t, rd.statsFor("slow").weight.view().bps, rd.statsFor("fast1").weight.view().bps)
+}
+
+// TestFetchWeightsBench (KYLIX_BENCH_WEIGHTS=1): the reader of
+// slowCluster reads 32 MiB files (each new, cold) with holders chosen by
+// measured throughput and, alternately, in the fixed order (owners by
+// rendezvous: the slow member first for a third of the chunks); medians
+// of 3.
+func TestFetchWeightsBench(t *testing.T) {
+	if os.Getenv("KYLIX_BENCH_WEIGHTS") != "1" {
+		t.Skip("a benchmark: KYLIX_BENCH_WEIGHTS=1")
+	}
+	rd, holders := slowCluster(t)
+	var with, without []time.Duration
+	var slowWith, slowWithout int64
+	for i, weighted := range []bool{true, false, false, true, true, false} {
+		data := randBytes(32 << 20)
+		name := "f" + strconv.Itoa(i)
+		for _, n := range holders {
+			importBytes(t, n, name, data)
+		}
+		eventually(t, name+" on reader", func() bool { _, err := rd.s.Lookup(name); return err == nil })
+		fixedOrder.Store(!weighted)
+		before := rd.statsFor("slow").Fetched.Load()
+		start := time.Now()
+		got, err := readAll(rd, name)
+		d := time.Since(start)
+		fixedOrder.Store(false)
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(got, data))
+		slowN := rd.statsFor("slow").Fetched.Load() - before
+		if weighted {
+			with, slowWith = append(with, d), slowWith+slowN
+		} else {
+			without, slowWithout = append(without, d), slowWithout+slowN
+		}
+	}
+	med := func(ds []time.Duration) time.Duration {
+		s := append([]time.Duration(nil), ds...)
+		sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+		return s[len(s)/2]
+	}
+	t.Logf("32 MiB from 3 holders, one at 2 MiB/s: by measured throughput %v (runs %v, %d chunks from the slow one in all); fixed order %v (runs %v, %d from the slow one)",
+		med(with), with, slowWith, med(without), without, slowWithout)
 }
