@@ -53,7 +53,7 @@ func (s *Store) ReadAheadWindow() int {
 }
 
 // readingAhead notes a read of chunks [first, last] of f and moves the
-// window: sequential reads (starting at most two chunks before where the
+// window: sequential reads (starting at most four chunks before where the
 // reader got to, and no further than the window asked for) push it on; any
 // other read starts it over after last.
 func (f *File) readingAhead(first, last int) {
@@ -63,7 +63,7 @@ func (f *File) readingAhead(first, last int) {
 	}
 	ra.mu.Lock()
 	defer ra.mu.Unlock()
-	seq := (!ra.read && first == 0) || (ra.read && first >= ra.pos-2 && first <= max(ra.hi, ra.pos))
+	seq := (!ra.read && first == 0) || (ra.read && first >= ra.pos-4 && first <= max(ra.hi, ra.pos))
 	ra.read = true
 	if !seq {
 		ra.pos, ra.hi = last+1, last+1

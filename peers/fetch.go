@@ -115,14 +115,11 @@ func (n *Node) ask(ctx context.Context, p peer, op byte, id chunkstore.ID, size 
 	return data, nil
 }
 
-// fetchOrder lists the other live members to ask for chunk id: its
-// owners first (where placement puts it), then the rest in rendezvous
-// order; within each group the member with the best measured throughput
-// and the fewest requests in flight comes first (weights.go; ties keep
-// the rendezvous order).
-func (n *Node) fetchOrder(id chunkstore.ID) []peer {
-	others := n.livePeers()
-	var own, rest []peer
+// holders returns the other live members that may hold chunk id: its
+// owners (where placement puts it), then the rest in rendezvous order.
+// fetchDirect asks them in that order of groups, each group by measured
+// throughput (pickHolder).
+func (n *Node) holders(id chunkstore.ID) (own, rest []peer) {
 	first := map[string]bool{}
 	for _, p := range owners(id, n.members(), n.cfg.Replicas) {
 		if p.name != n.self && p.addr != "" {
@@ -130,12 +127,12 @@ func (n *Node) fetchOrder(id chunkstore.ID) []peer {
 			first[p.name] = true
 		}
 	}
-	for _, p := range rank(id, others) {
+	for _, p := range rank(id, n.livePeers()) {
 		if !first[p.name] {
 			rest = append(rest, p)
 		}
 	}
-	return append(n.weigh(own), n.weigh(rest)...)
+	return own, rest
 }
 
 // rank orders peers for chunk id by weighted rendezvous hashing (HRW): each

@@ -154,15 +154,25 @@ func (n *Node) weigh(ps []peer) []peer {
 	return byWeight(ps, views, time.Now())
 }
 
-// pickHolder returns the first member of fetchOrder(id) not in tried and
-// counts a request in flight to it (askTimed ends it). Ordering and
-// counting are one step, so fetches that start together spread over the
-// holders instead of all choosing the same one.
+// pickHolder returns the member to ask next for chunk id among those not
+// in tried: of the first group of holders (owners, then the rest) with
+// any left, the one byWeight puts first; and counts a request in flight
+// to it (askTimed ends it).
+// Weighing and counting are one step, so fetches that start together
+// spread over the holders instead of all choosing the same one.
 func (n *Node) pickHolder(id chunkstore.ID, tried map[string]bool) (peer, bool) {
+	own, rest := n.holders(id)
 	n.pick.Lock()
 	defer n.pick.Unlock()
-	for _, p := range n.fetchOrder(id) {
-		if !tried[p.name] {
+	for _, group := range [][]peer{own, rest} {
+		var left []peer
+		for _, p := range group {
+			if !tried[p.name] {
+				left = append(left, p)
+			}
+		}
+		if len(left) > 0 {
+			p := n.weigh(left)[0]
 			n.statsFor(p.name).weight.inflight.Add(1)
 			return p, true
 		}
@@ -279,15 +289,20 @@ func (c *slowConn) Write(p []byte) (int, error) {
 	}
 }
 
-// pump writes what Write queued, each when its delay has passed.
+// pump writes what Write queued, each when its delay has passed, and
+// closes the connection when it meets Close's mark (nil bytes).
 func (c *slowConn) pump() {
 	for {
 		select {
 		case d := <-c.q:
 			time.Sleep(time.Until(d.at))
+			if d.b == nil {
+				c.shut()
+				return
+			}
 			if _, err := c.Conn.Write(d.b); err != nil {
 				c.err.Store(&err)
-				c.Close()
+				c.shut()
 				return
 			}
 		case <-c.done:
@@ -296,7 +311,22 @@ func (c *slowConn) pump() {
 	}
 }
 
+// Close closes the connection once what was written before has left (a
+// delayed connection), else at once.
 func (c *slowConn) Close() error {
-	c.close.Do(func() { close(c.done) })
-	return c.Conn.Close()
+	if c.l.delay > 0 {
+		select {
+		case c.q <- delayed{at: time.Now().Add(c.l.delay)}:
+			return nil
+		case <-c.done:
+			return nil
+		default: // queue full: close now
+		}
+	}
+	c.shut()
+	return nil
+}
+
+func (c *slowConn) shut() {
+	c.close.Do(func() { close(c.done); c.Conn.Close() })
 }

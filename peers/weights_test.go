@@ -2,6 +2,8 @@ package peers
 
 import (
 	"bytes"
+	"io"
+	"net"
 	"os"
 	"sort"
 	"strconv"
@@ -165,4 +167,35 @@ func TestFetchWeightsBench(t *testing.T) {
 	}
 	t.Logf("32 MiB from 3 holders, one at 2 MiB/s: by measured throughput %v (runs %v, %d chunks from the slow one in all); fixed order %v (runs %v, %d from the slow one)",
 		med(with), with, slowWith, med(without), without, slowWithout)
+}
+
+// TestSlowListener: the test hook delays what a member sends by
+// ServeDelay, in order, and limits it to ServeRate.
+func TestSlowListener(t *testing.T) {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	l := &slowListener{Listener: raw, rate: 8 << 20, delay: 50 * time.Millisecond}
+	defer l.Close()
+	payload := randBytes(1 << 20)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.Write([]byte("abc"))
+		c.Write(payload)
+	}()
+	c, err := net.Dial("tcp", raw.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	start := time.Now()
+	got := make([]byte, 3+len(payload))
+	_, err = io.ReadFull(c, got)
+	require.NoError(t, err)
+	d := time.Since(start)
+	require.Equal(t, "abc", string(got[:3]))
+	require.True(t, bytes.Equal(payload, got[3:]))
+	// 1 MiB at 8 MiB/s: 125 ms, plus the 50 ms delay.
+	require.GreaterOrEqual(t, d, 170*time.Millisecond)
 }
