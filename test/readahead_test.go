@@ -91,6 +91,7 @@ func TestClusterReadAhead(t *testing.T) {
 		t.Fatal("bytes read through B's mount differ from the source")
 	}
 	out := readAheadOf(t, b)
+	t.Logf("B: %+v", out)
 	if out.ReadAhead.Window != 16 {
 		t.Errorf("read-ahead window %d chunks, want the default 16", out.ReadAhead.Window)
 	}
