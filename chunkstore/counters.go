@@ -30,12 +30,17 @@ type Counters struct {
 	// bytes written by Export.
 	ImportBytes int64 `json:"import_bytes"`
 	ExportBytes int64 `json:"export_bytes"`
+	// ReadAheadChunks and ReadAheadBytes count the missing chunks fetched
+	// ahead of sequential readers (readahead.go).
+	ReadAheadChunks int64 `json:"read_ahead_chunks"`
+	ReadAheadBytes  int64 `json:"read_ahead_bytes"`
 }
 
 // counters are the live Counters.
 type counters struct {
 	corrupt, readError, notLocal, otherChunkErrors atomic.Int64
 	importBytes, exportBytes                       atomic.Int64
+	readAheadChunks, readAheadBytes                atomic.Int64
 }
 
 // Counters returns the store's counters.
@@ -46,6 +51,7 @@ func (s *Store) Counters() Counters {
 		ChunkCorrupt: c.corrupt.Load(), ChunkReadError: c.readError.Load(),
 		ChunkNotLocal: c.notLocal.Load(), ChunkOther: c.otherChunkErrors.Load(),
 		ImportBytes: c.importBytes.Load(), ExportBytes: c.exportBytes.Load(),
+		ReadAheadChunks: c.readAheadChunks.Load(), ReadAheadBytes: c.readAheadBytes.Load(),
 	}
 }
 

@@ -25,6 +25,8 @@ type File struct {
 	locs []Location
 	// epoch is the store's relocation count when locs were read (Fresh).
 	epoch uint64
+	// ra follows the reader to fetch missing chunks ahead (readahead.go).
+	ra *readAhead
 }
 
 // OpenFile opens the file whose manifest is id.
@@ -36,7 +38,7 @@ func (s *Store) OpenFile(id ID) (*File, error) {
 	// Read before the locations: a compaction racing this open leaves
 	// the File marked stale, never fresh with old locations.
 	epoch := s.relocs.Load()
-	f := &File{s: s, ID: id, M: m, offs: make([]int64, len(m.Chunks)+1), locs: make([]Location, len(m.Chunks)), epoch: epoch}
+	f := &File{s: s, ID: id, M: m, offs: make([]int64, len(m.Chunks)+1), locs: make([]Location, len(m.Chunks)), epoch: epoch, ra: &readAhead{}}
 	var off int64
 	for i, c := range m.Chunks {
 		f.offs[i] = off
@@ -164,6 +166,7 @@ func (f *File) ReadAtContext(ctx context.Context, p []byte, off int64) (int, err
 	}
 	end := min(off+int64(len(p)), f.M.Size)
 	first, last := f.chunkIndex(off), f.chunkIndex(end-1)
+	f.readingAhead(first, last)
 	chunks, err := f.s.readChunks(ctx, f.M.Chunks[first:last+1], f.locs[first:last+1], end-off < f.offs[last+1]-f.offs[first])
 	if err != nil {
 		return 0, fmt.Errorf("read %s at %d: %w", f.ID.Short(), off, err)

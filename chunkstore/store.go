@@ -58,6 +58,10 @@ type Options struct {
 	CacheBytes int64
 	// Fetcher brings chunks that are not stored locally. Default LocalOnly.
 	Fetcher Fetcher
+	// ReadAheadChunks is how many chunks past a sequential reader are
+	// asked of the Fetcher ahead of it (readahead.go): 0 means
+	// DefaultReadAheadChunks, negative none.
+	ReadAheadChunks int
 	// Now is the wall clock (tests use a fake). Default time.Now.
 	Now func() time.Time
 	// FS is the file system under pack writes and the metadata log

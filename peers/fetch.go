@@ -51,20 +51,28 @@ func (n *Node) Fetch(ctx context.Context, id chunkstore.ID, size uint32) ([]byte
 }
 
 // fetchDirect asks the holders of chunk id one at a time: its owners first
-// (placement), then the rest in rendezvous order. It verifies what each
-// sends against the id, and moves on when a member does not hold the
-// chunk, fails, or sends wrong bytes (counted as a bad chunk, shown by
+// (placement), then the rest, each group ordered by measured throughput
+// (weights.go: the member expected to deliver soonest first). It verifies
+// what each sends against the id, and moves on when a member does not hold
+// the chunk, fails, or sends wrong bytes (counted as a bad chunk, shown by
 // `kylix peers`).
 func (n *Node) fetchDirect(ctx context.Context, id chunkstore.ID, size uint32) ([]byte, error) {
-	ps := n.fetchOrder(id)
 	var lastErr error
 	asked := 0
-	for _, p := range ps {
+	tried := map[string]bool{}
+	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
+		// Ordered again before each attempt: the in-flight counts and
+		// measurements move while this fetch waits.
+		p, found := n.pickHolder(id, tried)
+		if !found {
+			break
+		}
+		tried[p.name] = true
 		asked++
-		data, err := n.ask(ctx, p, opChunk, id, size)
+		data, err := n.askTimed(ctx, p, id, size)
 		if errors.Is(err, errNotHeld) {
 			continue
 		}
@@ -107,25 +115,24 @@ func (n *Node) ask(ctx context.Context, p peer, op byte, id chunkstore.ID, size 
 	return data, nil
 }
 
-// fetchOrder lists the other live members to ask for chunk id: its
-// owners first (where placement puts it), then the rest in rendezvous
-// order.
-func (n *Node) fetchOrder(id chunkstore.ID) []peer {
-	others := n.livePeers()
-	var out []peer
+// holders returns the other live members that may hold chunk id: its
+// owners (where placement puts it), then the rest in rendezvous order.
+// fetchDirect asks them in that order of groups, each group by measured
+// throughput (pickHolder).
+func (n *Node) holders(id chunkstore.ID) (own, rest []peer) {
 	first := map[string]bool{}
 	for _, p := range owners(id, n.members(), n.cfg.Replicas) {
 		if p.name != n.self && p.addr != "" {
-			out = append(out, p)
+			own = append(own, p)
 			first[p.name] = true
 		}
 	}
-	for _, p := range rank(id, others) {
+	for _, p := range rank(id, n.livePeers()) {
 		if !first[p.name] {
-			out = append(out, p)
+			rest = append(rest, p)
 		}
 	}
-	return out
+	return own, rest
 }
 
 // rank orders peers for chunk id by weighted rendezvous hashing (HRW): each

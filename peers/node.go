@@ -48,6 +48,13 @@ type Config struct {
 	// CorruptServed makes the data plane flip the first byte of every
 	// chunk it serves. Tests only: a member that serves wrong bytes.
 	CorruptServed bool
+	// ServeRate limits the bytes a second the data plane sends, all
+	// connections together (0: no limit). Tests only: a member with
+	// little bandwidth (weights.go).
+	ServeRate int64
+	// ServeDelay delays every byte the data plane sends by this much
+	// (the sender does not wait). Tests only: a distant member.
+	ServeDelay time.Duration
 	// Replicas is the number of members that keep each chunk (placement).
 	// Default DefaultReplicas.
 	Replicas int
@@ -126,6 +133,7 @@ type Node struct {
 	place   placement
 	cache   *peerCache // nil: none
 	relay   relayState
+	pick    sync.Mutex // pickHolder: order and count in flight in one step
 	ctx     context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -143,6 +151,8 @@ type Stats struct {
 	// ServedPackBytes: of ServedBytes, those read from this node's packs
 	// (it holds the chunk), not from a cache.
 	ServedPackBytes atomic.Int64
+	// weight: the member's measured throughput (weights.go).
+	weight weight
 }
 
 func (s *Stats) served(n int64) { s.Served.Add(1); s.ServedBytes.Add(n) }
@@ -213,6 +223,9 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 		return fmt.Errorf("cluster: data plane listen %s: %w", dl, err)
 	}
 	n.dataLn = ln
+	if n.cfg.ServeRate > 0 || n.cfg.ServeDelay > 0 {
+		ln = &slowListener{Listener: ln, rate: float64(n.cfg.ServeRate), delay: n.cfg.ServeDelay}
+	}
 	n.srv = newServer(s, ln, n.sec, n.log, n.statsFor(n.self), n.cfg.CorruptServed, n.countReceived, n.ownsFn)
 	n.srv.swarm.Store(&swarmHooks{cache: n.cache, relay: n.serveRelay})
 	dpTag := ln.Addr().String()
@@ -377,6 +390,8 @@ type Member struct {
 	ServedBytes  int64 `json:"bytes_served,omitempty"`  // self only
 	// ServedPackBytes: of ServedBytes, those from this node's packs.
 	ServedPackBytes int64 `json:"bytes_served_from_packs,omitempty"` // self only
+	// Throughput: the member's measured fetch throughput (weights.go).
+	Throughput Throughput `json:"throughput"`
 }
 
 // Members lists the cluster as this node sees it, by name.
@@ -395,6 +410,7 @@ func (n *Node) Members() []Member {
 		st := n.statsFor(m.Name)
 		mm.Fetched, mm.FetchedBytes, mm.BadChunks, mm.Errors = st.Fetched.Load(), st.FetchedBytes.Load(), st.BadChunks.Load(), st.Errors.Load()
 		mm.Served, mm.ServedBytes, mm.ServedPackBytes = st.Served.Load(), st.ServedBytes.Load(), st.ServedPackBytes.Load()
+		mm.Throughput = st.weight.throughput()
 		out = append(out, mm)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })

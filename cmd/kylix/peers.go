@@ -28,7 +28,7 @@ var runningPeers *peers.Node
 type peerFlags struct {
 	listen, join, keyFile, name, zone, dataListen *string
 	dataPlane, peerCache                          *string
-	replicas                                      *int
+	replicas, readAhead                           *int
 	logGossip                                     *bool
 	repairRate                                    *int64
 	failureGrace                                  *time.Duration
@@ -46,7 +46,9 @@ func addPeerFlags(f *flags) *peerFlags {
 		dataPlane:  f.String("data-plane", "tls", "data plane between members: tls (mutual TLS 1.3) or plaintext (trusted networks: peers authenticated, nothing encrypted; chunks verified either way)"),
 		peerCache: f.String("peer-cache", "8GiB", "budget of the cache of chunks fetched from other members, under DATA/peer-cache "+
 			"(least recently used evicted; 0: none)"),
-		replicas:   f.Int("replicas", peers.DefaultReplicas, "members that keep each chunk (placement by rendezvous hashing)"),
+		replicas: f.Int("replicas", peers.DefaultReplicas, "members that keep each chunk (placement by rendezvous hashing)"),
+		readAhead: f.Int("read-ahead", chunkstore.DefaultReadAheadChunks, "chunks fetched from other members ahead of a sequential reader of a file not stored here "+
+			"(in file order, into the chunk cache; 0: none)"),
 		repairRate: f.Int64("repair-rate", peers.DefaultRepairRate, "placement and repair pulls: at most BYTES a second (0: no limit)"),
 		failureGrace: f.Duration("failure-grace", peers.DefaultFailureGrace,
 			"how long after gossip marks a member failed its chunks are repaired elsewhere (0: at once)"),
@@ -105,7 +107,7 @@ func (pf *peerFlags) fetcher(data string, log *slog.Logger) (chunkstore.Fetcher,
 		Capacity: capacity, Zone: *pf.zone, Replicas: *pf.replicas, Version: "dev", Logger: log,
 		Plaintext: *pf.dataPlane == "plaintext", GossipLog: *pf.logGossip,
 		RepairRate: orNone(*pf.repairRate), FailureGrace: time.Duration(orNone(int64(*pf.failureGrace))),
-		CorruptServed: os.Getenv("KYLIX_TEST_PEER_CORRUPT") == "1", Keep: func() ([]string, error) {
+		CorruptServed: os.Getenv("KYLIX_TEST_PEER_CORRUPT") == "1", ServeDelay: testServeDelay(), Keep: func() ([]string, error) {
 			// Pinned paths keep their chunks here (rebalance drops none).
 			rec, err := readPinRecord(data)
 			var ps []string
@@ -133,6 +135,18 @@ func (pf *peerFlags) start(s *chunkstore.Store, fsys *kfs.FS) (stop func(), err 
 	return func() { runningPeers = nil; pf.node.Close() }, nil
 }
 
+// readAheadChunks is the store's Options.ReadAheadChunks from --read-ahead.
+func (pf *peerFlags) readAheadChunks() int {
+	return int(orNone(int64(*pf.readAhead)))
+}
+
+// testServeDelay is KYLIX_TEST_PEER_DELAY (a duration): a test hook that
+// delays what this member's data plane sends (a distant member).
+func testServeDelay() time.Duration {
+	d, _ := time.ParseDuration(os.Getenv("KYLIX_TEST_PEER_DELAY"))
+	return d
+}
+
 // orNone maps a flag's 0 ("none") to the node's negative "none" (its 0
 // is "the default").
 func orNone(v int64) int64 {
@@ -143,11 +157,19 @@ func orNone(v int64) int64 {
 }
 
 type peersOut struct {
-	Self      string               `json:"self"`
+	Self string `json:"self"`
+	// ReadAhead: chunks fetched ahead of sequential readers (chunkstore).
+	ReadAhead readAheadOut         `json:"read_ahead"`
 	Replicas  int                  `json:"replicas"`
 	Placement peers.PlacementStats `json:"placement"`
 	Swarm     peers.SwarmStats     `json:"swarm"`
 	Members   []peers.Member       `json:"members"`
+}
+
+type readAheadOut struct {
+	Window int   `json:"window_chunks"`
+	Chunks int64 `json:"chunks"`
+	Bytes  int64 `json:"bytes"`
 }
 
 func runClusterKey(ctx context.Context, e *env, args []string) error {
@@ -173,7 +195,10 @@ Shows the members of the cluster the node serving --data belongs to: state
 (alive, leaving, left, failed), addresses, capacity, when last seen (now for
 alive members), namespace root, and this node's exchanges with each: chunks
 and bytes fetched, bad chunks (bytes that failed their hash: never served to
-a reader) and failed requests. Fails when no node runs, or when it was
+a reader), failed requests, and the measured throughput (a moving
+average of bytes a second of recent chunks, their latency, the recent
+failure rate: holders are asked in that order), and the chunks fetched
+ahead of sequential readers (--read-ahead). Fails when no node runs, or when it was
 started without --listen.`).withJSON()
 	if err := f.parse(args, 0, 0); err != nil {
 		return err
@@ -190,6 +215,8 @@ started without --listen.`).withJSON()
 		return fmt.Errorf("the node serving %s is not in a cluster (it was started without --listen)", s.Dir())
 	}
 	out := peersOut{Self: runningPeers.Name(), Replicas: runningPeers.Replicas(), Placement: runningPeers.Placement(), Swarm: runningPeers.Swarm(), Members: runningPeers.Members()}
+	sc := s.Counters()
+	out.ReadAhead = readAheadOut{Window: s.ReadAheadWindow(), Chunks: sc.ReadAheadChunks, Bytes: sc.ReadAheadBytes}
 	if f.jsonOut {
 		return f.printJSON(out)
 	}
@@ -204,6 +231,7 @@ started without --listen.`).withJSON()
 	sw := out.Swarm
 	fmt.Fprintf(e.stdout, "peer cache: %s of %s, %d chunks; hits %d, misses %d, evictions %d; relay: got %d chunks through relays, answered %d relay requests, %d shared fetches\n",
 		human(sw.Cache.Bytes), human(sw.Cache.BudgetBytes), sw.Cache.Chunks, sw.Cache.Hits, sw.Cache.Misses, sw.Cache.Evictions, sw.RelayAsked, sw.RelayServed, sw.SharedFetches)
+	fmt.Fprintf(e.stdout, "read-ahead: window %d chunks; fetched %d chunks (%s) ahead of sequential readers\n", out.ReadAhead.Window, out.ReadAhead.Chunks, human(out.ReadAhead.Bytes))
 	for _, m := range out.Members {
 		self := ""
 		if m.Self {
@@ -211,6 +239,12 @@ started without --listen.`).withJSON()
 		}
 		fmt.Fprintf(e.stdout, "%s%s: %s, gossip %s, data %s, capacity %s, last seen %s\n  fetched %d chunks (%s), bad chunks %d, errors %d",
 			m.Name, self, m.State, m.Addr, m.DataAddr, human(m.Capacity), m.LastSeen.UTC().Format(time.RFC3339), m.Fetched, human(m.FetchedBytes), m.BadChunks, m.Errors)
+		if tp := m.Throughput; tp.Samples > 0 {
+			fmt.Fprintf(e.stdout, ", throughput %s/s (latency %.1f ms, %d chunks measured)", human(tp.BytesPerSec), tp.LatencyMs, tp.Samples)
+		}
+		if tp := m.Throughput; tp.FailRate > 0 {
+			fmt.Fprintf(e.stdout, ", failure rate %.2f", tp.FailRate)
+		}
 		if m.Self {
 			fmt.Fprintf(e.stdout, ", served %d chunks (%s, %s of them from packs)", m.Served, human(m.ServedBytes), human(m.ServedPackBytes))
 		}

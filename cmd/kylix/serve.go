@@ -156,7 +156,7 @@ names. Example and details: docs/examples/kylix.toml, docs/design/peers.md.`)
 	if err != nil {
 		return err
 	}
-	s, err := chunkstore.Open(chunkstore.Options{Dir: f.data, Logger: log, Fetcher: fetcher})
+	s, err := chunkstore.Open(chunkstore.Options{Dir: f.data, Logger: log, Fetcher: fetcher, ReadAheadChunks: pf.readAheadChunks()})
 	if errors.Is(err, chunkstore.ErrLocked) {
 		return fmt.Errorf("serve: %w (is a node already running? see %s)", err, filepath.Join(f.data, socketName))
 	}
