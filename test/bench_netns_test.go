@@ -35,7 +35,9 @@ import (
 //	KYLIX_BENCH=1 go test ./test -run 'TestBenchFetch3Netns$' -count=1 -v -timeout 60m
 //
 // KYLIX_BENCH_MIB sets the model's size (default 4096), KYLIX_BENCH_REPS
-// the pairs of runs per data plane (default 3).
+// the pairs of runs per data plane (default 3). KYLIX_BENCH_PROFILE=DIR
+// writes a CPU profile of each holder and reader there (KYLIX_CPUPROFILE
+// of serve; a holder's covers its whole life, a reader's its run).
 
 // benchGate skips unless KYLIX_BENCH=1 (make test does not run benchmarks).
 func benchGate(t *testing.T) {
@@ -147,6 +149,19 @@ func median(xs []float64) float64 {
 	return s[len(s)/2]
 }
 
+// profiled runs start (a node's start) with KYLIX_CPUPROFILE set to
+// name.prof under $KYLIX_BENCH_PROFILE, when that is set.
+func profiled(name string, start func()) {
+	dir := os.Getenv("KYLIX_BENCH_PROFILE")
+	if dir == "" {
+		start()
+		return
+	}
+	os.Setenv("KYLIX_CPUPROFILE", filepath.Join(dir, name+".prof"))
+	defer os.Unsetenv("KYLIX_CPUPROFILE")
+	start()
+}
+
 func TestBenchFetch3Netns(t *testing.T) {
 	benchGate(t)
 	size := int64(envInt("KYLIX_BENCH_MIB", 4096)) << 20
@@ -177,9 +192,15 @@ func TestBenchFetch3Netns(t *testing.T) {
 	}
 	startHolders := func(plane string) []*member {
 		extra := []string{"--data-plane", plane, "--replicas", "3"}
-		ms := []*member{c.startAt(0, hs[0].data, hs[0].mnt, key, extra)}
-		for i := 1; i < 3; i++ {
-			ms = append(ms, c.startAt(i, hs[i].data, hs[i].mnt, key, extra, 0))
+		var ms []*member
+		for i := range 3 {
+			var join []int
+			if i > 0 {
+				join = []int{0}
+			}
+			profiled(fmt.Sprintf("holder%d-%s", i, plane), func() {
+				ms = append(ms, c.startAt(i, hs[i].data, hs[i].mnt, key, extra, join...))
+			})
 		}
 		for _, m := range ms {
 			waitFor(t, membershipWait, "three alive holders", func() bool { return aliveCount(t, m) == 3 })
@@ -223,7 +244,10 @@ func TestBenchFetch3Netns(t *testing.T) {
 			// (serve has no switch for a member that pulls nothing); with
 			// R = 3 of 4 members the reader owns most chunks. --peer-cache
 			// 0: nothing written to disk (the ceiling writes nothing).
-			rd := c.start(3, key, []string{"--data-plane", plane, "--replicas", "3", "--repair-rate", "1", "--peer-cache", "0"}, 0)
+			var rd *member
+			profiled(fmt.Sprintf("reader-%s-%d", plane, rep+1), func() {
+				rd = c.start(3, key, []string{"--data-plane", plane, "--replicas", "3", "--repair-rate", "1", "--peer-cache", "0"}, 0)
+			})
 			waitFor(t, membershipWait, "four alive members", func() bool {
 				for _, m := range append(ms, rd) {
 					if aliveCount(t, m) != 4 {
