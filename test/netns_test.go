@@ -110,9 +110,16 @@ func (c *netnsCluster) setBridge(i int, br string) {
 // start runs `kylix serve` in member i's namespace, gossip on port 7946,
 // joining the members given by index.
 func (c *netnsCluster) start(i int, key string, extra []string, join ...int) *member {
+	c.t.Helper()
+	data, mnt := dirs(c.t)
+	return c.startAt(i, data, mnt, key, extra, join...)
+}
+
+// startAt is start on the given data directory and mount point (a member
+// restarted on its store).
+func (c *netnsCluster) startAt(i int, data, mnt, key string, extra []string, join ...int) *member {
 	t := c.t
 	t.Helper()
-	data, mnt := dirs(t)
 	addr := c.addr(i) + ":7946"
 	args := []string{"--net=/var/run/netns/" + c.nodes[i], kylixBin, "serve", "--data", data, "--mount", mnt,
 		"--listen", addr, "--cluster-key", key, "--node-name", fmt.Sprintf("n%d", i), "--log-gossip"}
