@@ -29,12 +29,12 @@ func (n *Node) Fetch(ctx context.Context, id chunkstore.ID, size uint32) ([]byte
 	}
 	members := n.members()
 	// A chunk this member owns is written into its packs by placement:
-	// not kept in the peer cache too.
+	// not put in the peer cache too. It is still read from there when it
+	// is there: kept (warmed) before this member became its owner, when
+	// an owner failed.
 	own := owns(id, members, n.self, n.cfg.Replicas)
-	if !own {
-		if b, ok := n.cache.get(id, size); ok {
-			return b, nil
-		}
+	if b, ok := n.cache.get(id, size); ok {
+		return b, nil
 	}
 	if r, ok := n.relayFor(id, members); ok && r.name != n.self && !n.cfg.NoRelay {
 		if data, err := n.askRelay(ctx, r, id, size); err == nil {
