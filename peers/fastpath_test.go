@@ -42,10 +42,17 @@ func TestFramePool(t *testing.T) {
 // connection, answered from the packs through pooled frames, each get their
 // own chunk's bytes (run with -race: a frame is not reused while written);
 // a request for a wrong length is an error answer, and the connection
-// serves on.
+// serves on. On both data planes (plaintext sends from the packs with
+// sendfile).
 func TestPipelinedChunksFromPacks(t *testing.T) {
+	t.Run("tls", func(t *testing.T) { testPipelinedChunks(t, false) })
+	t.Run("plaintext", func(t *testing.T) { testPipelinedChunks(t, true) })
+}
+
+func testPipelinedChunks(t *testing.T, plaintext bool) {
 	key, _ := NewKey()
-	a := mustStart(t, "a", key, false)
+	a, err := startNodeCfg(t, Config{Name: "a", Key: key, Plaintext: plaintext})
+	require.NoError(t, err)
 	data := randBytes(12<<20 + 12345)
 	importBytes(t, a, "f", data)
 	f, _, err := a.s.OpenPath("f")
