@@ -42,8 +42,7 @@ func TestFramePool(t *testing.T) {
 // connection, answered from the packs through pooled frames, each get their
 // own chunk's bytes (run with -race: a frame is not reused while written);
 // a request for a wrong length is an error answer, and the connection
-// serves on. On both data planes (plaintext sends from the packs with
-// sendfile).
+// serves on. On both data planes.
 func TestPipelinedChunksFromPacks(t *testing.T) {
 	t.Run("tls", func(t *testing.T) { testPipelinedChunks(t, false) })
 	t.Run("plaintext", func(t *testing.T) { testPipelinedChunks(t, true) })

@@ -5,15 +5,11 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/kylix/kylix/chunkstore"
 )
@@ -103,13 +99,6 @@ func (sv *server) serveConn(c net.Conn) {
 		return
 	}
 	w := &answerWriter{c: c, bw: bufio.NewWriterSize(c, 64<<10)}
-	if pc, ok := c.(*plainConn); ok && !sv.corrupt {
-		// Plaintext: chunks go from the pack to the socket (sendfile),
-		// never through this process's memory.
-		if sc, ok := pc.Conn.(syscall.Conn); ok {
-			w.raw, _ = sc.SyscallConn()
-		}
-	}
 	sem := make(chan struct{}, maxInFlightPerConn)
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -130,7 +119,7 @@ func (sv *server) serveConn(c net.Conn) {
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			w.send(f.id, sv.answer(rq, w.raw != nil))
+			w.send(f.id, sv.answer(rq))
 		}()
 	}
 }
@@ -142,7 +131,6 @@ func (sv *server) serveConn(c net.Conn) {
 // call, without a copy into the buffer.
 type answerWriter struct {
 	c       net.Conn
-	raw     syscall.RawConn // the plaintext plane's socket, for sendfile; nil on TLS
 	mu      sync.Mutex
 	bw      *bufio.Writer
 	writers atomic.Int32 // answers waiting to be written
@@ -156,16 +144,7 @@ func (w *answerWriter) send(id uint32, a answer) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var err error
-	if a.span != nil {
-		var hdr [frameHeader]byte
-		putHeader(hdr[:], a.st, id, int(a.span.Len))
-		if _, err = w.bw.Write(hdr[:]); err == nil {
-			err = w.bw.Flush()
-		}
-		if err == nil {
-			err = sendfile(w.raw, a.span)
-		}
-	} else if a.frame != nil {
+	if a.frame != nil {
 		f := *a.frame
 		putHeader(f, a.st, id, len(f)-frameHeader)
 		if len(f) <= w.bw.Available() {
@@ -190,61 +169,26 @@ func (w *answerWriter) send(id uint32, a answer) {
 
 // answer is a request's answer: status st and a payload, either in
 // payload or, for a chunk read from the packs, in frame (a pooled buffer:
-// frameHeader bytes of room for the header, then the payload) or, on the
-// plaintext plane, in span (sent from the leased pack by sendfile); frame
-// and span are given back by release once written.
+// frameHeader bytes of room for the header, then the payload), given back
+// by release once written.
 type answer struct {
 	st      byte
 	payload []byte
 	frame   *[]byte
-	span    *chunkstore.ChunkSpan
 }
 
 func (a answer) release() {
 	if a.frame != nil {
 		putFrame(a.frame)
 	}
-	if a.span != nil {
-		a.span.Release()
-	}
-}
-
-// sendfile sends sp's bytes from its pack to the socket rc, in the kernel.
-func sendfile(rc syscall.RawConn, sp *chunkstore.ChunkSpan) error {
-	off, n := sp.Off, int(sp.Len)
-	var serr error
-	err := rc.Write(func(fd uintptr) bool {
-		for n > 0 {
-			m, err := unix.Sendfile(int(fd), sp.Fd(), &off, n)
-			if m > 0 {
-				n -= m
-			}
-			switch {
-			case err == unix.EAGAIN:
-				return false // wait until the socket takes more
-			case err == unix.EINTR:
-			case err != nil:
-				serr = err
-				return true
-			case m == 0:
-				serr = fmt.Errorf("chunk %s: pack %016x ends inside it", sp.ID.Short(), sp.Pack())
-				return true
-			}
-		}
-		return true
-	})
-	if err == nil {
-		err = serr
-	}
-	return err
 }
 
 // answer serves one request from the local store.
-func (sv *server) answer(rq request, sendfile bool) answer {
+func (sv *server) answer(rq request) answer {
 	id := chunkstore.ID(rq.id)
 	switch rq.op {
 	case opChunk, opRelay:
-		if a, ok := sv.fromPack(id, rq.len, sendfile); ok {
+		if a, ok := sv.fromPack(id, rq.len); ok {
 			return a
 		}
 		// Not in a pack here, but maybe in memory: read or fetched
@@ -294,12 +238,10 @@ func (sv *server) answer(rq request, sendfile bool) answer {
 var errLength = errors.New("chunk length differs from the one asked for")
 
 // fromPack answers a chunk request from the packs: the chunk's bytes are
-// read straight into a pooled frame or, with sendfile, left in the pack
-// for the writer to send (the answer holds the pack's lease). Not hashed
-// here: the receiver checks every chunk against its id before anyone sees
-// it, and counts a member whose bytes fail. False when the chunk is not in
-// a pack here.
-func (sv *server) fromPack(id chunkstore.ID, size uint32, sendfile bool) (answer, bool) {
+// read straight into a pooled frame. Not hashed here: the receiver checks
+// every chunk against its id before anyone sees it, and counts a member
+// whose bytes fail. False when the chunk is not in a pack here.
+func (sv *server) fromPack(id chunkstore.ID, size uint32) (answer, bool) {
 	sp, err := sv.s.LeaseChunk(id)
 	switch {
 	case errors.Is(err, chunkstore.ErrNotLocal):
@@ -307,16 +249,10 @@ func (sv *server) fromPack(id chunkstore.ID, size uint32, sendfile bool) (answer
 	case err != nil:
 		return answer{st: stError, payload: errMsg(err)}, true
 	}
+	defer sp.Release()
 	if sp.Len != size {
-		sp.Release()
 		return answer{st: stError, payload: errMsg(errLength)}, true
 	}
-	if sendfile {
-		sv.stats.served(int64(size))
-		sv.stats.ServedPackBytes.Add(int64(size))
-		return answer{st: stOK, span: &sp}, true
-	}
-	defer sp.Release()
 	f := getFrame(int(size))
 	if err := sp.ReadInto((*f)[frameHeader:]); err != nil {
 		putFrame(f)
