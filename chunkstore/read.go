@@ -301,6 +301,54 @@ func (f *File) WriteTo(ctx context.Context, w io.Writer, progress func(int64)) (
 // reader here. ErrNotLocal when the chunk is not stored here; a pack
 // holding fewer bytes than the index says is ErrCorrupt.
 func (s *Store) ReadChunkUnverified(id ID) ([]byte, error) {
+	sp, err := s.LeaseChunk(id)
+	if err != nil {
+		return nil, err
+	}
+	defer sp.Release()
+	buf := make([]byte, sp.Len)
+	if err := sp.ReadInto(buf); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}
+
+// ChunkSpan is where a stored chunk's bytes are: Len bytes at Off in the
+// leased pack (Lease.Fd, read with pread or sendfile at an explicit
+// offset). Release it when done; until then GC neither closes nor deletes
+// the pack. The bytes are not verified (see ReadChunkUnverified).
+type ChunkSpan struct {
+	ID ID
+	*Lease
+	Off int64
+	Len uint32
+}
+
+// ReadInto reads the span's bytes into buf, which must be Len bytes long.
+// A pack holding fewer bytes than the index says is ErrCorrupt.
+func (sp ChunkSpan) ReadInto(buf []byte) error {
+	if len(buf) != int(sp.Len) {
+		return fmt.Errorf("chunk %s: a buffer of %d bytes for %d", sp.ID.Short(), len(buf), sp.Len)
+	}
+	for n := 0; n < len(buf); {
+		m, err := unix.Pread(sp.Fd(), buf[n:], sp.Off+int64(n))
+		if err != nil {
+			return &ReadError{Chunk: sp.ID, Pack: sp.Pack(), PackOff: sp.Off, Err: err}
+		}
+		if m == 0 {
+			return &CorruptError{Chunk: sp.ID, Pack: sp.Pack(), PackOff: sp.Off,
+				Reason: fmt.Sprintf("pack holds %d of its %d bytes", n, len(buf))}
+		}
+		n += m
+	}
+	return nil
+}
+
+// LeaseChunk finds the stored chunk id and leases its pack, for a sender
+// that moves the bytes itself (the peer data plane reads them into a
+// reused buffer, or sends them from the pack with sendfile). ErrNotLocal
+// when the chunk is not stored here.
+func (s *Store) LeaseChunk(id ID) (ChunkSpan, error) {
 	var loc Location
 	err := s.db.View(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bucketChunks).Get(id[:])
@@ -312,26 +360,13 @@ func (s *Store) ReadChunkUnverified(id ID) ([]byte, error) {
 		return err
 	})
 	if err != nil {
-		return nil, err
+		return ChunkSpan{}, err
 	}
 	ls, err := s.packs.acquire(loc.Pack)
 	if err != nil {
-		return nil, err
+		return ChunkSpan{}, err
 	}
-	defer ls.Release()
-	buf := make([]byte, loc.Len)
-	for n := 0; n < len(buf); {
-		m, err := unix.Pread(ls.Fd(), buf[n:], loc.Off+int64(n))
-		if err != nil {
-			return nil, &ReadError{Chunk: id, Pack: loc.Pack, PackOff: loc.Off, Err: err}
-		}
-		if m == 0 {
-			return nil, &CorruptError{Chunk: id, Pack: loc.Pack, PackOff: loc.Off,
-				Reason: fmt.Sprintf("pack holds %d of its %d bytes", n, len(buf))}
-		}
-		n += m
-	}
-	return buf, nil
+	return ChunkSpan{ID: id, Lease: ls, Off: loc.Off, Len: loc.Len}, nil
 }
 
 // CachedChunk returns chunk id's verified bytes when they are in the

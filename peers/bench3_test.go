@@ -7,6 +7,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -201,6 +203,7 @@ func benchCeiling(b *testing.B, servers int, useTLS bool) {
 type cpuMeter struct {
 	b     *testing.B
 	start time.Duration
+	prof  *os.File
 }
 
 func cpuTime() time.Duration {
@@ -209,13 +212,29 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// startCPU starts the timer and the CPU meter. With
+// KYLIX_PEERS_BENCH_PROFILE=FILE it also writes a CPU profile of the timed
+// part only (setup such as importing the data would swamp -cpuprofile);
+// each benchmark's last run overwrites FILE.BENCHMARK.
 func startCPU(b *testing.B) *cpuMeter {
+	m := &cpuMeter{b: b}
+	if p := os.Getenv("KYLIX_PEERS_BENCH_PROFILE"); p != "" {
+		f, err := os.Create(p + "." + strings.ReplaceAll(b.Name(), "/", "_"))
+		require.NoError(b, err)
+		require.NoError(b, pprof.StartCPUProfile(f))
+		m.prof = f
+	}
 	b.ResetTimer()
-	return &cpuMeter{b: b, start: cpuTime()}
+	m.start = cpuTime()
+	return m
 }
 
 func (m *cpuMeter) report(bytesPerOp int64) {
 	m.b.StopTimer()
 	used := (cpuTime() - m.start).Seconds()
+	if m.prof != nil {
+		pprof.StopCPUProfile()
+		m.prof.Close()
+	}
 	m.b.ReportMetric(used/(float64(bytesPerOp)*float64(m.b.N)/1e9), "cores/(GB/s)")
 }

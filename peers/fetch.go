@@ -98,17 +98,19 @@ func (n *Node) ask(ctx context.Context, p peer, op byte, id chunkstore.ID, size 
 	data, err := n.request(actx, p, request{op: op, id: id, len: size}, size)
 	cancel()
 	st := n.statsFor(p.name)
+	// request checked the bytes against id as they arrived (roundTrip):
+	// wrong ones are errWrongChunk, never data.
 	switch {
+	case errors.Is(err, errWrongChunk) || err == nil && data != nil && uint32(len(data)) != size:
+		st.BadChunks.Add(1)
+		n.log.Error("fetch: a member sent bytes that fail their hash; asking another", "chunk", id.String(), "member", p.name, "err", err, "bytes", len(data))
+		return nil, fmt.Errorf("member %s sent a wrong chunk", p.name)
 	case err != nil:
 		st.Errors.Add(1)
 		n.log.Warn("fetch: member failed; asking another", "chunk", id.String(), "member", p.name, "err", err)
 		return nil, err
 	case data == nil:
 		return nil, errNotHeld
-	case uint32(len(data)) != size || chunkstore.Sum(data) != id:
-		st.BadChunks.Add(1)
-		n.log.Error("fetch: a member sent bytes that fail their hash; asking another", "chunk", id.String(), "member", p.name, "bytes", len(data))
-		return nil, fmt.Errorf("member %s sent a wrong chunk", p.name)
 	}
 	st.Fetched.Add(1)
 	st.FetchedBytes.Add(int64(len(data)))

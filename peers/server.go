@@ -98,9 +98,7 @@ func (sv *server) serveConn(c net.Conn) {
 		sv.log.Warn("data plane: not a kylix peer", "remote", c.RemoteAddr().String())
 		return
 	}
-	var wmu sync.Mutex
-	var writers atomic.Int32 // answers waiting to be written
-	bw := bufio.NewWriterSize(c, 256<<10)
+	w := &answerWriter{c: c, bw: bufio.NewWriterSize(c, 64<<10)}
 	sem := make(chan struct{}, maxInFlightPerConn)
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -121,78 +119,151 @@ func (sv *server) serveConn(c net.Conn) {
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			st, p := sv.answer(rq)
-			writers.Add(1)
-			wmu.Lock()
-			defer wmu.Unlock()
-			_, err := bw.Write(header(st, f.id, len(p)))
-			if err == nil {
-				_, err = bw.Write(p)
-			}
-			// The last of the writers waiting flushes: answers ready
-			// together go out in one write.
-			if writers.Add(-1) == 0 && err == nil {
-				err = bw.Flush()
-			}
-			if err != nil {
-				c.Close()
-			}
+			w.send(f.id, sv.answer(rq))
 		}()
 	}
 }
 
+// answerWriter writes one connection's answers. Small ones go through a
+// buffer, and the last of the writers waiting flushes it: answers ready
+// together go out in one write. A chunk read into a pooled frame (header
+// room and payload in one buffer) is written to the connection in one
+// call, without a copy into the buffer.
+type answerWriter struct {
+	c       net.Conn
+	mu      sync.Mutex
+	bw      *bufio.Writer
+	writers atomic.Int32 // answers waiting to be written
+}
+
+// send writes answer a to request id and gives back a's pooled frame.
+// A write that fails closes the connection.
+func (w *answerWriter) send(id uint32, a answer) {
+	defer a.release()
+	w.writers.Add(1)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var err error
+	if a.frame != nil {
+		f := *a.frame
+		putHeader(f, a.st, id, len(f)-frameHeader)
+		if len(f) <= w.bw.Available() {
+			_, err = w.bw.Write(f)
+		} else if err = w.bw.Flush(); err == nil {
+			_, err = w.c.Write(f)
+		}
+	} else {
+		var hdr [frameHeader]byte
+		putHeader(hdr[:], a.st, id, len(a.payload))
+		if _, err = w.bw.Write(hdr[:]); err == nil {
+			_, err = w.bw.Write(a.payload)
+		}
+	}
+	if w.writers.Add(-1) == 0 && err == nil {
+		err = w.bw.Flush()
+	}
+	if err != nil {
+		w.c.Close()
+	}
+}
+
+// answer is a request's answer: status st and a payload, either in
+// payload or, for a chunk read from the packs, in frame (a pooled buffer:
+// frameHeader bytes of room for the header, then the payload), given back
+// by release once written.
+type answer struct {
+	st      byte
+	payload []byte
+	frame   *[]byte
+}
+
+func (a answer) release() {
+	if a.frame != nil {
+		putFrame(a.frame)
+	}
+}
+
 // answer serves one request from the local store.
-func (sv *server) answer(rq request) (byte, []byte) {
+func (sv *server) answer(rq request) answer {
 	id := chunkstore.ID(rq.id)
 	switch rq.op {
 	case opChunk, opRelay:
-		// Not hashed here: the receiver checks every chunk against its id
-		// before anyone sees it, and counts a member whose bytes fail.
-		data, err := sv.s.ReadChunkUnverified(id)
-		fromPack := err == nil
-		if errors.Is(err, chunkstore.ErrNotLocal) {
-			// Not in a pack here, but maybe in memory: read or fetched
-			// lately (a member reading a model serves it on).
-			if b, ok := sv.s.CachedChunk(id); ok {
-				data, err = b, nil
-			} else if sw := sv.swarm.Load(); sw != nil {
-				data, err = sw.chunk(rq.op == opRelay, id, rq.len)
-			}
+		if a, ok := sv.fromPack(id, rq.len); ok {
+			return a
+		}
+		// Not in a pack here, but maybe in memory: read or fetched
+		// lately (a member reading a model serves it on).
+		var data []byte
+		err := chunkstore.ErrNotLocal
+		if b, ok := sv.s.CachedChunk(id); ok {
+			data, err = b, nil
+		} else if sw := sv.swarm.Load(); sw != nil {
+			data, err = sw.chunk(rq.op == opRelay, id, rq.len)
 		}
 		switch {
 		case errors.Is(err, chunkstore.ErrNotLocal) || errors.Is(err, chunkstore.ErrNotFound):
-			return stNotFound, nil
+			return answer{st: stNotFound}
 		case err != nil:
-			return stError, errMsg(err)
+			return answer{st: stError, payload: errMsg(err)}
 		case uint32(len(data)) != rq.len:
-			return stError, errMsg(errors.New("chunk length differs from the one asked for"))
+			return answer{st: stError, payload: errMsg(errLength)}
 		}
 		sv.stats.served(int64(len(data)))
-		if fromPack {
-			sv.stats.ServedPackBytes.Add(int64(len(data)))
-		}
 		if sv.corrupt {
 			data = append([]byte(nil), data...)
 			data[0] ^= 0xff
 		}
-		return stOK, data
+		return answer{st: stOK, payload: data}
 	case opObject:
 		obj, err := sv.s.GetObject(id)
 		switch {
 		case errors.Is(err, chunkstore.ErrNotFound):
-			return stNotFound, nil
+			return answer{st: stNotFound}
 		case err != nil:
-			return stError, errMsg(err)
+			return answer{st: stError, payload: errMsg(err)}
 		case len(obj) > maxObject:
-			return stError, errMsg(errors.New("object too large for the data plane"))
+			return answer{st: stError, payload: errMsg(errors.New("object too large for the data plane"))}
 		}
-		return stOK, obj
+		return answer{st: stOK, payload: obj}
 	case opHas:
-		return sv.has(rq.raw)
+		st, p := sv.has(rq.raw)
+		return answer{st: st, payload: p}
 	case opPut:
-		return sv.put(rq.raw)
+		st, p := sv.put(rq.raw)
+		return answer{st: st, payload: p}
 	}
-	return stError, errMsg(errors.New("unknown op"))
+	return answer{st: stError, payload: errMsg(errors.New("unknown op"))}
+}
+
+var errLength = errors.New("chunk length differs from the one asked for")
+
+// fromPack answers a chunk request from the packs: the chunk's bytes are
+// read straight into a pooled frame. Not hashed here: the receiver checks
+// every chunk against its id before anyone sees it, and counts a member
+// whose bytes fail. False when the chunk is not in a pack here.
+func (sv *server) fromPack(id chunkstore.ID, size uint32) (answer, bool) {
+	sp, err := sv.s.LeaseChunk(id)
+	switch {
+	case errors.Is(err, chunkstore.ErrNotLocal):
+		return answer{}, false
+	case err != nil:
+		return answer{st: stError, payload: errMsg(err)}, true
+	}
+	defer sp.Release()
+	if sp.Len != size {
+		return answer{st: stError, payload: errMsg(errLength)}, true
+	}
+	f := getFrame(int(size))
+	if err := sp.ReadInto((*f)[frameHeader:]); err != nil {
+		putFrame(f)
+		return answer{st: stError, payload: errMsg(err)}, true
+	}
+	sv.stats.served(int64(size))
+	sv.stats.ServedPackBytes.Add(int64(size))
+	if sv.corrupt {
+		(*f)[frameHeader] ^= 0xff
+	}
+	return answer{st: stOK, frame: f}, true
 }
 
 func errMsg(err error) []byte {

@@ -10,6 +10,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/zeebo/blake3"
+
+	"github.com/kylix/kylix/chunkstore"
 )
 
 // connsPerPeer is how many data plane connections a node keeps to each
@@ -32,7 +36,11 @@ type clientConn struct {
 }
 
 type call struct {
-	max    uint32 // the longest payload the answer may have
+	max uint32 // the longest payload the answer may have
+	// hash: a chunk request; the reader hashes an ok answer's payload as
+	// it reads it (while the bytes are in the cache) into sum.
+	hash   bool
+	sum    [32]byte
 	done   chan struct{}
 	status byte
 	data   []byte
@@ -74,8 +82,9 @@ func (cc *clientConn) close(err error) {
 }
 
 func (cc *clientConn) readLoop() {
-	r := bufio.NewReaderSize(cc.c, 256<<10)
+	r := bufio.NewReaderSize(cc.c, 32<<10)
 	var hdr [frameHeader]byte
+	h := blake3.New()
 	for {
 		kind, id, n, err := readHeader(r, &hdr)
 		if err != nil {
@@ -104,8 +113,17 @@ func (cc *clientConn) readLoop() {
 			cc.close(err)
 			return
 		}
+		// The payload is read straight into a buffer of its size (past
+		// what the reader had buffered), a chunk's hashed piece by piece.
 		buf := make([]byte, n)
-		if _, err := io.ReadFull(r, buf); err != nil {
+		if cl.hash && kind == stOK {
+			h.Reset()
+			err = readHashed(r, buf, h)
+			h.Sum(cl.sum[:0])
+		} else {
+			_, err = io.ReadFull(r, buf)
+		}
+		if err != nil {
 			err = fmt.Errorf("data plane connection to %s: %w", cc.c.RemoteAddr(), noEOF(err))
 			cl.err = err
 			close(cl.done)
@@ -117,9 +135,33 @@ func (cc *clientConn) readLoop() {
 	}
 }
 
+// hashPiece is how much of a chunk is read before it is hashed: small
+// enough to be hashed from the CPU's cache.
+const hashPiece = 128 << 10
+
+// readHashed fills buf from r and writes it to h piece by piece.
+func readHashed(r io.Reader, buf []byte, h *blake3.Hasher) error {
+	for off := 0; off < len(buf); {
+		end := min(off+hashPiece, len(buf))
+		if _, err := io.ReadFull(r, buf[off:end]); err != nil {
+			return err
+		}
+		h.Write(buf[off:end])
+		off = end
+	}
+	return nil
+}
+
+// errWrongChunk: a member sent bytes that fail their hash.
+var errWrongChunk = errors.New("sent bytes that fail their hash")
+
 // roundTrip sends one request and waits for its answer.
+// An ok answer to a chunk request (opChunk, opRelay) is checked against
+// the chunk's id here, before the caller sees it: bytes that fail are
+// errWrongChunk (the connection stays up).
 func (cc *clientConn) roundTrip(ctx context.Context, rq request, max uint32) (byte, []byte, error) {
-	cl := &call{max: max, done: make(chan struct{})}
+	chunk := rq.op == opChunk || rq.op == opRelay
+	cl := &call{max: max, hash: chunk, done: make(chan struct{})}
 	cc.mu.Lock()
 	if cc.err != nil {
 		err := cc.err
@@ -142,6 +184,9 @@ func (cc *clientConn) roundTrip(ctx context.Context, rq request, max uint32) (by
 	}
 	select {
 	case <-cl.done:
+		if chunk && cl.err == nil && cl.status == stOK && cl.sum != rq.id {
+			return 0, nil, fmt.Errorf("chunk %s of %d bytes: %w", chunkstore.ID(rq.id).Short(), len(cl.data), errWrongChunk)
+		}
 		return cl.status, cl.data, cl.err
 	case <-ctx.Done():
 		cc.mu.Lock()

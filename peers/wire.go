@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/bits"
+	"sync"
 )
 
 // The data plane's wire format (docs/design/peers.md). A connection starts
@@ -100,13 +102,57 @@ func appendFrame(b []byte, kind byte, id uint32, payload []byte) []byte {
 	return append(b, payload...)
 }
 
-// header encodes a frame header for a payload of n bytes.
-func header(kind byte, id uint32, n int) []byte {
-	b := make([]byte, frameHeader)
+// putHeader encodes a frame header for a payload of n bytes into b[:frameHeader].
+func putHeader(b []byte, kind byte, id uint32, n int) {
 	b[0] = kind
 	binary.BigEndian.PutUint32(b[1:5], id)
 	binary.BigEndian.PutUint32(b[5:9], uint32(n))
-	return b
+}
+
+// Frame buffers for chunks sent from the packs are pooled by size class:
+// class k holds buffers of frameHeader + 2^k bytes, so a chunk is read into
+// its frame behind the header's room and written in one call, and the
+// buffer serves the next chunk once written (no allocation, no zeroing per
+// chunk). Chunks above 2^maxFrameShift bytes get a buffer of their own.
+const (
+	minFrameShift = 12 // 4 KiB
+	maxFrameShift = 26 // 64 MiB
+)
+
+var framePools [maxFrameShift + 1]sync.Pool
+
+// frameClass is the size class of a payload of n bytes, -1 if not pooled.
+func frameClass(n int) int {
+	k := max(bits.Len(uint(max(n, 1)-1)), minFrameShift)
+	if k > maxFrameShift {
+		return -1
+	}
+	return k
+}
+
+// getFrame returns a frame buffer of frameHeader+n bytes; its contents are
+// whatever the last user left. Give it back with putFrame once written,
+// and keep no reference to it then.
+func getFrame(n int) *[]byte {
+	k := frameClass(n)
+	if k < 0 {
+		b := make([]byte, frameHeader+n)
+		return &b
+	}
+	if v := framePools[k].Get(); v != nil {
+		b := v.(*[]byte)
+		*b = (*b)[:frameHeader+n]
+		return b
+	}
+	b := make([]byte, frameHeader+n, frameHeader+1<<k)
+	return &b
+}
+
+// putFrame gives back a buffer from getFrame.
+func putFrame(b *[]byte) {
+	if k := frameClass(cap(*b) - frameHeader); k >= 0 && cap(*b) == frameHeader+1<<k {
+		framePools[k].Put(b)
+	}
 }
 
 // readHeader reads one frame header.
