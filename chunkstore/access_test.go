@@ -290,3 +290,34 @@ func TestFetcherFillsMissingVerified(t *testing.T) {
 		t.Fatalf("a fetched chunk with wrong bytes: %v; want a CorruptError naming it", err)
 	}
 }
+
+// verifiedMapFetcher is a mapFetcher that claims to verify what it returns.
+type verifiedMapFetcher struct{ mapFetcher }
+
+func (*verifiedMapFetcher) FetchVerifies() {}
+
+// TestVerifiedFetcherNotHashedAgain: the store takes the word of a
+// VerifiedFetcher for the hash (a fetcher that lies would get wrong bytes
+// through: peers.Node hashes every chunk as it arrives), but still checks
+// the length.
+func TestVerifiedFetcherNotHashedAgain(t *testing.T) {
+	fe := &verifiedMapFetcher{mapFetcher{m: map[ID][]byte{}}}
+	s, _, _, want := faultStore(t, map[string]int{"a": 3 << 20}, Options{Fetcher: fe})
+	f := mustOpen(t, s, "m/a")
+	c0, c1 := f.M.Chunks[0], f.M.Chunks[1]
+	if err := os.Remove(f.Extents()[0].PackPath); err != nil {
+		t.Fatal(err)
+	}
+	marked := bytes.Clone(want["a"][:c0.Len])
+	marked[0] ^= 1 // not the chunk's bytes: shows the store did not hash them
+	fe.m[c0.ID] = marked
+	p := make([]byte, 100)
+	if _, err := f.ReadAt(p, 0); err != nil || p[0] != marked[0] {
+		t.Fatalf("read through a VerifiedFetcher: %v (first byte %x, the fetcher's %x): the store hashed again", err, p[0], marked[0])
+	}
+	fe.m[c1.ID] = want["a"][c0.Len : c0.Len+c1.Len-1] // one byte short
+	var ce *CorruptError
+	if _, err := f.ReadAt(p, int64(c0.Len)); !errors.As(err, &ce) || ce.Chunk != c1.ID {
+		t.Fatalf("a short chunk from a VerifiedFetcher: %v; want a CorruptError naming it", err)
+	}
+}

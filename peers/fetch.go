@@ -22,7 +22,8 @@ import (
 // member asks the holders itself (fetchShared: once for all its readers).
 // What it fetched is kept in the peer cache, except chunks this member
 // owns (placement writes those into its packs). It implements
-// chunkstore.Fetcher; the store verifies again before anyone sees the bytes.
+// chunkstore.VerifiedFetcher: every chunk it returns was checked against
+// its id here, so the store checks only the length.
 func (n *Node) Fetch(ctx context.Context, id chunkstore.ID, size uint32) ([]byte, error) {
 	if !n.started.Load() {
 		return nil, fmt.Errorf("chunk %s: not in a cluster: %w", id.Short(), chunkstore.ErrNotLocal)
@@ -176,4 +177,10 @@ func score(id chunkstore.ID, name string, capacity int64) float64 {
 	return -w / math.Log(u)
 }
 
-var _ chunkstore.Fetcher = (*Node)(nil)
+// FetchVerifies marks Node as a chunkstore.VerifiedFetcher: every path of
+// Fetch checks the bytes against the id before returning them (the data
+// plane's roundTrip as they arrive, the peer cache on every hit), so the
+// store does not hash them again.
+func (n *Node) FetchVerifies() {}
+
+var _ chunkstore.VerifiedFetcher = (*Node)(nil)
