@@ -18,15 +18,16 @@ import (
 // straight into the receiver's channel, streams ("TCP") are net.Pipe
 // pairs. Unlike the mock it can kill a member (its transport then neither
 // sends nor receives: a kill -9, not a leave), drop a fraction of packets
-// at random, and never blocks a sender on a receiver that stopped reading
-// (a full receive queue drops the packet, as a full UDP socket buffer
-// would). Delivery takes no time: there is no latency, bandwidth or
+// at random, cut the network in two (partition), and never blocks a
+// sender on a receiver that stopped reading (a full receive queue drops
+// the packet, as a full UDP socket buffer would). Delivery takes no time: there is no latency, bandwidth or
 // reordering beyond the receivers' scheduling.
 type simNet struct {
 	mu    sync.Mutex
 	nodes map[string]*simTransport // by "ip:port"
 	next  int
-	loss  float64 // fraction of packets dropped
+	loss  float64        // fraction of packets dropped
+	side  map[string]int // partition: members on different sides cannot talk
 	rng   *rand.Rand
 
 	packets, lost, overflow atomic.Int64
@@ -58,13 +59,24 @@ func (n *simNet) newTransport() *simTransport {
 	return t
 }
 
-// peer returns the live transport at addr, if any; dropped reports a
-// packet lost at random (only asked for packets).
-func (n *simNet) peer(addr string, packet bool) (t *simTransport, dropped bool) {
+// partition puts the members at addrs on side 1, the others on side 0;
+// nil heals.
+func (n *simNet) partition(addrs []string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.side = map[string]int{}
+	for _, a := range addrs {
+		n.side[a] = 1
+	}
+}
+
+// peer returns the live transport at addr reachable from from, if any;
+// dropped reports a packet lost at random (only asked for packets).
+func (n *simNet) peer(from, addr string, packet bool) (t *simTransport, dropped bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	t = n.nodes[addr]
-	if t == nil || t.down.Load() {
+	if t == nil || t.down.Load() || n.side[from] != n.side[addr] {
 		return nil, false
 	}
 	if packet && n.loss > 0 && n.rng.Float64() < n.loss {
@@ -104,7 +116,7 @@ func (t *simTransport) WriteTo(b []byte, addr string) (time.Time, error) {
 		return now, nil
 	}
 	t.net.packets.Add(1)
-	dest, dropped := t.net.peer(addr, true)
+	dest, dropped := t.net.peer(t.addr, addr, true)
 	if dropped {
 		t.net.lost.Add(1)
 		return now, nil
@@ -131,7 +143,7 @@ func (t *simTransport) DialTimeout(addr string, timeout time.Duration) (net.Conn
 	if t.down.Load() {
 		return nil, errSimRefused
 	}
-	dest, _ := t.net.peer(addr, false)
+	dest, _ := t.net.peer(t.addr, addr, false)
 	if dest == nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, errSimRefused)
 	}
