@@ -204,19 +204,23 @@ func (c *simCluster) wait(w *simWatch, limit time.Duration) (last, median time.D
 // converge waits (virtual time, polling each second) until every alive
 // member counts n alive members in memberlist.
 func (c *simCluster) converge(n int, limit time.Duration) bool {
-	end := time.Now().Add(limit)
-	for time.Now().Before(end) {
-		all := true
+	start, up0 := time.Now(), simUptime()
+	for i := 0; time.Since(start) < limit; i++ {
+		done := 0
 		c.mu.Lock()
 		for _, m := range c.alive {
-			if m.serf.Memberlist().NumMembers() != n {
-				all = false
-				break
+			if m.serf.Memberlist().NumMembers() == n {
+				done++
 			}
 		}
+		all := done == len(c.alive)
 		c.mu.Unlock()
 		if all {
 			return true
+		}
+		if i%10 == 9 && testing.Verbose() {
+			c.tb.Logf("  %d of %d members count %d alive after %v virtual (%v wall)", done, len(c.alive), n,
+				time.Since(start), (simUptime() - up0).Round(time.Second))
 		}
 		time.Sleep(time.Second)
 	}
