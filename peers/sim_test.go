@@ -31,15 +31,17 @@ import (
 // member, configured as Node.Start configures them (serf.DefaultConfig,
 // memberlist.DefaultLANConfig, the gossip keyring with both verifications
 // on, the same tags), except that memberlist's transport is simNet
-// (simnet_test.go), an in-memory network, and the whole cluster runs in a
-// testing/synctest bubble: time is virtual. It advances only when every
-// goroutine of every member is blocked, so the timings are memberlist's
-// protocol timings (probe every 1 s, gossip every 200 ms to 3 members,
-// suspicion, push-pull every 30 s scaled by cluster size) with zero CPU
-// time and zero network latency, whatever the load of this machine. What
-// is not simulated: latency, bandwidth, CPU time per message, clock skew,
-// and partitions (packets are lost independently at random with the loss
-// fraction).
+// (simnet_test.go), an in-memory network, compression is off, members are
+// named host-0001... (no "/": design/peers.md, Membership), and the whole
+// cluster runs in a testing/synctest bubble: time is virtual. It advances
+// only when every goroutine of every member is blocked, so the timings
+// are memberlist's protocol timings (probe every 1 s, gossip every 200 ms
+// to 3 members, suspicion, push-pull every 30 s scaled by cluster size)
+// with zero CPU time and zero network latency, whatever the load of this
+// machine. What is not simulated: latency, bandwidth, CPU time per
+// message, clock skew, correlated loss (packets are lost independently at
+// random with the loss fraction; a partition cuts all traffic between two
+// sides).
 
 // simCluster is N serf members on one simNet.
 type simCluster struct {
