@@ -25,8 +25,8 @@ import (
 
 // Config configures a Node.
 type Config struct {
-	// Name is the member's name, unique in the cluster. Default: the host
-	// name and the gossip address.
+	// Name is the member's name, unique in the cluster, without '/'.
+	// Default: HOSTNAME@LISTEN.
 	Name string
 	// Listen is the gossip address (TCP and UDP), host:port.
 	Listen string
@@ -167,7 +167,12 @@ func New(cfg Config) (*Node, error) {
 	}
 	if cfg.Name == "" {
 		h, _ := os.Hostname()
-		cfg.Name = h + "/" + cfg.Listen
+		cfg.Name = h + "@" + cfg.Listen
+	}
+	// serf rejoins a failed member by NAME/ADDRESS, which memberlist cuts
+	// at the first '/': a name with one would never be rejoined.
+	if strings.Contains(cfg.Name, "/") {
+		return nil, fmt.Errorf("cluster: member name %q contains '/': gossip could not rejoin it after a failure; choose another --node-name", cfg.Name)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

@@ -425,3 +425,17 @@ func TestServesFromMemory(t *testing.T) {
 	require.True(t, bytes.Equal(got, data))
 	require.Positive(t, c.statsFor("b").Fetched.Load())
 }
+
+// TestNodeNameWithSlash: serf rejoins a failed member by NAME/ADDRESS,
+// cut at the first '/': a name with one is refused, and the default name
+// has none.
+func TestNodeNameWithSlash(t *testing.T) {
+	key, err := NewKey()
+	require.NoError(t, err)
+	_, err = New(Config{Listen: "127.0.0.1:0", Name: "rack1/node2", Key: key})
+	require.ErrorContains(t, err, `"rack1/node2" contains '/'`)
+	n, err := New(Config{Listen: "127.0.0.1:0", Key: key})
+	require.NoError(t, err)
+	require.NotContains(t, n.self, "/")
+	require.Contains(t, n.self, "@127.0.0.1:0")
+}

@@ -40,7 +40,7 @@ func addPeerFlags(f *flags) *peerFlags {
 		listen:     f.String("listen", "", "join a cluster: gossip on HOST:PORT (TCP and UDP); needs --cluster-key"),
 		join:       f.String("join", "", "members to join at start: HOST:PORT[,HOST:PORT...] (their --listen)"),
 		keyFile:    f.String("cluster-key", "", "file holding the cluster key (kylix cluster-key > FILE; mode 0600)"),
-		name:       f.String("node-name", "", "this member's name in the cluster (default HOSTNAME/LISTEN)"),
+		name:       f.String("node-name", "", "this member's name in the cluster, unique, without '/' (default HOSTNAME@LISTEN)"),
 		zone:       f.String("zone", "", "this member's failure zone (a tag)"),
 		dataListen: f.String("data-listen", "", "data plane address (default: the --listen host, a port the kernel chooses)"),
 		dataPlane:  f.String("data-plane", "tls", "data plane between members: tls (mutual TLS 1.3) or plaintext (trusted networks: peers authenticated, nothing encrypted; chunks verified either way)"),
