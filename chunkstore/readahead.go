@@ -3,6 +3,7 @@ package chunkstore
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // Read-ahead of missing chunks (docs/design/peers.md, "Fetching"). When a
@@ -17,6 +18,12 @@ import (
 // reader that stops leaves at most one window fetched; a read elsewhere in
 // the file (a jump) starts over from there, and the window grows again once
 // reads follow on. Local chunks are left to File.Prefetch and the disk.
+//
+// The windows of all the files being read at once share a quarter of the
+// chunk cache: each gets an equal part (readAheadBudget). Otherwise, with
+// many files read at once, chunks fetched ahead would be evicted from the
+// cache before their reader got to them, and fetched again (eight files of
+// a model read at once fetched 1.5 times their chunks with a window each).
 
 const (
 	// DefaultReadAheadChunks is the window's length in chunks
@@ -38,6 +45,49 @@ type readAhead struct {
 	pos, hi  int
 	read     bool
 	inflight int
+	// budget is the most bytes the window may span (readAheadBudget, as
+	// of the reader's last read).
+	budget int64
+}
+
+// readAheadActive is how long after its last read a file still counts as
+// read, sharing the read-ahead budget.
+const readAheadActive = 2 * time.Second
+
+// raReaders knows the files read lately, to share the read-ahead budget
+// among them.
+type raReaders struct {
+	mu     sync.Mutex
+	last   map[*readAhead]time.Time
+	pruned time.Time
+}
+
+// note records a read of ra's file at now and returns how many files are
+// being read (those read within readAheadActive, or up to twice that
+// before they are pruned).
+func (r *raReaders) note(ra *readAhead, now time.Time) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.last == nil {
+		r.last = map[*readAhead]time.Time{}
+	}
+	r.last[ra] = now
+	if now.Sub(r.pruned) > readAheadActive {
+		for k, t := range r.last {
+			if now.Sub(t) > readAheadActive {
+				delete(r.last, k)
+			}
+		}
+		r.pruned = now
+	}
+	return len(r.last)
+}
+
+// readAheadBudget is the bytes one file's window may span when readers
+// files are being read: an equal part of a quarter of the chunk cache, at
+// most ReadAheadBytes.
+func (s *Store) readAheadBudget(readers int) int64 {
+	return min(int64(ReadAheadBytes), s.cache.max/4/int64(max(readers, 1)))
 }
 
 // ReadAheadWindow is the read-ahead window's length in chunks; 0: off.
@@ -61,8 +111,10 @@ func (f *File) readingAhead(first, last int) {
 	if ra == nil || window == 0 {
 		return
 	}
+	readers := f.s.raReaders.note(ra, time.Now())
 	ra.mu.Lock()
 	defer ra.mu.Unlock()
+	ra.budget = f.s.readAheadBudget(readers)
 	seq := (!ra.read && first == 0) || (ra.read && first >= ra.pos-4 && first <= max(ra.hi, ra.pos))
 	ra.read = true
 	if !seq {
@@ -78,7 +130,7 @@ func (f *File) readingAhead(first, last int) {
 // fewer than readAheadInFlight are in flight. ra.mu is held.
 func (f *File) pumpLocked(window int) {
 	ra := f.ra
-	budget := min(int64(ReadAheadBytes), f.s.cache.max/4)
+	budget := ra.budget
 	end := min(ra.pos+window, len(f.M.Chunks))
 	for ra.hi < end && ra.inflight < readAheadInFlight {
 		i := ra.hi

@@ -180,3 +180,57 @@ func TestReadAheadBoundedByCache(t *testing.T) {
 	require.Greater(t, ahead, int64(8<<20))
 	require.Equal(t, ahead, s.Counters().ReadAheadBytes)
 }
+
+// TestReadAheadManyReaders: eight files read at once, each sequentially,
+// with more windows than the chunk cache holds if each took a full one:
+// their windows share a quarter of the cache, so no chunk fetched ahead is
+// evicted before its reader gets to it and fetched again (with a full
+// window each, this fetched 1.54 times the chunks).
+func TestReadAheadManyReaders(t *testing.T) {
+	const nfiles, size = 8, 24 << 20
+	fe := &orderFetcher{m: map[ID][]byte{}}
+	sizes := map[string]int{}
+	for i := range nfiles {
+		sizes[fmt.Sprintf("f%d", i)] = size
+	}
+	s, _, _, want := faultStore(t, sizes, Options{Fetcher: fe}) // a 64 MiB chunk cache
+	var ids []ID
+	for name := range sizes {
+		f := mustOpen(t, s, "m/"+name)
+		for j, c := range f.M.Chunks {
+			fe.m[c.ID] = want[name][f.offs[j]:f.offs[j+1]]
+			ids = append(ids, c.ID)
+		}
+	}
+	_, _, err := s.DropChunks(context.Background(), ids)
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	errs := make(chan error, nfiles)
+	for name := range sizes {
+		f := mustOpen(t, s, "m/"+name)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := make([]byte, 1<<20)
+			for off := int64(0); off < f.M.Size; off += int64(len(p)) {
+				n, err := f.ReadAt(p, off)
+				if err != nil && n < len(p) && off+int64(n) < f.M.Size {
+					errs <- fmt.Errorf("%s at %d: %w", name, off, err)
+					return
+				}
+				if !bytes.Equal(p[:n], want[name][off:off+int64(n)]) {
+					errs <- fmt.Errorf("%s at %d: wrong bytes", name, off)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	asked := len(fe.asked())
+	require.Positive(t, s.ctr.readAheadChunks.Load(), "nothing was read ahead")
+	require.LessOrEqual(t, asked, len(ids)*105/100, "%d chunks fetched %d times: chunks read ahead were evicted and fetched again", len(ids), asked)
+}

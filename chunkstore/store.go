@@ -120,6 +120,9 @@ type Store struct {
 	// recv: chunks received from members, kept by GC within
 	// ReceivedGrace (received.go).
 	recv receivedSet
+	// raReaders: the files being read, sharing the read-ahead budget
+	// (readahead.go).
+	raReaders raReaders
 }
 
 type sharedPack struct {
