@@ -58,6 +58,13 @@ type Config struct {
 	// Replicas is the number of members that keep each chunk (placement).
 	// Default DefaultReplicas.
 	Replicas int
+	// Reader: this member owns no chunks (tag role=reader): placement
+	// puts every chunk on the other members, so it pulls nothing and keeps
+	// only what it pins; it reads from the others, keeps what it fetched in
+	// its peer cache and may relay. For GPU nodes that load models and
+	// should not store the cluster's data. Other members need no flag: they
+	// read the tag.
+	Reader bool
 	// NoPlacement: this member pulls nothing for placement (a member that
 	// only reads; benchmarks use it). It still counts as an owner.
 	NoPlacement bool
@@ -95,7 +102,10 @@ type Config struct {
 
 // Tag names (serf tags hold at most 512 bytes in all: only small facts).
 const (
-	tagRole     = "role"
+	tagRole = "role"
+	// Roles: a node stores its share of the chunks; a reader owns none.
+	roleNode    = "node"
+	roleReader  = "reader"
 	tagData     = "dp"  // data plane address; host empty: the gossip host
 	tagCapacity = "cap" // bytes offered
 	tagZone     = "zone"
@@ -245,7 +255,11 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 	n.nsTag = root.String()
 	conf := serf.DefaultConfig()
 	conf.NodeName = n.self
-	conf.Tags = map[string]string{tagRole: "node", tagData: dpTag, tagCapacity: strconv.FormatInt(n.cfg.Capacity, 10),
+	role := roleNode
+	if n.cfg.Reader {
+		role = roleReader
+	}
+	conf.Tags = map[string]string{tagRole: role, tagData: dpTag, tagCapacity: strconv.FormatInt(n.cfg.Capacity, 10),
 		tagVersion: n.cfg.Version, tagNS: n.nsTag}
 	if n.cfg.Zone != "" {
 		conf.Tags[tagZone] = n.cfg.Zone
@@ -382,6 +396,7 @@ type Member struct {
 	State    string    `json:"state"`     // alive, leaving, left, failed
 	Capacity int64     `json:"capacity_bytes"`
 	Zone     string    `json:"zone,omitempty"`
+	Role     string    `json:"role"` // node, or reader (owns no chunks)
 	Version  string    `json:"version,omitempty"`
 	LastSeen time.Time `json:"last_seen"` // now for alive members; else when its state last changed
 	// NSRoot is the member's namespace root.
@@ -405,7 +420,7 @@ func (n *Node) Members() []Member {
 	now := time.Now()
 	for _, m := range n.serf.Members() {
 		mm := Member{Name: m.Name, Self: m.Name == n.self, Addr: net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port))),
-			DataAddr: dataAddr(m), State: m.Status.String(), Capacity: parseCap(m.Tags[tagCapacity]), Zone: m.Tags[tagZone], Version: m.Tags[tagVersion], NSRoot: m.Tags[tagNS]}
+			DataAddr: dataAddr(m), State: m.Status.String(), Capacity: parseCap(m.Tags[tagCapacity]), Zone: m.Tags[tagZone], Role: m.Tags[tagRole], Version: m.Tags[tagVersion], NSRoot: m.Tags[tagNS]}
 		n.mu.Lock()
 		mm.LastSeen = n.seen[m.Name]
 		n.mu.Unlock()
@@ -446,6 +461,13 @@ type peer struct {
 	addr     string
 	capacity int64
 	zone     string
+	reader   bool // owns no chunks (Config.Reader)
+}
+
+// peerOf is what placement and fetching need of a serf member.
+func peerOf(m serf.Member) peer {
+	return peer{name: m.Name, addr: dataAddr(m), capacity: parseCap(m.Tags[tagCapacity]), zone: m.Tags[tagZone],
+		reader: m.Tags[tagRole] == roleReader}
 }
 
 // livePeers lists the alive members other than this node that have a data
@@ -460,7 +482,9 @@ func (n *Node) livePeers() []peer {
 		if a == "" {
 			continue
 		}
-		ps = append(ps, peer{name: m.Name, addr: a, capacity: parseCap(m.Tags[tagCapacity]), zone: m.Tags[tagZone]})
+		p := peerOf(m)
+		p.addr = a
+		ps = append(ps, p)
 	}
 	return ps
 }

@@ -3,6 +3,7 @@ package peers
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -113,7 +114,7 @@ func (n *Node) members() []peer {
 	var ps []peer
 	for _, m := range n.serf.Members() {
 		if m.Status == serf.StatusAlive {
-			ps = append(ps, peer{name: m.Name, addr: dataAddr(m), capacity: parseCap(m.Tags[tagCapacity]), zone: m.Tags[tagZone]})
+			ps = append(ps, peerOf(m))
 		}
 	}
 	return ps
@@ -151,7 +152,7 @@ func (n *Node) placementMembersGrace(kick bool) ([]peer, []string) {
 				time.AfterFunc(left+10*time.Millisecond, n.kickPlace)
 			}
 		}
-		ps = append(ps, peer{name: m.Name, addr: dataAddr(m), capacity: parseCap(m.Tags[tagCapacity]), zone: m.Tags[tagZone]})
+		ps = append(ps, peerOf(m))
 	}
 	return ps, inGrace
 }
@@ -229,9 +230,14 @@ func owns(id chunkstore.ID, members []peer, self string, r int) bool {
 // owners returns the r owners of chunk id: the first members in rendezvous
 // order, taking at most one per zone while members of unused zones remain
 // (a member without a zone tag is a zone of its own), then the next in
-// order if fewer than r zones are alive.
+// order if fewer than r zones are alive. Readers (Config.Reader) own
+// nothing.
 func owners(id chunkstore.ID, members []peer, r int) []peer {
-	ranked := rank(id, members)
+	storers := members
+	if slices.ContainsFunc(members, isReader) {
+		storers = slices.DeleteFunc(slices.Clone(members), isReader)
+	}
+	ranked := rank(id, storers)
 	if r >= len(ranked) {
 		return ranked
 	}
@@ -259,6 +265,8 @@ func owners(id chunkstore.ID, members []peer, r int) []peer {
 	}
 	return out
 }
+
+func isReader(p peer) bool { return p.reader }
 
 // pull fetches chunks from the other members and stores them here.
 func (n *Node) pull(ctx context.Context, want []chunkstore.ChunkRef, missing *atomic.Int64) error {

@@ -27,7 +27,7 @@ var runningPeers *peers.Node
 // peerFlags are serve's cluster flags (docs/design/peers.md).
 type peerFlags struct {
 	listen, join, keyFile, name, zone, dataListen *string
-	dataPlane, peerCache                          *string
+	dataPlane, peerCache, role                    *string
 	replicas, readAhead                           *int
 	logGossip                                     *bool
 	repairRate                                    *int64
@@ -52,6 +52,7 @@ func addPeerFlags(f *flags) *peerFlags {
 		repairRate: f.Int64("repair-rate", peers.DefaultRepairRate, "placement and repair pulls: at most BYTES a second (0: no limit)"),
 		failureGrace: f.Duration("failure-grace", peers.DefaultFailureGrace,
 			"how long after gossip marks a member failed its chunks are repaired elsewhere (0: at once)"),
+		role:      f.String("role", "node", "node (stores its share of the cluster's chunks) or reader (owns none: reads from the others, keeps what it fetched in its peer cache and what it pins; for GPU nodes that load models)"),
 		logGossip: f.Bool("log-gossip", false, "log every line of the gossip layer (serf, memberlist), not only its warnings and errors: joins, state exchanges, probes (diagnosis)"),
 	}
 }
@@ -71,6 +72,9 @@ func (pf *peerFlags) fetcher(data string, log *slog.Logger) (chunkstore.Fetcher,
 	key, err := peers.LoadKey(*pf.keyFile)
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
+	}
+	if *pf.role != "node" && *pf.role != "reader" {
+		return nil, fmt.Errorf("serve: --role %q: use node or reader", *pf.role)
 	}
 	if *pf.dataPlane != "tls" && *pf.dataPlane != "plaintext" {
 		return nil, fmt.Errorf("serve: --data-plane %q: use tls or plaintext", *pf.dataPlane)
@@ -105,7 +109,7 @@ func (pf *peerFlags) fetcher(data string, log *slog.Logger) (chunkstore.Fetcher,
 	pf.node, err = peers.New(peers.Config{CacheDir: cacheDir, CacheBytes: cacheBytes, NoRelay: os.Getenv("KYLIX_TEST_PEER_NO_RELAY") == "1",
 		Name: *pf.name, Listen: *pf.listen, DataListen: *pf.dataListen, Join: join, Key: key,
 		Capacity: capacity, Zone: *pf.zone, Replicas: *pf.replicas, Version: "dev", Logger: log,
-		Plaintext: *pf.dataPlane == "plaintext", GossipLog: *pf.logGossip,
+		Plaintext: *pf.dataPlane == "plaintext", GossipLog: *pf.logGossip, Reader: *pf.role == "reader",
 		RepairRate: orNone(*pf.repairRate), FailureGrace: time.Duration(orNone(int64(*pf.failureGrace))),
 		CorruptServed: os.Getenv("KYLIX_TEST_PEER_CORRUPT") == "1", ServeDelay: testServeDelay(), Keep: func() ([]string, error) {
 			// Pinned paths keep their chunks here (rebalance drops none).
@@ -237,8 +241,12 @@ started without --listen.`).withJSON()
 		if m.Self {
 			self = " (this node)"
 		}
-		fmt.Fprintf(e.stdout, "%s%s: %s, gossip %s, data %s, capacity %s, last seen %s\n  fetched %d chunks (%s), bad chunks %d, errors %d",
-			m.Name, self, m.State, m.Addr, m.DataAddr, human(m.Capacity), m.LastSeen.UTC().Format(time.RFC3339), m.Fetched, human(m.FetchedBytes), m.BadChunks, m.Errors)
+		role := ""
+		if m.Role == "reader" {
+			role = " (reader: owns no chunks)"
+		}
+		fmt.Fprintf(e.stdout, "%s%s%s: %s, gossip %s, data %s, capacity %s, last seen %s\n  fetched %d chunks (%s), bad chunks %d, errors %d",
+			m.Name, self, role, m.State, m.Addr, m.DataAddr, human(m.Capacity), m.LastSeen.UTC().Format(time.RFC3339), m.Fetched, human(m.FetchedBytes), m.BadChunks, m.Errors)
 		if tp := m.Throughput; tp.Samples > 0 {
 			fmt.Fprintf(e.stdout, ", throughput %s/s (latency %.1f ms, %d chunks measured)", human(tp.BytesPerSec), tp.LatencyMs, tp.Samples)
 		}

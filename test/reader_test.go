@@ -1,0 +1,75 @@
+package test
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// TestClusterReader: two nodes and a member started with --role reader,
+// R = 2. A file imported on the reader goes to the two nodes (its owners:
+// the reader owns nothing), the reader drops its own copies once they hold
+// them, still reads the file whole through its mount (fetched), and every
+// member lists it as a reader.
+func TestClusterReader(t *testing.T) {
+	requireFUSE(t)
+	key := clusterKey(t)
+	a := startMember(t, "127.0.0.90", key, nil)
+	b := startMember(t, "127.0.0.91", key, nil, a.addr)
+	r := startMemberArgs(t, "127.0.0.92", key, nil, []string{"--role", "reader"}, a.addr)
+	ms := []*member{a, b, r}
+	waitFor(t, membershipWait, "three alive members seen by each", func() bool {
+		for _, m := range ms {
+			if aliveCount(t, m) != 3 {
+				return false
+			}
+		}
+		return true
+	})
+	var out struct {
+		Members []struct {
+			Name string `json:"name"`
+			Role string `json:"role"`
+		} `json:"members"`
+	}
+	if err := json.Unmarshal([]byte(mustKylix(t, "/", "peers", "--data", a.data, "--json")), &out); err != nil {
+		t.Fatal(err)
+	}
+	roles := map[string]string{}
+	for _, m := range out.Members {
+		roles[m.Name] = m.Role
+	}
+	if roles["127.0.0.90"] != "node" || roles["127.0.0.91"] != "node" || roles["127.0.0.92"] != "reader" {
+		t.Fatalf("roles as A sees them: %v", roles)
+	}
+
+	src, sum := randomFile(t, 12<<20+321)
+	mustKylix(t, "/", "import", "--data", r.data, src, "r/m.bin")
+	waitFor(t, 60*time.Second, "every chunk on A and B, none on the reader (it dropped its copies)", func() bool {
+		s := statCluster(t, r, "r/m.bin")
+		if s.Chunks == 0 || s.MinCopies != 2 {
+			return false
+		}
+		full := 0
+		for _, h := range s.Holders {
+			switch {
+			case h.Member == "127.0.0.92" && h.Chunks != 0:
+				return false
+			case h.Member != "127.0.0.92" && h.Chunks == s.Chunks:
+				full++
+			}
+		}
+		return full == 2
+	})
+	if _, pl := peersJSON(t, r); pl.OwnedChunks != 0 || pl.PulledChunks != 0 {
+		t.Errorf("the reader's placement: %+v; want nothing owned or pulled", pl)
+	}
+	if shaOn(t, r, filepath.Join(r.mnt, "r", "m.bin")) != sum {
+		t.Fatal("bytes read through the reader's mount differ from the source")
+	}
+	waitFor(t, 20*time.Second, "r/m.bin in B's namespace", visible(filepath.Join(b.mnt, "r", "m.bin")))
+	if shaOn(t, b, filepath.Join(b.mnt, "r", "m.bin")) != sum {
+		t.Fatal("bytes read through B's mount differ from the source")
+	}
+}
