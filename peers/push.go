@@ -12,13 +12,10 @@ import (
 )
 
 // Push, holders and replication reports (docs/design/peers.md, "Push" and
-// "Replication"). An import on a member pushes its chunks to their owners
-// before it returns; `kylix stat` and `kylix df` ask the members which
+// "Replication"). An import on a member streams its chunks to their owners
+// while it reads and returns when they hold them (pushstream.go); `kylix stat` and `kylix df` ask the members which
 // chunks they hold (opHas), so what they report is what the alive members
 // answered at that moment, not a guess from placement.
-
-// putBatch is the most chunk bytes sent in one opPut.
-const putBatch = 16 << 20
 
 // rebalanceRetry is how soon placement runs again while copies this
 // member does not own wait for their owners to confirm them.
@@ -28,10 +25,7 @@ const rebalanceRetry = 2 * time.Second
 // member drops copies it does not own.
 const rebalanceSettle = 5 * time.Second
 
-// pushInFlight is the opPut requests in flight to one member.
-const pushInFlight = 4
-
-// PushResult says what a push sent.
+// PushResult says what a push (PushStream) sent.
 type PushResult struct {
 	Chunks  int64 `json:"chunks"`  // chunks sent (owners already holding one are not sent it)
 	Bytes   int64 `json:"bytes"`   // their bytes
@@ -39,135 +33,6 @@ type PushResult struct {
 	// Failed lists members the push could not reach, with why; their
 	// chunks reach them by their own placement pass later.
 	Failed []string `json:"failed,omitempty"`
-}
-
-// Push sends the chunks of every file below path to their owners that do
-// not hold them yet (verified and committed there before it returns), so
-// that each chunk has its R owners when the import that calls it returns.
-// Owners are asked in parallel; chunks go in batches of up to 16 MiB, four
-// batches in flight per owner.
-func (n *Node) Push(ctx context.Context, path string) (PushResult, error) {
-	var res PushResult
-	refs, err := n.chunksBelow(path)
-	if err != nil {
-		return res, err
-	}
-	members := n.placementMembers()
-	alive := map[string]peer{}
-	for _, p := range n.livePeers() {
-		alive[p.name] = p
-	}
-	per := map[string][]chunkstore.ChunkRef{}
-	for _, c := range refs {
-		for _, o := range owners(c.ID, members, n.cfg.Replicas) {
-			if o.name != n.self {
-				per[o.name] = append(per[o.name], c)
-			}
-		}
-	}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for name, want := range per {
-		p, ok := alive[name]
-		if !ok {
-			continue // failed, within the failure grace: nothing to send to
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			chunks, bytes, err := n.pushTo(ctx, p, want)
-			mu.Lock()
-			defer mu.Unlock()
-			res.Chunks += chunks
-			res.Bytes += bytes
-			if chunks > 0 {
-				res.Members++
-			}
-			if err != nil {
-				res.Failed = append(res.Failed, fmt.Sprintf("%s: %v", p.name, err))
-			}
-		}()
-	}
-	wg.Wait()
-	sort.Strings(res.Failed)
-	n.place.mu.Lock()
-	n.place.stats.PushedChunks += res.Chunks
-	n.place.stats.PushedBytes += res.Bytes
-	n.place.mu.Unlock()
-	return res, ctx.Err()
-}
-
-// pushTo sends p the chunks of want it does not hold.
-func (n *Node) pushTo(ctx context.Context, p peer, want []chunkstore.ChunkRef) (int64, int64, error) {
-	held, err := n.askHas(ctx, p, want)
-	if err != nil {
-		return 0, 0, err
-	}
-	var mu sync.Mutex
-	var chunks, bytes int64
-	var ferr error
-	sem := make(chan struct{}, pushInFlight)
-	var wg sync.WaitGroup
-	// send puts one batch on the wire; at most pushInFlight are in memory
-	// and in flight at once.
-	send := func(b []byte) {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			_, err := n.request(ctx, p, request{op: opPut, raw: b}, 0)
-			pc, _ := decodePut(b)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				if ferr == nil {
-					ferr = err
-				}
-				return
-			}
-			for _, c := range pc {
-				chunks++
-				bytes += int64(len(c.data))
-			}
-		}()
-	}
-	failed := func() bool { mu.Lock(); defer mu.Unlock(); return ferr != nil }
-	var cur []byte
-	for i, c := range want {
-		if held[i] {
-			continue
-		}
-		if failed() || ctx.Err() != nil {
-			break
-		}
-		if int64(c.Len)+36 > maxPut {
-			mu.Lock()
-			ferr = fmt.Errorf("chunk %s of %d bytes is larger than a push request", c.ID.Short(), c.Len)
-			mu.Unlock()
-			break
-		}
-		if len(cur) > 0 && len(cur)+36+int(c.Len) > putBatch {
-			send(cur)
-			cur = nil
-		}
-		data, err := n.s.ReadChunkUnverified(c.ID)
-		if err != nil {
-			mu.Lock()
-			ferr = fmt.Errorf("read chunk %s here: %w", c.ID.Short(), err)
-			mu.Unlock()
-			break
-		}
-		if n.cfg.CorruptServed { // the test hook: this member sends wrong bytes
-			data = append([]byte(nil), data...)
-			data[0] ^= 0xff
-		}
-		cur = appendPut(cur, c.ID, data)
-	}
-	if len(cur) > 0 && !failed() {
-		send(cur)
-	}
-	wg.Wait()
-	return chunks, bytes, ferr
 }
 
 // askHas asks p which of refs it stores in its packs.

@@ -4,8 +4,6 @@ import (
 	"context"
 	"testing"
 	"time"
-
-	"github.com/stretchr/testify/require"
 )
 
 // TestLimiter: pulls of 10 × 100 KiB at 1 MiB/s take about a second, not
@@ -37,48 +35,4 @@ func TestLimiter(t *testing.T) {
 	if err := slow.wait(ctx, 1); err == nil {
 		t.Error("a cancelled wait returned no error")
 	}
-}
-
-// TestPush: three members that never pull (NoPlacement), so only a push
-// can put chunks on them. After Push on the importer returns, every chunk
-// is on its two owners; Replication says so; a second Push sends nothing.
-func TestPush(t *testing.T) {
-	key, _ := NewKey()
-	a, err := startNodeCfg(t, Config{Name: "a", Key: key, NoPlacement: true})
-	require.NoError(t, err)
-	b, err := startNodeCfg(t, Config{Name: "b", Key: key, NoPlacement: true, Join: []string{a.cfg.Listen}})
-	require.NoError(t, err)
-	c, err := startNodeCfg(t, Config{Name: "c", Key: key, NoPlacement: true, Join: []string{a.cfg.Listen}})
-	require.NoError(t, err)
-	eventually(t, "three alive members", func() bool { return len(a.livePeers()) == 2 })
-	data := randBytes(64 << 20)
-	importBytes(t, a, "d/f", data)
-	start := time.Now()
-	res, err := a.Push(context.Background(), "d")
-	took := time.Since(start)
-	require.NoError(t, err)
-	require.Empty(t, res.Failed)
-	f, _, err := a.s.OpenPath("d/f")
-	require.NoError(t, err)
-	var owned int64
-	for _, ch := range f.M.Chunks {
-		for _, o := range owners(ch.ID, a.members(), DefaultReplicas) {
-			x := map[string]*testNode{"a": a, "b": b, "c": c}[o.name]
-			require.True(t, x.s.HasChunk(ch.ID), "chunk %s not on its owner %s", ch.ID.Short(), o.name)
-			if o.name != "a" {
-				owned++
-			}
-		}
-	}
-	require.Equal(t, owned, res.Chunks, "chunks pushed")
-	require.Equal(t, res.Chunks, b.Placement().ReceivedChunks+c.Placement().ReceivedChunks)
-	t.Logf("pushed %d chunks (%d MiB) to %d members in %v: %.0f MB/s", res.Chunks, res.Bytes>>20, res.Members, took, float64(res.Bytes)/took.Seconds()/1e6)
-	rep, err := a.Replication(context.Background(), "d/f")
-	require.NoError(t, err)
-	require.Equal(t, 2, rep.MinCopies)
-	require.Zero(t, rep.UnderBytes)
-	require.Equal(t, int64(len(data)), rep.LocalBytes)
-	again, err := a.Push(context.Background(), "d")
-	require.NoError(t, err)
-	require.Zero(t, again.Chunks, "a second push sent chunks the owners hold")
 }

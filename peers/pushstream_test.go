@@ -29,29 +29,50 @@ func startNodeClock(t *testing.T, cfg Config, now *atomic.Int64) *testNode {
 	return &testNode{n, s}
 }
 
+// threeNoPlacement starts three members that never pull (NoPlacement), so
+// only a push can put chunks on them, and waits until they see each other.
+func threeNoPlacement(t *testing.T) (a, b, c *testNode) {
+	t.Helper()
+	key, _ := NewKey()
+	a, err := startNodeCfg(t, Config{Name: "a", Key: key, NoPlacement: true})
+	require.NoError(t, err)
+	b, err = startNodeCfg(t, Config{Name: "b", Key: key, NoPlacement: true, Join: []string{a.cfg.Listen}})
+	require.NoError(t, err)
+	c, err = startNodeCfg(t, Config{Name: "c", Key: key, NoPlacement: true, Join: []string{a.cfg.Listen}})
+	require.NoError(t, err)
+	eventually(t, "three alive members", func() bool { return len(a.livePeers()) == 2 })
+	return a, b, c
+}
+
+// streamImport imports src at dest on a, its chunks streamed to their
+// owners as it reads (what kylix import does on a member), calling onChunk
+// (if set) before each goes to the stream.
+func streamImport(t *testing.T, a *testNode, src, dest string, onChunk func()) PushResult {
+	t.Helper()
+	ctx := context.Background()
+	ps := a.NewPushStream(ctx)
+	add := ps.Add
+	if onChunk != nil {
+		add = func(id chunkstore.ID, data []byte) { onChunk(); ps.Add(id, data) }
+	}
+	_, err := a.s.Import(ctx, src, dest, chunkstore.ImportOptions{OnChunk: add})
+	require.NoError(t, err)
+	res, err := ps.Close()
+	require.NoError(t, err)
+	return res
+}
+
 // TestPushStream: three members that never pull (NoPlacement), so only the
 // push can put chunks on them. An import on A streams its chunks through a
 // PushStream; when Close returns, every chunk is on its two owners, the
 // owners received what A sent, and importing the same bytes again sends
 // nothing (the owners say they hold them).
 func TestPushStream(t *testing.T) {
-	key, _ := NewKey()
-	a, err := startNodeCfg(t, Config{Name: "a", Key: key, NoPlacement: true})
-	require.NoError(t, err)
-	b, err := startNodeCfg(t, Config{Name: "b", Key: key, NoPlacement: true, Join: []string{a.cfg.Listen}})
-	require.NoError(t, err)
-	c, err := startNodeCfg(t, Config{Name: "c", Key: key, NoPlacement: true, Join: []string{a.cfg.Listen}})
-	require.NoError(t, err)
-	eventually(t, "three alive members", func() bool { return len(a.livePeers()) == 2 })
+	a, b, c := threeNoPlacement(t)
 	data := randBytes(40 << 20)
 	src := filepath.Join(t.TempDir(), "src")
 	require.NoError(t, os.WriteFile(src, data, 0o644))
-	ctx := context.Background()
-	ps := a.NewPushStream(ctx)
-	_, err = a.s.Import(ctx, src, "d/f", chunkstore.ImportOptions{OnChunk: ps.Add})
-	require.NoError(t, err)
-	res, err := ps.Close()
-	require.NoError(t, err)
+	res := streamImport(t, a, src, "d/f", nil)
 	require.Empty(t, res.Failed)
 	f, _, err := a.s.OpenPath("d/f")
 	require.NoError(t, err)
@@ -68,12 +89,13 @@ func TestPushStream(t *testing.T) {
 	require.Equal(t, owned, res.Chunks, "chunks pushed")
 	require.Equal(t, res.Chunks, b.Placement().ReceivedChunks+c.Placement().ReceivedChunks)
 	require.Equal(t, res.Chunks, a.Placement().PushedChunks)
+	rep, err := a.Replication(context.Background(), "d/f")
+	require.NoError(t, err)
+	require.Equal(t, 2, rep.MinCopies)
+	require.Zero(t, rep.UnderBytes)
+	require.Equal(t, int64(len(data)), rep.LocalBytes)
 
-	ps = a.NewPushStream(ctx)
-	_, err = a.s.Import(ctx, src, "d/g", chunkstore.ImportOptions{OnChunk: ps.Add})
-	require.NoError(t, err)
-	again, err := ps.Close()
-	require.NoError(t, err)
+	again := streamImport(t, a, src, "d/g", nil)
 	require.Zero(t, again.Chunks, "the same bytes imported again were sent again")
 }
 
@@ -81,31 +103,16 @@ func TestPushStream(t *testing.T) {
 // the stream is named in the result; the import on A itself succeeds and
 // the other owner gets its chunks.
 func TestPushStreamOwnerDown(t *testing.T) {
-	key, _ := NewKey()
-	a, err := startNodeCfg(t, Config{Name: "a", Key: key, NoPlacement: true})
-	require.NoError(t, err)
-	b, err := startNodeCfg(t, Config{Name: "b", Key: key, NoPlacement: true, Join: []string{a.cfg.Listen}})
-	require.NoError(t, err)
-	c, err := startNodeCfg(t, Config{Name: "c", Key: key, NoPlacement: true, Join: []string{a.cfg.Listen}})
-	require.NoError(t, err)
-	eventually(t, "three alive members", func() bool { return len(a.livePeers()) == 2 })
+	a, b, c := threeNoPlacement(t)
 	src := filepath.Join(t.TempDir(), "src")
 	require.NoError(t, os.WriteFile(src, randBytes(48<<20), 0o644))
-	ctx := context.Background()
 	ms := a.members() // owners as the stream sees them (c leaves below)
-	ps := a.NewPushStream(ctx)
-	var seen int64
-	add := func(id chunkstore.ID, data []byte) {
-		seen += int64(len(data))
-		if seen > 16<<20 && seen-int64(len(data)) <= 16<<20 {
-			require.NoError(t, c.Close()) // c's data plane goes away
+	chunks := 0
+	res := streamImport(t, a, src, "d/f", func() {
+		if chunks++; chunks == 16 {
+			require.NoError(t, c.Close()) // c's data plane goes away mid-stream
 		}
-		ps.Add(id, data)
-	}
-	_, err = a.s.Import(ctx, src, "d/f", chunkstore.ImportOptions{OnChunk: add})
-	require.NoError(t, err)
-	res, err := ps.Close()
-	require.NoError(t, err)
+	})
 	require.Len(t, res.Failed, 1)
 	require.Contains(t, res.Failed[0], "c: ")
 	f, _, err := a.s.OpenPath("d/f")
