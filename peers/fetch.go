@@ -25,6 +25,13 @@ import (
 // chunkstore.VerifiedFetcher: every chunk it returns was checked against
 // its id here, so the store checks only the length.
 func (n *Node) Fetch(ctx context.Context, id chunkstore.ID, size uint32) ([]byte, error) {
+	return n.fetch(ctx, id, size, true)
+}
+
+// fetch is Fetch; keep false: what it fetches is not kept in the peer
+// cache, nor fetched once for all readers (fetchShared), since the caller
+// stores it (FetchToStore).
+func (n *Node) fetch(ctx context.Context, id chunkstore.ID, size uint32, keep bool) ([]byte, error) {
 	if !n.started.Load() {
 		return nil, fmt.Errorf("chunk %s: not in a cluster: %w", id.Short(), chunkstore.ErrNotLocal)
 	}
@@ -33,19 +40,19 @@ func (n *Node) Fetch(ctx context.Context, id chunkstore.ID, size uint32) ([]byte
 	// not put in the peer cache too. It is still read from there when it
 	// is there: kept (warmed) before this member became its owner, when
 	// an owner failed.
-	own := owns(id, members, n.self, n.cfg.Replicas)
+	keep = keep && !owns(id, members, n.self, n.cfg.Replicas)
 	if b, ok := n.cache.get(id, size); ok {
 		return b, nil
 	}
 	if r, ok := n.relayFor(id, members); ok && r.name != n.self && !n.cfg.NoRelay {
 		if data, err := n.askRelay(ctx, r, id, size); err == nil {
-			if !own {
+			if keep {
 				n.cache.put(id, data)
 			}
 			return data, nil
 		}
 	}
-	if own || n.cfg.NoRelay {
+	if !keep || n.cfg.NoRelay {
 		return n.fetchDirect(ctx, id, size)
 	}
 	return n.fetchShared(ctx, id, size)

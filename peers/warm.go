@@ -2,7 +2,6 @@ package peers
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/kylix/kylix/chunkstore"
 )
@@ -18,19 +17,7 @@ import (
 // peer cache, since the packs will hold it. A chunk nobody can send fails
 // with an error wrapping chunkstore.ErrNotLocal.
 func (n *Node) FetchToStore(ctx context.Context, id chunkstore.ID, size uint32) ([]byte, error) {
-	if !n.started.Load() {
-		return nil, fmt.Errorf("chunk %s: not in a cluster: %w", id.Short(), chunkstore.ErrNotLocal)
-	}
-	if b, ok := n.cache.get(id, size); ok {
-		return b, nil
-	}
-	members := n.members()
-	if r, ok := n.relayFor(id, members); ok && r.name != n.self && !n.cfg.NoRelay {
-		if data, err := n.askRelay(ctx, r, id, size); err == nil {
-			return data, nil
-		}
-	}
-	return n.fetchDirect(ctx, id, size)
+	return n.fetch(ctx, id, size, false)
 }
 
 // PeerCached returns how many of refs, and their bytes, the peer cache
