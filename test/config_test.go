@@ -3,7 +3,6 @@ package test
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -43,25 +42,7 @@ func writeMemberConfig(t *testing.T, key, listen, name string, join ...string) (
 // and waits until its mount and admin socket answer.
 func startConfigured(t *testing.T, data, mnt string, env []string, args ...string) *node {
 	t.Helper()
-	n := &node{t: t, data: data, mnt: mnt, log: &lockedBuffer{}}
-	n.cmd = exec.Command(kylixBin, append([]string{"serve"}, args...)...)
-	n.cmd.Env = append(os.Environ(), env...)
-	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
-	require.NoError(t, n.cmd.Start())
-	t.Cleanup(func() {
-		if n.cmd.ProcessState == nil {
-			n.stop()
-		}
-	})
-	deadline := time.Now().Add(20 * time.Second)
-	for !isMounted(mnt) || !answers(filepath.Join(data, "kylix.sock")) {
-		if time.Now().After(deadline) {
-			n.cmd.Process.Kill()
-			t.Fatalf("node did not come up: %s", n.log)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return n
+	return launchServe(t, data, mnt, env, nil, args...)
 }
 
 // TestClusterFromConfig: two members whose every setting (data, mount,

@@ -92,8 +92,16 @@ func startNode(t *testing.T, data, mnt string) *node {
 // (and ready, when given). The node is stopped at the end of the test.
 func launchNode(t *testing.T, data, mnt string, env []string, ready func() bool, extra ...string) *node {
 	t.Helper()
+	return launchServe(t, data, mnt, env, ready, append([]string{"--data", data, "--mount", mnt}, extra...)...)
+}
+
+// launchServe runs `kylix serve` with exactly args (data and mnt are where
+// the node is expected to keep its data and mount, from args or from a
+// config file) and waits as launchNode does.
+func launchServe(t *testing.T, data, mnt string, env []string, ready func() bool, args ...string) *node {
+	t.Helper()
 	n := &node{t: t, data: data, mnt: mnt, log: &lockedBuffer{}}
-	n.cmd = exec.Command(kylixBin, append([]string{"serve", "--data", data, "--mount", mnt}, extra...)...)
+	n.cmd = exec.Command(kylixBin, append([]string{"serve"}, args...)...)
 	if env != nil {
 		n.cmd.Env = append(os.Environ(), env...)
 	}

@@ -3,11 +3,9 @@ package test
 import (
 	"bytes"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -28,25 +26,7 @@ func TestServeReserve(t *testing.T) {
 		t.Errorf("serve --reserve lots: exit %d, stderr %q; want a failure naming --reserve", code, errs)
 	}
 
-	n := &node{t: t, data: data, mnt: mnt, log: &lockedBuffer{}}
-	n.cmd = exec.Command(kylixBin, "serve", "--data", data, "--mount", mnt, "--reserve", "50%")
-	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
-	if err := n.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if n.cmd.ProcessState == nil {
-			n.stop()
-		}
-	})
-	deadline := time.Now().Add(20 * time.Second)
-	for !isMounted(mnt) || !answers(filepath.Join(data, "kylix.sock")) {
-		if time.Now().After(deadline) {
-			n.cmd.Process.Kill()
-			t.Fatalf("node did not come up: %s", n.log)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	n := launchNode(t, data, mnt, nil, nil, "--reserve", "50%")
 	var raw, st unix.Statfs_t
 	if err := unix.Statfs(disk, &raw); err != nil {
 		t.Fatal(err)
