@@ -3,6 +3,7 @@ package test
 import (
 	"encoding/json"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -15,6 +16,11 @@ import (
 func TestClusterReader(t *testing.T) {
 	requireFUSE(t)
 	key := clusterKey(t)
+	data, mnt := dirs(t)
+	if _, errs, code := kylix(t, "/", "serve", "--data", data, "--mount", mnt, "--listen", "127.0.0.93:0",
+		"--cluster-key", key, "--role", "writer"); code == 0 || !strings.Contains(errs, "--role") || isMounted(mnt) {
+		t.Fatalf("serve --role writer: exit %d, stderr %q; want a failure naming --role, nothing mounted", code, errs)
+	}
 	a := startMember(t, "127.0.0.90", key, nil)
 	b := startMember(t, "127.0.0.91", key, nil, a.addr)
 	r := startMemberArgs(t, "127.0.0.92", key, nil, []string{"--role", "reader"}, a.addr)
