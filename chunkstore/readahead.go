@@ -108,8 +108,8 @@ func (s *Store) ReadAheadWindow() int {
 // other read starts it over after last.
 func (f *File) readingAhead(first, last int) {
 	ra, window := f.ra, f.s.ReadAheadWindow()
-	if ra == nil || window == 0 {
-		return
+	if _, alone := f.s.fetcher.(LocalOnly); ra == nil || window == 0 || alone {
+		return // a store alone has nothing to fetch ahead
 	}
 	readers := f.s.raReaders.note(ra, time.Now())
 	ra.mu.Lock()
