@@ -187,6 +187,12 @@ func TestReadAheadBoundedByCache(t *testing.T) {
 // evicted before its reader gets to it and fetched again (with a full
 // window each, this fetched 1.54 times the chunks).
 func TestReadAheadManyReaders(t *testing.T) {
+	if testing.Short() {
+		// How many chunks are fetched again depends on how the readers'
+		// starts interleave, which the race detector's slowdown (make
+		// test-race runs -short) can stretch past the tolerance.
+		t.Skip("timing-dependent figure: runs in the normal tests, not with -short")
+	}
 	const nfiles, size = 8, 24 << 20
 	fe := &orderFetcher{m: map[ID][]byte{}}
 	sizes := map[string]int{}
