@@ -17,21 +17,27 @@ import (
 // when the last descriptor of it is closed (TestChildCloseDoesNotCommit).
 //
 // RELEASE is asynchronous: the kernel queues it before close(2) returns,
-// and the node may see a forwarded CLI command first. A FLUSH of the only
-// writing handle (which is what the last close sends first) marks the file
-// as closing; Sync, which the CLI runs before every forwarded command,
-// waits up to closeGrace for the RELEASE of files marked so before it
-// waits for the committer. A write after the FLUSH (the descriptor was a
-// duplicate) clears the mark. The one exception is a nearly full disk:
-// then the last FLUSH commits and waits, so that close(2) can report a
-// commit that does not fit (space.md); a duplicate's close commits then too.
+// behind other background requests, and the node may see a forwarded CLI
+// command, or the next open of the file, first. So every FLUSH of a
+// writing handle while the file has a working copy marks that handle as
+// closed (handle.flushed); Sync, which the CLI runs before every forwarded
+// command, waits up to closeGrace for the RELEASE of every handle marked so
+// before it waits for the committer. A write through the handle after its
+// FLUSH (the descriptor was a duplicate) clears the mark. The mark is per
+// handle, not per file: a writer that closed, opened the file again, wrote
+// and closed has two RELEASEs pending, and only the second one commits
+// (TestCloseReopenBeforeRelease). The one exception is a nearly full disk:
+// then the FLUSH that leaves no unflushed writer commits and waits, so that
+// close(2) can report a commit that does not fit (space.md); a duplicate's
+// close commits then too.
 
 // closeGrace bounds how long Sync waits for RELEASEs that a FLUSH announced.
 // A RELEASE follows its FLUSH within microseconds on an idle machine; the
 // bound only matters for a descriptor that was a duplicate and stays open.
 const closeGrace = 500 * time.Millisecond
 
-// closeTracker counts files marked closing (fileState.closing).
+// closeTracker counts writing handles marked closed (handle.flushed)
+// whose RELEASE is pending.
 type closeTracker struct {
 	mu   sync.Mutex
 	cond *sync.Cond
@@ -51,7 +57,7 @@ func (c *closeTracker) done() {
 	c.cond.Broadcast()
 }
 
-// wait returns when no file is marked closing, or after d.
+// wait returns when no handle is marked closed, or after d.
 func (c *closeTracker) wait(d time.Duration) {
 	timer := time.AfterFunc(d, c.cond.Broadcast)
 	defer timer.Stop()
@@ -63,20 +69,24 @@ func (c *closeTracker) wait(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// markClosingLocked marks the file as closed by its last writer, RELEASE
-// pending. Callers hold n.mu.
-func (n *fileNode) markClosingLocked(st *fileState) {
-	if !st.closing {
-		st.closing = true
+// markFlushedLocked marks h as closed by its close(2), RELEASE pending.
+// Callers hold n.mu.
+func (n *fileNode) markFlushedLocked(st *fileState, h *handle) {
+	if !h.flushed {
+		h.flushed = true
+		st.flushed++
 		n.fsys.closes.add()
 	}
 }
 
-// clearClosingLocked drops the mark (a write came after all, or RELEASE
+// clearFlushedLocked drops h's mark (a write came after all, or RELEASE
 // arrived) and says whether there was one; the caller calls
 // n.fsys.closes.done() for it once the file is handed off. Callers hold n.mu.
-func (n *fileNode) clearClosingLocked(st *fileState) bool {
-	was := st.closing
-	st.closing = false
-	return was
+func (n *fileNode) clearFlushedLocked(st *fileState, h *handle) bool {
+	if !h.flushed {
+		return false
+	}
+	h.flushed = false
+	st.flushed--
+	return true
 }

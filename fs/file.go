@@ -54,9 +54,9 @@ type fileState struct {
 	wmu        sync.RWMutex
 	tmp        *tempFile
 	committing *tempFile
-	// closing: the last writing handle was flushed (its close(2)) and
-	// its RELEASE, which commits the file, is on its way (closer.go).
-	closing bool
+	// flushed: how many writing handles were flushed (their close(2))
+	// since they last wrote, RELEASE on its way (closer.go).
+	flushed int
 	// commitErr is the last failure to commit or write the file that no
 	// fsync or close has reported yet; the next one reports it.
 	commitErr  error
@@ -658,6 +658,11 @@ func (n *fileNode) readSource(ctx context.Context, p []byte, off int64, seq bool
 }
 
 func (n *fileNode) release(h *handle) {
+	if n.fsys.beforeRelease != nil {
+		if after := n.fsys.beforeRelease(h.write); after != nil {
+			defer after()
+		}
+	}
 	n.mu.Lock()
 	st := n.st
 	if h.write {
@@ -668,7 +673,7 @@ func (n *fileNode) release(h *handle) {
 	n.fsys.stats.openFiles.Add(-1)
 	last := st.writers == 0 && st.tmp != nil
 	settle := st.writers == 0 && (st.lost || st.inval)
-	closing := st.writers == 0 && n.clearClosingLocked(st)
+	closing := n.clearFlushedLocked(st, h)
 	if st.cachedOpen == 0 && st.ptOpen == 0 {
 		st.file = nil
 	}
@@ -708,6 +713,9 @@ type handle struct {
 	// or the commit failed); its writes, fsync and close answer it.
 	// Guarded by n.mu.
 	failed error
+	// flushed: a close(2) of the handle came after its last write, and
+	// its RELEASE is pending (closer.go). Guarded by n.mu.
+	flushed bool
 }
 
 var (
@@ -746,7 +754,7 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 		n.mu.Unlock()
 		return 0, failErrno(h.failed)
 	}
-	if n.clearClosingLocked(st) {
+	if n.clearFlushedLocked(st, h) {
 		// The FLUSH was a duplicate's close: the writer goes on.
 		n.fsys.closes.done()
 	}
@@ -843,14 +851,17 @@ func (h *handle) Flush(ctx context.Context) syscall.Errno {
 	// full disk: then here, so that close(2) hears whether it fitted.
 	low := n.fsys.space.lowNow()
 	n.mu.Lock()
-	last := n.st != nil && n.st.writers == 1
-	hasTmp := last && n.st.tmp != nil
-	if hasTmp && !low {
-		n.markClosingLocked(n.st)
-		hasTmp = false
+	st := n.st
+	last := st != nil && st.writers == 1
+	commitNow := false
+	if st != nil && st.tmp != nil {
+		n.markFlushedLocked(st, h)
+		// Every writer closed since it last wrote: on a nearly full
+		// disk the file is committed now.
+		commitNow = low && st.flushed == st.writers
 	}
 	n.mu.Unlock()
-	if hasTmp {
+	if commitNow {
 		if t := n.handoff(); t != 0 && n.fsys.space.lowNow() {
 			if err := n.fsys.com.wait(t); err != nil {
 				return toErrno(err)

@@ -102,6 +102,9 @@ type FS struct {
 
 	// beforeCommit, when set (tests), runs before each commit batch.
 	beforeCommit func()
+	// beforeRelease, when set (tests), runs at the start of each RELEASE;
+	// what it returns (if not nil) runs at its end.
+	beforeRelease func(write bool) func()
 
 	stats struct {
 		ptOpens, daemonOpens, reads, readBytes, commits, commitBatches atomic.Int64
