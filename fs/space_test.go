@@ -437,7 +437,10 @@ func TestCommitFailsAfterClose(t *testing.T) {
 	if got, err := os.ReadFile(n.path("a.bin")); err != nil || !bytes.Equal(got, old) {
 		t.Errorf("a.bin after its commit failed: %d bytes, %v; want the previous %d bytes", len(got), err, len(old))
 	}
-	fst, _ := os.Stat(filler)
+	fst, err := os.Stat(filler)
+	if err != nil {
+		t.Fatalf("the commit ran without the test's hook filling the disk: %v", err)
+	}
 	if free := freeBytes(t, disk); free < free0-fst.Size()-32<<10 {
 		t.Errorf("%d bytes free after the failed commit, want about %d (working copy still held?)", free, free0-fst.Size())
 	}
