@@ -240,13 +240,12 @@ func TestBenchFetch3Netns(t *testing.T) {
 				_, pl := peersJSON(t, m)
 				before[m] = pl.Passes
 			}
-			// --repair-rate 1: placement pulls one chunk and then waits
-			// (serve has no switch for a member that pulls nothing); with
-			// R = 3 of 4 members the reader owns most chunks. --peer-cache
-			// 0: nothing written to disk (the ceiling writes nothing).
+			// --role reader: the reader owns no chunks, so placement pulls
+			// nothing to it and the holders keep theirs. --peer-cache 0:
+			// nothing written to disk (the ceiling writes nothing).
 			var rd *member
 			profiled(fmt.Sprintf("reader-%s-%d", plane, rep+1), func() {
-				rd = c.start(3, key, []string{"--data-plane", plane, "--replicas", "3", "--repair-rate", "1", "--peer-cache", "0"}, 0)
+				rd = c.start(3, key, []string{"--data-plane", plane, "--replicas", "3", "--role", "reader", "--peer-cache", "0"}, 0)
 			})
 			waitFor(t, membershipWait, "four alive members", func() bool {
 				for _, m := range append(ms, rd) {
