@@ -321,3 +321,45 @@ func TestVerifiedFetcherNotHashedAgain(t *testing.T) {
 		t.Fatalf("a short chunk from a VerifiedFetcher: %v; want a CorruptError naming it", err)
 	}
 }
+
+// TestReadSlice: a range inside one chunk comes back without a copy (the
+// cached chunk's bytes), a range across chunks is refused (ok false) so the
+// caller copies, and the end of the file clips the slice.
+func TestReadSlice(t *testing.T) {
+	s, _, _, want := faultStore(t, map[string]int{"a": 5 << 20}, Options{})
+	f := mustOpen(t, s, "m/a")
+	a := want["a"]
+	if len(f.M.Chunks) < 2 {
+		t.Fatalf("a has %d chunks, the test needs two or more", len(f.M.Chunks))
+	}
+	ctx := context.Background()
+	c0 := f.offs[1] // the first chunk's size
+	check := func(off int64, n int, wantOK bool, wantLen int) []byte {
+		t.Helper()
+		b, ok, err := f.ReadSlice(ctx, off, n)
+		if err != nil || ok != wantOK || len(b) != wantLen {
+			t.Fatalf("ReadSlice(%d, %d) = %d bytes, ok %v, %v; want %d bytes, ok %v", off, n, len(b), ok, err, wantLen, wantOK)
+		}
+		if len(b) > 0 && !bytes.Equal(b, a[off:off+int64(len(b))]) {
+			t.Fatalf("ReadSlice(%d, %d): wrong bytes", off, n)
+		}
+		if cap(b) != len(b) {
+			t.Fatalf("ReadSlice(%d, %d): cap %d > len %d: an append would write into the cached chunk", off, n, cap(b), len(b))
+		}
+		return b
+	}
+	b1 := check(10, 4096, true, 4096)
+	b2 := check(20, 4096, true, 4096)
+	if &b1[10] != &b2[0] {
+		t.Fatal("two slices of one chunk do not share the cached bytes (a copy was made)")
+	}
+	check(c0-100, 100, true, 100) // ends at the chunk's end
+	check(c0-100, 200, false, 0)  // across the boundary: the caller copies
+	size := int64(len(a))
+	check(size-50, 4096, true, 50) // clipped at EOF
+	check(size, 10, true, 0)       // at EOF
+	check(size+10, 10, true, 0)    // beyond
+	if _, _, err := f.ReadSlice(ctx, -1, 10); err == nil {
+		t.Fatal("negative offset accepted")
+	}
+}

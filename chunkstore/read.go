@@ -184,6 +184,34 @@ func (f *File) ReadAtContext(ctx context.Context, p []byte, off int64) (int, err
 	return n, nil
 }
 
+// ReadSlice returns the file's bytes in [off, off+n) without copying them
+// when they lie in one chunk: a slice of the store's verified chunk, which
+// the caller must not modify (the chunk cache never reuses the memory of a
+// chunk, so the slice stays valid as long as the caller holds it). ok is
+// false, and nothing is read, when the range spans chunks: use
+// ReadAtContext. Past the end of the file the slice is short (empty at or
+// beyond it) and err is nil.
+func (f *File) ReadSlice(ctx context.Context, off int64, n int) (b []byte, ok bool, err error) {
+	if off < 0 {
+		return nil, false, fmt.Errorf("read at %d: negative offset", off)
+	}
+	if off >= f.M.Size || n <= 0 {
+		return nil, true, nil
+	}
+	end := min(off+int64(n), f.M.Size)
+	i := f.chunkIndex(off)
+	if f.chunkIndex(end-1) != i {
+		return nil, false, nil
+	}
+	f.readingAhead(i, i)
+	chunks, err := f.s.readChunks(ctx, f.M.Chunks[i:i+1], f.locs[i:i+1], end-off < f.offs[i+1]-f.offs[i])
+	if err != nil {
+		return nil, true, fmt.Errorf("read %s at %d: %w", f.ID.Short(), off, err)
+	}
+	s, t := off-f.offs[i], end-f.offs[i]
+	return chunks[0][s:t:t], true, nil
+}
+
 // parallelFor runs fn(0..n-1) on all cores.
 func parallelFor(n int, fn func(int)) {
 	workers := min(n, runtime.GOMAXPROCS(0))

@@ -612,20 +612,23 @@ func (n *fileNode) source() (*tempFile, *chunkstore.File, error) {
 // (chunkstore.File.Prefetch, into the store's chunk cache).
 const PrefetchBytes = 8 << 20
 
-// readAt reads the node's current bytes. Committed bytes come through the
+// readAt reads the node's current bytes at off, up to len(p), and returns
+// them: in p, or (a read inside one chunk of the committed version) a
+// slice of the store's cached chunk, which saves a copy per read; callers
+// only pass the result to the kernel. Committed bytes come through the
 // store's chunk-access seam (one verified cache, single flight); a corrupt
 // or missing chunk fails once, as EIO, naming the file (docs/design/access.md).
-func (n *fileNode) readAt(ctx context.Context, p []byte, off int64, seq bool) (int, error) {
+func (n *fileNode) readAt(ctx context.Context, p []byte, off int64, seq bool) ([]byte, error) {
 	n.fsys.stats.reads.Add(1)
-	m, err := n.readSource(ctx, p, off, seq)
-	n.fsys.stats.readBytes.Add(int64(m))
-	return m, err
+	b, err := n.readSource(ctx, p, off, seq)
+	n.fsys.stats.readBytes.Add(int64(len(b)))
+	return b, err
 }
 
-func (n *fileNode) readSource(ctx context.Context, p []byte, off int64, seq bool) (int, error) {
+func (n *fileNode) readSource(ctx context.Context, p []byte, off int64, seq bool) ([]byte, error) {
 	tf, sf, err := n.source()
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	switch {
 	case tf != nil:
@@ -634,15 +637,20 @@ func (n *fileNode) readSource(ctx context.Context, p []byte, off int64, seq bool
 		if errors.Is(err, io.EOF) {
 			err = nil
 		}
-		return m, err
+		return p[:m], err
 	case sf != nil:
 		if seq {
 			// Started first so that it overlaps this read.
 			sf.Prefetch(off+int64(len(p)), PrefetchBytes)
 		}
-		m, err := sf.ReadAtContext(ctx, p, off)
-		if errors.Is(err, io.EOF) {
-			err = nil
+		b, one, err := sf.ReadSlice(ctx, off, len(p))
+		if !one {
+			var m int
+			m, err = sf.ReadAtContext(ctx, p, off)
+			if errors.Is(err, io.EOF) {
+				err = nil
+			}
+			b = p[:m]
 		}
 		if err != nil {
 			n.fsys.nsMu.RLock()
@@ -651,10 +659,11 @@ func (n *fileNode) readSource(ctx context.Context, p []byte, off int64, seq bool
 			if ok {
 				err = chunkstore.WithPath(err, "/"+path)
 			}
+			return nil, err
 		}
-		return m, err
+		return b, nil
 	}
-	return 0, nil
+	return nil, nil
 }
 
 func (n *fileNode) release(h *handle) {
@@ -733,12 +742,12 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 	next := h.next.Load()
 	seq := off >= next-PrefetchBytes && off <= next+DefaultMaxIO
 	h.next.Store(off + int64(len(dest)))
-	m, err := h.n.readAt(ctx, dest, off, seq)
+	b, err := h.n.readAt(ctx, dest, off, seq)
 	if err != nil {
 		logReadError(h.n.fsys.log, h.n.id, off, err)
 		return nil, toErrno(err)
 	}
-	return fuse.ReadResultData(dest[:m]), 0
+	return fuse.ReadResultData(b), 0
 }
 
 func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
@@ -908,11 +917,11 @@ func (h *ptHandle) PassthroughFd() (int, bool) { return h.fd, true }
 // Read serves reads the kernel still sends (it should not while
 // passthrough is on), clipped to the file's size.
 func (h *ptHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	m, err := h.n.readAt(ctx, dest, off, false)
+	b, err := h.n.readAt(ctx, dest, off, false)
 	if err != nil {
 		return nil, toErrno(err)
 	}
-	return fuse.ReadResultData(dest[:m]), 0
+	return fuse.ReadResultData(b), 0
 }
 
 func (h *ptHandle) Release(ctx context.Context) syscall.Errno {
