@@ -164,15 +164,18 @@ func (c *peerCache) put(id chunkstore.ID, data []byte) {
 	c.evictLocked()
 }
 
-func (c *peerCache) drop(id chunkstore.ID) {
+// drop removes chunk id and returns its size if the cache held it.
+func (c *peerCache) drop(id chunkstore.ID) (size int64, held bool) {
 	c.mu.Lock()
 	if e, ok := c.idx[id]; ok {
 		c.ll.Remove(e)
 		delete(c.idx, id)
-		c.used -= e.Value.(*cacheEntry).size
+		size, held = e.Value.(*cacheEntry).size, true
+		c.used -= size
 	}
 	c.mu.Unlock()
 	os.Remove(c.path(id))
+	return size, held
 }
 
 func (c *peerCache) evictLocked() {

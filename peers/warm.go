@@ -37,3 +37,25 @@ func (n *Node) PeerCached(refs []chunkstore.ChunkRef) (chunks int, bytes int64) 
 	}
 	return chunks, bytes
 }
+
+// DropPeerCached removes the chunks ids from the peer cache (kylix evict),
+// or every chunk in it when all is set, and returns how many it held and
+// their bytes. The next read of a dropped chunk fetches it again. Chunks
+// in this node's packs are not touched: the peer cache only ever holds
+// chunks this node fetched from others.
+func (n *Node) DropPeerCached(ids []chunkstore.ID, all bool) (chunks int, bytes int64) {
+	c := n.cache
+	if c == nil {
+		return 0, 0
+	}
+	if all {
+		ids = c.ids()
+	}
+	for _, id := range ids {
+		if size, held := c.drop(id); held {
+			chunks++
+			bytes += size
+		}
+	}
+	return chunks, bytes
+}

@@ -195,6 +195,58 @@ func TestClusterPinWarmStat(t *testing.T) {
 		t.Fatal("the warmed file read through B's mount differs from the source")
 	}
 
+	// kylix evict drops what warm fetched, and only that: the pinned
+	// file's chunks are in B's packs and stay.
+	type evicted struct {
+		Chunks      int   `json:"chunks"`
+		Bytes       int64 `json:"bytes"`
+		CacheChunks int   `json:"cache_chunks"`
+	}
+	evict := func(args ...string) evicted {
+		t.Helper()
+		var ev evicted
+		out := mustKylix(t, "/", append([]string{"evict", "--data", b.data, "--json"}, args...)...)
+		if err := json.Unmarshal([]byte(out), &ev); err != nil {
+			t.Fatalf("kylix evict %v: %v\n%s", args, err, out)
+		}
+		return ev
+	}
+	if ev := evict("cp/warm.bin"); ev.Bytes != w.FetchedBytes || ev.Chunks == 0 {
+		t.Errorf("kylix evict cp/warm.bin on B dropped %+v; warm had fetched %d bytes", ev, w.FetchedBytes)
+	}
+	if st := clusterStat(t, b, "cp/warm.bin"); *st.PeerCacheBytes != 0 || *st.LocalBytes != w.LocalBytes {
+		t.Errorf("stat on B after evict: %d bytes in packs, %d in the peer cache; want %d and 0", *st.LocalBytes, *st.PeerCacheBytes, w.LocalBytes)
+	}
+	if ev := evict("cp/pinned.bin"); ev.Chunks != 0 {
+		t.Errorf("kylix evict of the pinned file dropped %+v from the peer cache, want nothing", ev)
+	}
+	if st := clusterStat(t, b, "cp/pinned.bin"); *st.LocalBytes != st.Size || !st.Pinned {
+		t.Errorf("after kylix evict, B stores %d of %d bytes of the pinned file (pinned %v)", *st.LocalBytes, st.Size, st.Pinned)
+	}
+	if shaOn(t, b, filepath.Join(b.mnt, "cp", "warm.bin")) != wsum {
+		t.Fatal("the evicted file read through B's mount differs from the source")
+	}
+	// --all empties the cache: another file of A's warmed on B first.
+	w2src, _ := randomFile(t, 8<<20+5)
+	mustKylix(t, "/", "import", "--data", a.data, w2src, "cp/warm2.bin")
+	waitFor(t, 20*time.Second, "cp/warm2.bin in B's namespace", visible(filepath.Join(b.mnt, "cp", "warm2.bin")))
+	mustKylix(t, "/", "warm", "--data", b.data, "cp/warm2.bin")
+	if st := clusterStat(t, b, "cp/warm2.bin"); *st.PeerCacheBytes == 0 {
+		t.Fatalf("warm of cp/warm2.bin on B left nothing in the peer cache: %+v", st)
+	}
+	if ev := evict("--all"); ev.Chunks == 0 || ev.CacheChunks != 0 {
+		t.Errorf("kylix evict --all on B: %+v", ev)
+	}
+	if st := clusterStat(t, b, "cp/warm2.bin"); *st.PeerCacheBytes != 0 {
+		t.Errorf("after kylix evict --all, B's peer cache holds %d bytes of cp/warm2.bin", *st.PeerCacheBytes)
+	}
+	if out, errs, code := kylix(t, "/", "evict", "--data", b.data); code != 2 || !strings.Contains(errs, "give a PATH or --all") {
+		t.Errorf("kylix evict without PATH or --all: exit %d\n%s%s", code, out, errs)
+	}
+	if out, errs, code := kylix(t, "/", "evict", "--data", b.data, "cp/nope"); code != 1 || !strings.Contains(errs, "no such path") {
+		t.Errorf("kylix evict of a missing path: exit %d\n%s%s", code, out, errs)
+	}
+
 	// A file only A holds the rest of, then A is gone.
 	lsrc, _ := randomFile(t, 16<<20)
 	mustKylix(t, "/", "import", "--data", a.data, lsrc, "cp/lost.bin")
