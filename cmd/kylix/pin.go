@@ -51,7 +51,7 @@ type pinRecordEntry struct {
 	// Pending: a pin in a cluster still bringing its chunks here. It is
 	// recorded so that rebalance keeps what arrives (the record is the
 	// node's keep set) and removed if the pin fails; a node that stopped
-	// in the middle drops it at its next start (never held, so not a pin).
+	// in the middle resumes it at its next start (fetchMissing).
 	Pending bool `json:"pending,omitempty"`
 	// Kept: not a pin but a file made local by KYLIX_IOC_MAKE_LOCAL on a
 	// cluster member. Nothing is locked; its chunks stored here are in
@@ -78,6 +78,9 @@ type nodePins struct {
 	kept map[string]time.Time
 	// pending: the path of a pin fetching its chunks ("" none).
 	pending string
+	// relocked is closed when the recorded pins were locked again at
+	// start (or failed to be).
+	relocked chan struct{}
 }
 
 // pinHeld is one pin: the file versions it resolved to and their locked
@@ -92,6 +95,9 @@ type pinHeld struct {
 	locked []*gpuio.PinnedRange
 	// state: "pinning" (at start), "held", or why it is not held.
 	state string
+	// notHere: not held at start because chunks are not stored here;
+	// fetchMissing brings them in a cluster.
+	notHere bool
 }
 
 func (p *pinHeld) held() bool { return p.state == "held" }
@@ -103,6 +109,74 @@ func (p *pinHeld) release() error {
 	}
 	p.locked = nil
 	return errors.Join(errs...)
+}
+
+// fetchMissing brings the chunks of the recorded pins that could not be
+// held at start because chunks were not stored here (a pin the node
+// stopped in the middle of, or chunks lost since), from the members of
+// node's cluster, and pins them. While no member can send a chunk (the
+// cluster is still forming, or its holders are down) it tries again, at
+// growing intervals up to a minute, until the node stops; kylix node shows
+// the pin as not held meanwhile. Other failures (the pin budget) end it,
+// and so does the end of ctx.
+func (np *nodePins) fetchMissing(ctx context.Context, node *peers.Node) {
+	select {
+	case <-np.relocked:
+	case <-ctx.Done():
+		return
+	}
+	np.mu.Lock()
+	var paths []string
+	for path, p := range np.pins {
+		if p.notHere {
+			paths = append(paths, path)
+		}
+	}
+	np.mu.Unlock()
+	slices.Sort(paths)
+	quiet := &env{stdout: io.Discard, stderr: io.Discard, getenv: func(string) string { return "" }}
+	for _, path := range paths {
+		wait := 2 * time.Second
+		for try := 1; ; try++ {
+			np.mu.Lock()
+			cur := np.pins[path]
+			np.mu.Unlock()
+			if cur == nil || !cur.notHere {
+				break // unpinned, or pinned again by kylix pin meanwhile
+			}
+			_, got, err := np.pin(ctx, path, &pinCluster{e: quiet, node: node})
+			if err == nil {
+				np.log.Info("pinned again after fetching its missing chunks from the members", "path", path, "chunks", got.chunks, "bytes", got.bytes)
+				break
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			np.mu.Lock()
+			if cur := np.pins[path]; cur != nil && cur.notHere {
+				cur.state = "not held: " + err.Error()
+			}
+			np.mu.Unlock()
+			if !errors.Is(err, chunkstore.ErrNotLocal) && !errors.Is(err, errNotHere) {
+				np.mu.Lock()
+				if cur := np.pins[path]; cur != nil {
+					cur.notHere = false
+				}
+				np.mu.Unlock()
+				np.log.Warn("a recorded pin could not be held (kylix node; kylix unpin removes it)", "path", path, "err", err)
+				break
+			}
+			if try == 1 {
+				np.log.Warn("fetching a recorded pin's missing chunks failed; trying again", "path", path, "err", err)
+			}
+			select {
+			case <-time.After(wait):
+			case <-ctx.Done():
+				return
+			}
+			wait = min(2*wait, time.Minute)
+		}
+	}
 }
 
 // pinBudgetFlag adds --pin-budget to serve's flags.
@@ -142,7 +216,7 @@ func startPins(s *chunkstore.Store, budget string, log *slog.Logger) (*nodePins,
 	if err != nil {
 		return nil, fmt.Errorf("serve: --%w", err)
 	}
-	np := &nodePins{s: s, log: log, host: gpuio.NewPinnedHost(), budget: b, pins: map[string]*pinHeld{}, kept: map[string]time.Time{}}
+	np := &nodePins{s: s, log: log, host: gpuio.NewPinnedHost(), budget: b, pins: map[string]*pinHeld{}, kept: map[string]time.Time{}, relocked: make(chan struct{})}
 	np.ctx, np.cancel = context.WithCancel(context.Background())
 	os.Remove(filepath.Join(s.Dir(), pinRecordName+".tmp")) // left by a node killed while writing
 	rec, err := readPinRecord(s.Dir())
@@ -150,12 +224,15 @@ func startPins(s *chunkstore.Store, budget string, log *slog.Logger) (*nodePins,
 		return nil, fmt.Errorf("serve: %w (fix or remove it; it only lists pinned paths)", err)
 	}
 	if i := slices.IndexFunc(rec.Pins, func(r pinRecordEntry) bool { return r.Pending }); i >= 0 {
-		for _, r := range rec.Pins {
+		// A pin still bringing its chunks here when the node stopped: it
+		// is pinned again like the others, and what is missing is fetched
+		// once the node is a cluster member again (fetchMissing).
+		for i, r := range rec.Pins {
 			if r.Pending {
-				log.Warn("a pin that was still fetching its chunks when the node stopped is not kept (kylix pin it again)", "path", r.Path)
+				log.Warn("a pin was still fetching its chunks when the node stopped; it is resumed", "path", r.Path)
+				rec.Pins[i].Pending = false
 			}
 		}
-		rec.Pins = slices.DeleteFunc(rec.Pins, func(r pinRecordEntry) bool { return r.Pending })
 		if err := writePinRecord(s.Dir(), rec); err != nil {
 			return nil, fmt.Errorf("serve: %w", err)
 		}
@@ -167,6 +244,7 @@ func startPins(s *chunkstore.Store, budget string, log *slog.Logger) (*nodePins,
 	}
 	rec.Pins = slices.DeleteFunc(rec.Pins, func(r pinRecordEntry) bool { return r.Kept })
 	if len(rec.Pins) == 0 {
+		close(np.relocked)
 		return np, nil
 	}
 	np.op.Lock()
@@ -174,11 +252,18 @@ func startPins(s *chunkstore.Store, budget string, log *slog.Logger) (*nodePins,
 		np.pins[r.Path] = &pinHeld{path: r.Path, added: r.Added, state: "pinning"}
 	}
 	go func() {
+		defer close(np.relocked)
 		defer np.op.Unlock()
 		for _, r := range rec.Pins {
 			p, err := np.lockPath(np.ctx, r.Path)
 			np.mu.Lock()
-			if err != nil {
+			if errors.Is(err, errNotHere) {
+				// Fetched from the members once the node is in its
+				// cluster (fetchMissing); without one it stays so.
+				np.pins[r.Path].state = "not held: " + err.Error()
+				np.pins[r.Path].notHere = true
+				log.Warn("a recorded pin is missing chunks on this node; in a cluster they are fetched from the members", "path", r.Path, "err", err)
+			} else if err != nil {
 				np.pins[r.Path].state = "not held: " + err.Error()
 				log.Warn("a recorded pin could not be held (kylix node; kylix unpin removes it)", "path", r.Path, "err", err)
 			} else {

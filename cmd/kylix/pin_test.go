@@ -56,11 +56,13 @@ func TestPinRecord(t *testing.T) {
 	}
 }
 
-// TestPinPendingDropped: a pin recorded as pending (a node stopped while
-// the pin fetched its chunks from the cluster) is not a pin: the next start
-// drops it from the record and does not hold it; the other pins stay, and
-// a path kept by MAKE_LOCAL stays kept (not pinned); unpin removes it.
-func TestPinPendingDropped(t *testing.T) {
+// TestPinPendingResumed: a pin recorded as pending (a node stopped while
+// the pin fetched its chunks from the cluster) is resumed at the next
+// start: recorded as a pin (no longer pending) and shown as not held until
+// its chunks are here (without a cluster, for good; in one, fetchMissing
+// brings them: TestClusterPinResumedAtRestart); the other pins stay, and a
+// path kept by MAKE_LOCAL stays kept (not pinned); unpin removes it.
+func TestPinPendingResumed(t *testing.T) {
 	dir := t.TempDir()
 	s, err := chunkstore.Open(chunkstore.Options{Dir: dir})
 	require.NoError(t, err)
@@ -74,19 +76,20 @@ func TestPinPendingDropped(t *testing.T) {
 	np.close() // waits for the re-pins
 	rec, err := readPinRecord(dir)
 	require.NoError(t, err)
-	require.Equal(t, []pinRecordEntry{{Path: "m/kept", Added: added}, {Path: "m/local", Added: added, Kept: true}}, rec.Pins)
+	require.Equal(t, []pinRecordEntry{{Path: "m/kept", Added: added}, {Path: "m/half", Added: added}, {Path: "m/local", Added: added, Kept: true}}, rec.Pins)
 	require.Contains(t, np.pins, "m/kept")
-	require.NotContains(t, np.pins, "m/half")
+	require.Contains(t, np.pins, "m/half")
+	require.False(t, np.pins["m/half"].held())
 	require.NotContains(t, np.pins, "m/local")
 	require.Equal(t, []string{"m/local"}, np.status().Kept)
-	require.Contains(t, logs.String(), "still fetching its chunks")
+	require.Contains(t, logs.String(), "still fetching its chunks when the node stopped; it is resumed")
 	require.NoError(t, np.keepLocal("m/other"))
 	require.NoError(t, np.unpin("m/local"))
 	rec, err = readPinRecord(dir)
 	require.NoError(t, err)
-	require.Len(t, rec.Pins, 2)
-	require.Equal(t, "m/other", rec.Pins[1].Path)
-	require.True(t, rec.Pins[1].Kept)
+	require.Len(t, rec.Pins, 3)
+	require.Equal(t, "m/other", rec.Pins[2].Path)
+	require.True(t, rec.Pins[2].Kept)
 }
 
 // TestWarmVerifies: warm hashes every chunk; a flipped byte in a pack

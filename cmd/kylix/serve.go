@@ -241,6 +241,14 @@ names. Example and details: docs/examples/kylix.toml, docs/design/peers.md.`)
 		return err
 	}
 	defer stopPeers()
+	if pf.node != nil {
+		// Recorded pins missing chunks here are fetched from the members
+		// (pin.go); it stops before the membership does.
+		fetchCtx, stopFetch := context.WithCancel(ctx)
+		fetched := make(chan struct{})
+		go func() { runningNode.pins.fetchMissing(fetchCtx, pf.node); close(fetched) }()
+		defer func() { stopFetch(); <-fetched }()
+	}
 	admin, err := listenAdmin(s, fsys, log)
 	if err != nil {
 		fsys.Unmount()

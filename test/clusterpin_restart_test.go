@@ -1,0 +1,90 @@
+package test
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestClusterPinResumedAtRestart: a node that stops while a pin is still
+// fetching its chunks (the record marks it pending), or whose recorded pin
+// lacks chunks here when it starts, fetches them from the members once it
+// is back in the cluster, and holds the pin. Before, the pending pin was
+// dropped and the other stayed "not held" for good. The record is written
+// as a node killed in the middle of `kylix pin` leaves it (DATA/pins.json,
+// docs/design/pin.md), while B is stopped.
+func TestClusterPinResumedAtRestart(t *testing.T) {
+	requireFUSE(t)
+	key := clusterKey(t)
+	r1 := []string{"--replicas", "1"}
+	a := startMemberArgs(t, "127.0.0.62", key, nil, r1)
+	b := startMemberArgs(t, "127.0.0.63", key, nil, r1, a.addr)
+	waitFor(t, membershipWait, "two alive members seen by each", func() bool {
+		return aliveCount(t, a) == 2 && aliveCount(t, b) == 2
+	})
+	files := map[string][32]byte{}
+	for _, name := range []string{"cp/pending.bin", "cp/recorded.bin"} {
+		src, sum := randomFile(t, 20<<20+333)
+		mustKylix(t, "/", "import", "--data", a.data, src, name)
+		waitFor(t, 20*time.Second, name+" in B's namespace", visible(filepath.Join(b.mnt, name)))
+		if st := clusterStat(t, b, name); *st.LocalBytes >= st.Size {
+			t.Fatalf("B stores all of %s before the test (R=1, two members)", name)
+		}
+		files[name] = sum
+	}
+
+	b.stop()
+	added := time.Now().UTC().Add(-time.Minute).Format(time.RFC3339Nano)
+	rec := fmt.Sprintf(`{"version":1,"pins":[{"path":"cp/pending.bin","added":%q,"pending":true},{"path":"cp/recorded.bin","added":%q}]}`, added, added)
+	if err := os.WriteFile(filepath.Join(b.data, "pins.json"), []byte(rec), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b2 := &member{node: launchNode(t, b.data, b.mnt, nil, nil, "--listen", b.addr, "--cluster-key", key, "--node-name", "127.0.0.63", "--log-gossip", "--replicas", "1", "--join", a.addr), addr: b.addr}
+
+	type pinsOut struct {
+		Pins struct {
+			Pins []struct {
+				Path  string `json:"path"`
+				Held  bool   `json:"held"`
+				State string `json:"state"`
+			} `json:"pins"`
+		} `json:"pins"`
+	}
+	var last pinsOut
+	waitFor(t, 90*time.Second, "both recorded pins held on B after its restart", func() bool {
+		var out pinsOut
+		if err := json.Unmarshal([]byte(mustKylix(t, "/", "node", "--data", b2.data, "--json")), &out); err != nil {
+			t.Fatal(err)
+		}
+		last = out
+		held := 0
+		for _, p := range out.Pins.Pins {
+			if p.Held {
+				held++
+			}
+		}
+		return len(out.Pins.Pins) == 2 && held == 2
+	})
+	t.Logf("pins on B: %+v", last.Pins.Pins)
+	for name, sum := range files {
+		if st := clusterStat(t, b2, name); *st.LocalBytes != st.Size || !st.Pinned {
+			t.Errorf("after the restart, B stores %d of %d bytes of %s (pinned %v)", *st.LocalBytes, st.Size, name, st.Pinned)
+		}
+		if shaOn(t, b2, filepath.Join(b2.mnt, name)) != sum {
+			t.Errorf("%s read through B's mount differs from the source", name)
+		}
+	}
+	logText := b2.log.String()
+	if !strings.Contains(logText, "a pin was still fetching its chunks when the node stopped; it is resumed") ||
+		strings.Count(logText, "pinned again after fetching its missing chunks from the members") != 2 {
+		t.Errorf("B's log does not say both pins were resumed:\n%s", logText)
+	}
+	recB, err := os.ReadFile(filepath.Join(b2.data, "pins.json"))
+	if err != nil || strings.Contains(string(recB), `"pending":`) || !strings.Contains(string(recB), `"cp/pending.bin"`) {
+		t.Errorf("B's pin record after the restart: %s %v", recB, err)
+	}
+}
