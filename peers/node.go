@@ -111,6 +111,12 @@ const (
 	tagZone     = "zone"
 	tagVersion  = "ver"
 	tagNS       = "ns" // namespace root id (hex)
+	// tagPlane is the data plane's mode: planeTLS or planePlain. Members
+	// of one cluster must agree (mergeCheck); a member without the tag
+	// is taken as TLS, the default.
+	tagPlane   = "plane"
+	planeTLS   = "tls"
+	planePlain = "plaintext"
 )
 
 // Node is this process's membership in a cluster: gossip, the data plane
@@ -264,6 +270,12 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 	if n.cfg.Zone != "" {
 		conf.Tags[tagZone] = n.cfg.Zone
 	}
+	plane := planeTLS
+	if n.cfg.Plaintext {
+		plane = planePlain
+	}
+	conf.Tags[tagPlane] = plane
+	conf.Merge = mergeCheck{self: n.self, plane: plane, log: n.log}
 	lw := &logWriter{log: n.log, all: n.cfg.GossipLog}
 	conf.Logger = log.New(lw, "", 0)
 	ml := memberlist.DefaultLANConfig()
@@ -298,7 +310,7 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 	if len(n.cfg.Join) > 0 {
 		if _, err := n.serf.Join(n.cfg.Join, true); err != nil {
 			n.Close()
-			return fmt.Errorf("cluster: join %s: %w (every member must use the same cluster key)", strings.Join(n.cfg.Join, ","), err)
+			return fmt.Errorf("cluster: join %s: %w (every member must use the same cluster key and --data-plane)", strings.Join(n.cfg.Join, ","), err)
 		}
 	}
 	n.log.Info("cluster: member", "name", n.self, "gossip", n.cfg.Listen, "data_plane", ln.Addr().String(),
@@ -311,7 +323,7 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 // namespaces merge.
 func (n *Node) Join(addrs []string) error {
 	if _, err := n.serf.Join(addrs, true); err != nil {
-		return fmt.Errorf("cluster: join %s: %w (every member must use the same cluster key)", strings.Join(addrs, ","), err)
+		return fmt.Errorf("cluster: join %s: %w (every member must use the same cluster key and --data-plane)", strings.Join(addrs, ","), err)
 	}
 	return nil
 }
@@ -396,7 +408,8 @@ type Member struct {
 	State    string    `json:"state"`     // alive, leaving, left, failed
 	Capacity int64     `json:"capacity_bytes"`
 	Zone     string    `json:"zone,omitempty"`
-	Role     string    `json:"role"` // node, or reader (owns no chunks)
+	Role     string    `json:"role"`       // node, or reader (owns no chunks)
+	Plane    string    `json:"data_plane"` // tls or plaintext (every member alike)
 	Version  string    `json:"version,omitempty"`
 	LastSeen time.Time `json:"last_seen"` // now for alive members; else when its state last changed
 	// NSRoot is the member's namespace root.
@@ -420,7 +433,10 @@ func (n *Node) Members() []Member {
 	now := time.Now()
 	for _, m := range n.serf.Members() {
 		mm := Member{Name: m.Name, Self: m.Name == n.self, Addr: net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port))),
-			DataAddr: dataAddr(m), State: m.Status.String(), Capacity: parseCap(m.Tags[tagCapacity]), Zone: m.Tags[tagZone], Role: m.Tags[tagRole], Version: m.Tags[tagVersion], NSRoot: m.Tags[tagNS]}
+			DataAddr: dataAddr(m), State: m.Status.String(), Capacity: parseCap(m.Tags[tagCapacity]), Zone: m.Tags[tagZone], Role: m.Tags[tagRole], Plane: m.Tags[tagPlane], Version: m.Tags[tagVersion], NSRoot: m.Tags[tagNS]}
+		if mm.Plane == "" {
+			mm.Plane = planeTLS
+		}
 		n.mu.Lock()
 		mm.LastSeen = n.seen[m.Name]
 		n.mu.Unlock()
@@ -549,3 +565,32 @@ func (w *logWriter) Write(p []byte) (int, error) {
 }
 
 var _ io.Writer = (*logWriter)(nil)
+
+// mergeCheck refuses members whose data plane is not this member's: a TLS
+// member and a plaintext one cannot exchange a chunk, so letting them into
+// one cluster would make its files visible everywhere and readable only
+// on some members. serf asks it when a join merges two member lists and
+// when it hears of a new member, on both sides: the joining member's
+// join fails with the reason, and the cluster never lists it.
+type mergeCheck struct {
+	self, plane string
+	log         *slog.Logger
+}
+
+func (c mergeCheck) NotifyMerge(ms []*serf.Member) error {
+	for _, m := range ms {
+		if m.Name == c.self {
+			continue
+		}
+		plane := m.Tags[tagPlane]
+		if plane == "" {
+			plane = planeTLS
+		}
+		if plane != c.plane {
+			err := fmt.Errorf("member %s uses the %s data plane and this member %s: every member of a cluster must use the same --data-plane", m.Name, plane, c.plane)
+			c.log.Error("cluster: member refused", "member", m.Name, "err", err)
+			return err
+		}
+	}
+	return nil
+}

@@ -202,6 +202,25 @@ func TestWrongKeyRefused(t *testing.T) {
 	require.Error(t, err)
 }
 
+// TestOtherDataPlaneRefused: a member whose data plane differs (TLS
+// against plaintext, either way round) cannot join: its join fails naming
+// both planes, and the cluster lists only its own members.
+func TestOtherDataPlaneRefused(t *testing.T) {
+	key, _ := NewKey()
+	for _, clusterPlain := range []bool{false, true} {
+		a, err := startNodeCfg(t, Config{Name: "a", Key: key, Plaintext: clusterPlain})
+		require.NoError(t, err)
+		_, err = startNodeCfg(t, Config{Name: "other", Key: key, Plaintext: !clusterPlain, Join: []string{a.cfg.Listen}})
+		require.ErrorContains(t, err, "every member of a cluster must use the same --data-plane")
+		require.ErrorContains(t, err, "data plane and this member")
+		require.Len(t, a.serf.Members(), 1)
+		require.Equal(t, map[bool]string{false: "tls", true: "plaintext"}[clusterPlain], a.Members()[0].Plane)
+		// One of the same plane joins.
+		_, err = startNodeCfg(t, Config{Name: "same", Key: key, Plaintext: clusterPlain, Join: []string{a.cfg.Listen}})
+		require.NoError(t, err)
+	}
+}
+
 // TestPlacement: chunks imported on one member reach their R=2 owners
 // (rendezvous order over the live members), so the file reads on another
 // member after the importer is gone.

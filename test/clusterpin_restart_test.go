@@ -21,8 +21,8 @@ func TestClusterPinResumedAtRestart(t *testing.T) {
 	requireFUSE(t)
 	key := clusterKey(t)
 	r1 := []string{"--replicas", "1"}
-	a := startMemberArgs(t, "127.0.0.62", key, nil, r1)
-	b := startMemberArgs(t, "127.0.0.63", key, nil, r1, a.addr)
+	a := startMemberArgs(t, "127.0.0.50", key, nil, r1)
+	b := startMemberArgs(t, "127.0.0.51", key, nil, r1, a.addr)
 	waitFor(t, membershipWait, "two alive members seen by each", func() bool {
 		return aliveCount(t, a) == 2 && aliveCount(t, b) == 2
 	})
@@ -43,7 +43,7 @@ func TestClusterPinResumedAtRestart(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(b.data, "pins.json"), []byte(rec), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	b2 := &member{node: launchNode(t, b.data, b.mnt, nil, nil, "--listen", b.addr, "--cluster-key", key, "--node-name", "127.0.0.63", "--log-gossip", "--replicas", "1", "--join", a.addr), addr: b.addr}
+	b2 := &member{node: launchNode(t, b.data, b.mnt, nil, nil, "--listen", b.addr, "--cluster-key", key, "--node-name", "127.0.0.51", "--log-gossip", "--replicas", "1", "--join", a.addr), addr: b.addr}
 
 	type pinsOut struct {
 		Pins struct {

@@ -250,9 +250,50 @@ func TestClusterBadPeer(t *testing.T) {
 func TestClusterWrongKey(t *testing.T) {
 	requireFUSE(t)
 	a := startMember(t, "127.0.0.8", clusterKey(t), nil)
+	out := refusedServe(t, "--listen", gossipAddr(t, "127.0.0.9"), "--cluster-key", clusterKey(t), "--join", a.addr)
+	if !strings.Contains(out, "cluster key") {
+		t.Fatalf("serve with a wrong key: %s", out)
+	}
+	if n := len(peersOf(t, a)); n != 1 {
+		t.Errorf("A lists %d members, want itself only", n)
+	}
+}
+
+// TestClusterOtherDataPlane: a node with the cluster's key but the other
+// data plane (plaintext against TLS) is refused the same way: it could not
+// exchange a chunk with the others. kylix peers shows each member's plane.
+func TestClusterOtherDataPlane(t *testing.T) {
+	requireFUSE(t)
+	key := clusterKey(t)
+	a := startMember(t, "127.0.0.52", key, nil)
+	out := refusedServe(t, "--listen", gossipAddr(t, "127.0.0.53"), "--cluster-key", key, "--data-plane", "plaintext", "--join", a.addr)
+	if !strings.Contains(out, "uses the tls data plane and this member plaintext: every member of a cluster must use the same --data-plane") {
+		t.Fatalf("serve with the other data plane: %s", out)
+	}
+	if !strings.Contains(a.log.String(), "cluster: member refused") {
+		t.Errorf("A's log does not say it refused the member:\n%s", a.log)
+	}
+	var got struct {
+		Members []struct {
+			Name  string `json:"name"`
+			Plane string `json:"data_plane"`
+		} `json:"members"`
+	}
+	if err := json.Unmarshal([]byte(mustKylix(t, "/", "peers", "--data", a.data, "--json")), &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Members) != 1 || got.Members[0].Plane != "tls" {
+		t.Errorf("A's members after refusing the other plane: %+v", got.Members)
+	}
+}
+
+// refusedServe runs kylix serve with args (and a fresh data directory and
+// mount point), which must exit with an error within 30 s and leave no
+// mount; it returns what serve printed.
+func refusedServe(t *testing.T, args ...string) string {
+	t.Helper()
 	data, mnt := dirs(t)
-	cmd := exec.Command(kylixBin, "serve", "--data", data, "--mount", mnt, "--listen", gossipAddr(t, "127.0.0.9"),
-		"--cluster-key", clusterKey(t), "--join", a.addr)
+	cmd := exec.Command(kylixBin, append([]string{"serve", "--data", data, "--mount", mnt}, args...)...)
 	done := make(chan struct{})
 	var out []byte
 	var err error
@@ -262,18 +303,16 @@ func TestClusterWrongKey(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		cmd.Process.Kill()
 		<-done
-		t.Fatalf("serve with a wrong key did not exit: %s", out)
+		t.Fatalf("serve %v was not refused: %s", args, out)
 	}
-	if err == nil || !strings.Contains(string(out), "cluster key") {
-		t.Fatalf("serve with a wrong key: %v: %s", err, out)
+	if err == nil {
+		t.Fatalf("serve %v exited 0: %s", args, out)
 	}
 	if isMounted(mnt) {
 		syscall.Unmount(mnt, syscall.MNT_DETACH)
 		t.Error("the refused node left its mount")
 	}
-	if n := len(peersOf(t, a)); n != 1 {
-		t.Errorf("A lists %d members, want itself only", n)
-	}
+	return string(out)
 }
 
 // TestClusterPlacement: five members. A file imported on A reaches the

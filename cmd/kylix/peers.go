@@ -245,8 +245,8 @@ started without --listen.`).withJSON()
 		if m.Role == "reader" {
 			role = " (reader: owns no chunks)"
 		}
-		fmt.Fprintf(e.stdout, "%s%s%s: %s, gossip %s, data %s, capacity %s, last seen %s\n  fetched %d chunks (%s), bad chunks %d, errors %d",
-			m.Name, self, role, m.State, m.Addr, m.DataAddr, human(m.Capacity), m.LastSeen.UTC().Format(time.RFC3339), m.Fetched, human(m.FetchedBytes), m.BadChunks, m.Errors)
+		fmt.Fprintf(e.stdout, "%s%s%s: %s, gossip %s, data %s (%s), capacity %s, last seen %s\n  fetched %d chunks (%s), bad chunks %d, errors %d",
+			m.Name, self, role, m.State, m.Addr, m.DataAddr, m.Plane, human(m.Capacity), m.LastSeen.UTC().Format(time.RFC3339), m.Fetched, human(m.FetchedBytes), m.BadChunks, m.Errors)
 		if tp := m.Throughput; tp.Samples > 0 {
 			fmt.Fprintf(e.stdout, ", throughput %s/s (latency %.1f ms, %d chunks measured)", human(tp.BytesPerSec), tp.LatencyMs, tp.Samples)
 		}
