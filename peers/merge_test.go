@@ -96,6 +96,31 @@ func TestMergeRule(t *testing.T) {
 	require.Equal(t, []string{"same", "x", "y"}, names(sub), "same content twice is no conflict")
 }
 
+// TestMergeMetadataTie: two entries of one name with the same HLC and the
+// same content that differ only in mode, owner or mtime (a chmod, chown or
+// touch on two members in one HLC tick) merge to the same tree whichever
+// side is local. Before, the last tie-break compared names and targets
+// only, so each side kept its own entry and the members never converged.
+func TestMergeMetadataTie(t *testing.T) {
+	for _, change := range []func(*chunkstore.Entry){
+		func(e *chunkstore.Entry) { e.Mode = 0o600 },
+		func(e *chunkstore.Entry) { e.UID = 1000 },
+		func(e *chunkstore.Entry) { e.GID = 1000 },
+		func(e *chunkstore.Entry) { e.MTime = 12345 },
+	} {
+		m := memTree{}
+		fa, fb := file("f", 9, 40), file("f", 9, 40)
+		change(&fb)
+		a, b := root(m, fa), root(m, fb)
+		ab, ba := m.merge(t, a, b), m.merge(t, b, a)
+		require.Equal(t, ab, ba, "merge of %+v and %+v depends on the order", fa, fb)
+		require.Equal(t, ab, m.merge(t, ab, a))
+		require.Equal(t, ab, m.merge(t, ab, b))
+		r, _ := m.get(ab)
+		require.Len(t, r.Live(), 1, "same content: no conflict version")
+	}
+}
+
 // TestOwnersZones: owners are the first members in rendezvous order on
 // distinct zones; with fewer zones than replicas the rest come in order.
 func TestOwnersZones(t *testing.T) {

@@ -2,9 +2,11 @@ package peers
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/serf/serf"
@@ -290,7 +292,8 @@ func mergeTrees(a, b chunkstore.ID, get func(chunkstore.ID) (*chunkstore.DirMani
 }
 
 // winner returns the entry that wins a conflict: the larger HLC, then a
-// tombstone, then the larger content id and target, so both sides agree.
+// tombstone, then the larger content id and target, then the larger of
+// the other fields, so both sides agree whichever entry is theirs.
 func winner(a, b chunkstore.Entry) chunkstore.Entry {
 	switch {
 	case a.HLC != b.HLC:
@@ -310,8 +313,18 @@ func winner(a, b chunkstore.Entry) chunkstore.Entry {
 		}
 		return b
 	}
-	if a.Target+"\x00"+a.Name >= b.Target+"\x00"+b.Name {
-		return a
+	if a.Target != b.Target {
+		if a.Target > b.Target {
+			return a
+		}
+		return b
 	}
-	return b
+	// Same HLC, content and target, other metadata (a chmod, chown or
+	// touch on two members in the same HLC tick): every field decides in
+	// turn, so both sides keep the same entry.
+	if c := cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Mode, b.Mode), cmp.Compare(a.UID, b.UID),
+		cmp.Compare(a.GID, b.GID), cmp.Compare(a.Size, b.Size), cmp.Compare(a.MTime, b.MTime), strings.Compare(a.Name, b.Name)); c < 0 {
+		return b
+	}
+	return a
 }
