@@ -88,6 +88,10 @@ type flags struct {
 	jsonOut  bool
 	help     bool
 	synopsis string
+	// creates: the command makes a store where none is (kylix import);
+	// the others refuse a data directory that does not exist, so a
+	// mistyped --data is an error, not a new empty store.
+	creates bool
 }
 
 // newFlags makes a command's flag set. usage is the argument synopsis,
@@ -273,6 +277,11 @@ func (f *flags) open() (*chunkstore.Store, error) {
 }
 
 func (f *flags) openLocal() (*chunkstore.Store, error) {
+	if !f.creates {
+		if _, err := os.Stat(f.data); errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("no store at %s: the directory does not exist (kylix import creates one there; choose another with --data DIR or KYLIX_DATA)", f.data)
+		}
+	}
 	s, err := chunkstore.Open(chunkstore.Options{
 		Dir:    f.data,
 		Logger: slog.New(slog.NewTextHandler(f.e.stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),

@@ -59,6 +59,7 @@ $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub.`).withJSON()
 		}
 		e.args = append(fwd, src, dest)
 	}
+	f.creates = true
 	s, err := f.open()
 	if err != nil {
 		return err

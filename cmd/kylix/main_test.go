@@ -374,3 +374,28 @@ func TestParseSize(t *testing.T) {
 		}
 	}
 }
+
+// TestMissingDataDir: a command that reads a store refuses a data directory
+// that does not exist, naming it, and creates nothing (a mistyped --data
+// used to become a new, empty store that ls showed as empty); kylix import
+// creates the store.
+func TestMissingDataDir(t *testing.T) {
+	data := filepath.Join(t.TempDir(), "typo")
+	for _, args := range [][]string{{"ls"}, {"stat", "m/f"}, {"df"}, {"gc"}, {"verify"}, {"warm", "m"}, {"evict", "--all"}} {
+		r := kylix(t, data, args...)
+		if r.code != 1 || !strings.Contains(r.stderr, "no store at "+data+": the directory does not exist") {
+			t.Errorf("kylix %v with a missing data directory: exit %d\nstderr: %s", args, r.code, r.stderr)
+		}
+		if _, err := os.Stat(data); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("kylix %v created %s", args, data)
+		}
+	}
+	src := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(src, []byte("kylix"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mustKylix(t, data, "import", src, "m/f")
+	if r := mustKylix(t, data, "ls", "m"); !strings.Contains(r.stdout, "f") {
+		t.Errorf("kylix ls after import: %s", r.stdout)
+	}
+}
