@@ -88,3 +88,40 @@ func TestClusterPinResumedAtRestart(t *testing.T) {
 		t.Errorf("B's pin record after the restart: %s %v", recB, err)
 	}
 }
+
+// TestClusterLoadFetches: kylix load on a member that stores only part of
+// a file (R=1, two members) brings the rest from the other member first
+// and loads every byte (--device host, --check: read back and compared).
+func TestClusterLoadFetches(t *testing.T) {
+	requireFUSE(t)
+	key := clusterKey(t)
+	r1 := []string{"--replicas", "1"}
+	a := startMemberArgs(t, "127.0.0.54", key, nil, r1)
+	b := startMemberArgs(t, "127.0.0.55", key, nil, r1, a.addr)
+	waitFor(t, membershipWait, "two alive members seen by each", func() bool {
+		return aliveCount(t, a) == 2 && aliveCount(t, b) == 2
+	})
+	src, _ := randomFile(t, 24<<20+77)
+	mustKylix(t, "/", "import", "--data", a.data, src, "cp/load.bin")
+	waitFor(t, 20*time.Second, "cp/load.bin in B's namespace", visible(filepath.Join(b.mnt, "cp", "load.bin")))
+	if st := clusterStat(t, b, "cp/load.bin"); *st.LocalBytes >= st.Size {
+		t.Fatalf("B stores all of cp/load.bin before the test (R=1, two members)")
+	}
+	var rep struct {
+		Bytes         int64 `json:"bytes"`
+		FetchedChunks int   `json:"fetched_chunks"`
+		Files         []struct {
+			Checked bool `json:"checked"`
+		} `json:"files"`
+	}
+	out := mustKylix(t, "/", "load", "--data", b.data, "--device", "host", "--check", "--json", "cp/load.bin")
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if rep.Bytes != 24<<20+77 || rep.FetchedChunks == 0 || len(rep.Files) != 1 || !rep.Files[0].Checked {
+		t.Fatalf("kylix load on B: %s", out)
+	}
+	if st := clusterStat(t, b, "cp/load.bin"); *st.LocalBytes != st.Size {
+		t.Errorf("after kylix load, B stores %d of %d bytes", *st.LocalBytes, st.Size)
+	}
+}

@@ -45,6 +45,10 @@ type loadReport struct {
 	Bytes   int64      `json:"bytes"`
 	Seconds float64    `json:"seconds"`
 	GBps    float64    `json:"gb_per_s"`
+	// FetchedChunks: on a cluster member, the chunks of the files not
+	// stored here, brought from the members into this node's packs
+	// before the pass (not timed in Seconds).
+	FetchedChunks int `json:"fetched_chunks"`
 }
 
 func runLoad(ctx context.Context, e *env, args []string) error {
@@ -59,7 +63,13 @@ Paths: auto (fastest available), gds (cuFile native/P2PDMA), gds-compat
 (cuFile compatibility mode), bounce (reads into pinned buffers, async copies),
 unified (integrated GPUs). Without --strict an unavailable path falls back to
 bounce and the report says so; with --strict it is an error. --device host is
-a host-memory test device (no GPU involved), never chosen automatically.`).withJSON()
+a host-memory test device (no GPU involved), never chosen automatically.
+
+On a cluster member (kylix serve --listen), the chunks of PATH not stored
+here are first fetched from the members, verified, into this node's packs,
+as KYLIX_IOC_MAKE_LOCAL does; the report says how many (not timed). They are
+not kept there: rebalance drops those this member does not own (kylix pin
+keeps them).`).withJSON()
 	devName := f.String("device", "cuda:0", "cuda:N, or host (a host-memory test device)")
 	pathName := f.String("path", "auto", "auto, gds, gds-compat, bounce or unified")
 	strict := f.Bool("strict", false, "fail instead of falling back to a slower path")
@@ -130,10 +140,29 @@ a host-memory test device (no GPU involved), never chosen automatically.`).withJ
 		return fmt.Errorf("load: no files under %s", strings.Join(f.Args(), " "))
 	}
 	for pass := 0; pass < *repeat; pass++ {
-		rep, err := loadOnce(ctx, s, l, dev, files, *tpRank, *tpSize, *check, *inflight)
+		var rep *loadReport
+		fetched := 0
+		for try := 0; ; try++ {
+			// On a cluster member the chunks stored elsewhere are brought
+			// here first; rebalance may drop them again before the load
+			// plans its reads (they are not this member's), so a load
+			// that finds one missing brings them again, three times at most.
+			if runningPeers != nil {
+				n, err := makeFilesLocal(ctx, s, files)
+				fetched += n
+				if err != nil {
+					return fmt.Errorf("load: %w", err)
+				}
+			}
+			rep, err = loadOnce(ctx, s, l, dev, files, *tpRank, *tpSize, *check, *inflight)
+			if err == nil || runningPeers == nil || !errors.Is(err, chunkstore.ErrNotLocal) || try == 2 {
+				break
+			}
+		}
 		if err != nil {
 			return err
 		}
+		rep.FetchedChunks = fetched
 		rep.Device = dev.String()
 		rep.Path, rep.Note = func() (string, string) { p, n := l.Path(); return string(p), n }()
 		if f.jsonOut {
@@ -155,8 +184,30 @@ a host-memory test device (no GPU involved), never chosen automatically.`).withJ
 			fmt.Fprintf(e.stdout, "  %-60s %10s %7.3fs %7.2f GB/s  %s, %s, %s%s\n", lf.Path, human(lf.Bytes), lf.Seconds, lf.GBps, lf.DataPath, lf.IO, ver, chk)
 		}
 		fmt.Fprintf(e.stdout, "total: %s in %.3fs = %.2f GB/s\n", human(rep.Bytes), rep.Seconds, rep.GBps)
+		if rep.FetchedChunks > 0 {
+			fmt.Fprintf(e.stdout, "fetched first: %d chunks not stored here, from the members into this node's packs (not timed)\n", rep.FetchedChunks)
+		}
 	}
 	return nil
+}
+
+// makeFilesLocal stores here the chunks of the namespace files that are not
+// (on a cluster member: fetched from the members, verified, into the
+// packs) and returns how many it stored.
+func makeFilesLocal(ctx context.Context, s *chunkstore.Store, files []string) (int, error) {
+	total := 0
+	for _, p := range files {
+		file, _, err := s.OpenPath(p)
+		if err != nil {
+			return total, err
+		}
+		n, err := file.MakeLocal(ctx, 0, file.Size())
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("%s: chunks not stored here could not be fetched from the members: %w", p, err)
+		}
+	}
+	return total, nil
 }
 
 // openDevice opens "cuda:N" or "host". No GPU is an error, never a silent
