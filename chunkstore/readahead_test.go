@@ -238,5 +238,11 @@ func TestReadAheadManyReaders(t *testing.T) {
 	}
 	asked := len(fe.asked())
 	require.Positive(t, s.ctr.readAheadChunks.Load(), "nothing was read ahead")
-	require.LessOrEqual(t, asked, len(ids)*110/100, "%d chunks fetched %d times: chunks read ahead were evicted and fetched again", len(ids), asked)
+	// A reader's window is sized by the files read in the last 2 s when it
+	// starts, so readers that start together may each take more than
+	// their share before the others are counted: a few chunks are then
+	// evicted and fetched again (1.00x on an idle machine, 1.07x to 1.11x
+	// seen on a loaded one, CI included). The test allows 1.25x: it is
+	// there to catch the thrash of unshared windows (1.54x).
+	require.LessOrEqual(t, asked, len(ids)*125/100, "%d chunks fetched %d times: chunks read ahead were evicted and fetched again", len(ids), asked)
 }
