@@ -19,13 +19,7 @@ import (
 // docs/design/pin.md), while B is stopped.
 func TestClusterPinResumedAtRestart(t *testing.T) {
 	requireFUSE(t)
-	key := clusterKey(t)
-	r1 := []string{"--replicas", "1"}
-	a := startMemberArgs(t, "127.0.0.50", key, nil, r1)
-	b := startMemberArgs(t, "127.0.0.51", key, nil, r1, a.addr)
-	waitFor(t, membershipWait, "two alive members seen by each", func() bool {
-		return aliveCount(t, a) == 2 && aliveCount(t, b) == 2
-	})
+	a, b, key := startPairR1(t, "127.0.0.50", "127.0.0.51")
 	files := map[string][32]byte{}
 	for _, name := range []string{"cp/pending.bin", "cp/recorded.bin"} {
 		src, sum := randomFile(t, 20<<20+333)
@@ -94,13 +88,7 @@ func TestClusterPinResumedAtRestart(t *testing.T) {
 // and loads every byte (--device host, --check: read back and compared).
 func TestClusterLoadFetches(t *testing.T) {
 	requireFUSE(t)
-	key := clusterKey(t)
-	r1 := []string{"--replicas", "1"}
-	a := startMemberArgs(t, "127.0.0.54", key, nil, r1)
-	b := startMemberArgs(t, "127.0.0.55", key, nil, r1, a.addr)
-	waitFor(t, membershipWait, "two alive members seen by each", func() bool {
-		return aliveCount(t, a) == 2 && aliveCount(t, b) == 2
-	})
+	a, b, _ := startPairR1(t, "127.0.0.54", "127.0.0.55")
 	src, _ := randomFile(t, 24<<20+77)
 	mustKylix(t, "/", "import", "--data", a.data, src, "cp/load.bin")
 	waitFor(t, 20*time.Second, "cp/load.bin in B's namespace", visible(filepath.Join(b.mnt, "cp", "load.bin")))

@@ -50,6 +50,21 @@ func droppedOn(t *testing.T, m *member) int64 {
 	return out.Placement.Dropped
 }
 
+// startPairR1 starts two members on ipA and ipB with --replicas 1 (so B
+// stores only the chunks it owns of a file imported on A), B joining A,
+// and waits until each sees both; it returns them and the cluster key.
+func startPairR1(t *testing.T, ipA, ipB string) (a, b *member, key string) {
+	t.Helper()
+	key = clusterKey(t)
+	r1 := []string{"--replicas", "1"}
+	a = startMemberArgs(t, ipA, key, nil, r1)
+	b = startMemberArgs(t, ipB, key, nil, r1, a.addr)
+	waitFor(t, membershipWait, "two alive members seen by each", func() bool {
+		return aliveCount(t, a) == 2 && aliveCount(t, b) == 2
+	})
+	return a, b, key
+}
+
 // TestClusterPinWarmStat: two members, one copy of each chunk (R=1), so B
 // stores only the chunks it owns of a file imported on A.
 //   - kylix pin on B brings the rest from A into B's packs (progress bar on
@@ -60,7 +75,8 @@ func droppedOn(t *testing.T, m *member) int64 {
 //   - a rebalance pass on B that drops copies it does not own (those of a
 //     file imported on B) keeps the pinned chunks and those made local;
 //   - kylix warm on B of another file of A's fetches the chunks B lacks
-//     (fetched bytes > 0) into B's peer cache, as stat then shows;
+//     (fetched bytes > 0) into B's peer cache, as stat then shows; kylix
+//     evict drops exactly those (not the pinned file's), --all the rest;
 //   - after kill -9 of A, the pinned file and the file made local read
 //     byte-equal through B's mount;
 //   - a pin of a file whose chunks only A held fails naming the file and
@@ -68,13 +84,7 @@ func droppedOn(t *testing.T, m *member) int64 {
 //     local removes it from the record.
 func TestClusterPinWarmStat(t *testing.T) {
 	requireFUSE(t)
-	key := clusterKey(t)
-	r1 := []string{"--replicas", "1"}
-	a := startMemberArgs(t, "127.0.0.60", key, nil, r1)
-	b := startMemberArgs(t, "127.0.0.61", key, nil, r1, a.addr)
-	waitFor(t, membershipWait, "two alive members seen by each", func() bool {
-		return aliveCount(t, a) == 2 && aliveCount(t, b) == 2
-	})
+	a, b, _ := startPairR1(t, "127.0.0.60", "127.0.0.61")
 
 	// A file of A's: B stores only the chunks it owns.
 	src, sum := randomFile(t, 24<<20+4321)

@@ -199,7 +199,7 @@ func makeFilesLocal(ctx context.Context, s *chunkstore.Store, files []string) (i
 	for _, p := range files {
 		file, _, err := s.OpenPath(p)
 		if err != nil {
-			return total, err
+			return total, fmt.Errorf("%s: %w", p, err)
 		}
 		n, err := file.MakeLocal(ctx, 0, file.Size())
 		total += n
