@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"sync"
 
@@ -387,6 +388,28 @@ func (f *File) Prefetch(off, n int64) {
 // chunkIndex returns the index of the chunk holding byte off.
 func (f *File) chunkIndex(off int64) int {
 	return sort.Search(len(f.M.Chunks), func(i int) bool { return f.offs[i+1] > off })
+}
+
+// FetchPieces returns the verified bytes of pieces of f's plan that are not
+// stored here (Piece.Local false), brought by the Fetcher: on a cluster
+// member, from the members, fetchInFlight at once. It goes through the
+// chunk cache, so a chunk cached or being read by another reader (the
+// mount) is shared, but what it fetches is not kept there: the caller
+// places the bytes elsewhere (gpuio's loads). The slices must not be
+// modified. A store alone fails with ErrNotLocal.
+func (f *File) FetchPieces(ctx context.Context, pcs []Piece) ([][]byte, error) {
+	refs := make([]ChunkRef, len(pcs))
+	for i, pc := range pcs {
+		if pc.Len <= 0 || pc.Len > math.MaxUint32 {
+			return nil, fmt.Errorf("chunk %s: a piece of %d bytes", pc.ID.Short(), pc.Len)
+		}
+		refs[i] = ChunkRef{ID: pc.ID, Len: uint32(pc.Len)}
+	}
+	out, err := f.s.readChunks(ctx, refs, make([]Location, len(pcs)), false)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", f.ID.Short(), err)
+	}
+	return out, nil
 }
 
 // MakeLocal stores here every chunk of [off, off+n) of f that is not stored

@@ -27,7 +27,7 @@ func (l *Loader) ReadRange(ctx context.Context, f *chunkstore.File, off, n int64
 		return res, err
 	}
 	defer plan.Release()
-	gs, err := planGroups(plan.Pieces, off, n, l.opts.BufferSize)
+	gs, err := planGroups(f, plan.Pieces, off, n, l.opts.BufferSize)
 	if err != nil {
 		return res, err
 	}
@@ -145,7 +145,7 @@ func (l *Loader) LoadTensors(ctx context.Context, f *chunkstore.File, h *safeten
 		if w.sl.Bytes == 0 {
 			continue
 		}
-		gs, err := planGroups(layout, lo, hi-lo, l.opts.BufferSize)
+		gs, err := planGroups(f, layout, lo, hi-lo, l.opts.BufferSize)
 		if err != nil {
 			return res, fmt.Errorf("tensor %s: %w", w.t.Name, err)
 		}

@@ -107,6 +107,11 @@ type Result struct {
 	Verified bool          `json:"verified"`              // every chunk re-hashed before use
 	VerifyOn string        `json:"verified_on,omitempty"` // "cpu" or "device"
 	Note     string        `json:"note,omitempty"`        // why this path and not a faster one
+	// Fetched and FetchedChunks: the bytes (whole chunks) and chunks not
+	// stored here that were fetched from the members during the load
+	// (a cluster member), verified on arrival; part of Read.
+	Fetched       int64 `json:"fetched_bytes,omitempty"`
+	FetchedChunks int   `json:"fetched_chunks,omitempty"`
 }
 
 // GBps is Bytes over Duration in GB/s (10^9).

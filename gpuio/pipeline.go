@@ -156,6 +156,8 @@ func (l *Loader) run(ctx context.Context, jobs []job, res *Result) error {
 		placed, read int64
 		kinds        [nIOKinds]int
 		atPin        int // groups verified when pinned, not hashed again
+		fetched      int64
+		fetchedN     int
 	)
 	res.Path, res.Note, res.Verified = l.path, l.note, !l.opts.NoVerify
 	if res.Verified {
@@ -198,11 +200,16 @@ loop:
 			if kind == ioPinnedAtPin {
 				atPin++
 			}
+			if kind == ioFetched {
+				fetched += j.g.dataLen
+				fetchedN += len(j.g.chunks)
+			}
 			mu.Unlock()
 		}()
 	}
 	wg.Wait()
 	res.Bytes, res.Read, res.Duration = placed, read, time.Since(start)
+	res.Fetched, res.FetchedChunks = fetched, fetchedN
 	var used []string
 	for k, n := range kinds {
 		if n > 0 {
@@ -234,10 +241,11 @@ const (
 	ioUnified                   // straight into unified memory
 	ioPinned                    // straight from a node's pinned, registered pages
 	ioPinnedAtPin               // the same, chunks verified when pinned: not hashed again
+	ioFetched                   // not stored here: fetched from the members (verified on arrival)
 	nIOKinds
 )
 
-var ioKindNames = [nIOKinds]string{"page cache", "O_DIRECT", "page cache (mapped)", "cufile", "unified", "page cache (pinned)", "page cache (pinned, verified)"}
+var ioKindNames = [nIOKinds]string{"page cache", "O_DIRECT", "page cache (mapped)", "cufile", "unified", "page cache (pinned)", "page cache (pinned, verified)", "fetched from members"}
 
 // source is where a group's bytes are once read: host memory (a pinned
 // buffer, or the registered page cache) or device staging memory (cuFile).
@@ -262,6 +270,9 @@ func (l *Loader) doJob(ctx context.Context, j job, buf PinnedMem, s Stream, stag
 		return 0, ioBuffered, err
 	}
 	if j.into != nil {
+		if g.pack == 0 {
+			return l.fetchInto(ctx, g, j.into)
+		}
 		return l.readInto(ctx, g, j.into)
 	}
 	src, err := l.read(ctx, j, buf, stage)
@@ -320,7 +331,10 @@ func (l *Loader) doJob(ctx context.Context, j job, buf PinnedMem, s Stream, stag
 			}
 			c, base = devCopier{s: s, stage: stage}, g.fileOff-src.devOff
 		default:
-			if !l.opts.NoVerify {
+			// Fetched chunks were hashed on arrival (the store checks
+			// every fetched chunk, or its fetcher does: VerifiedFetcher)
+			// and are not hashed again.
+			if !l.opts.NoVerify && src.kind != ioFetched {
 				if err := verifyHost(g, src.host[src.hostOff:]); err != nil {
 					return 0, err
 				}
@@ -366,6 +380,11 @@ func verifyHost(g group, data []byte) error {
 // read brings a group's bytes where the device can copy them from.
 func (l *Loader) read(ctx context.Context, j job, buf PinnedMem, stage DeviceMem) (source, error) {
 	g := j.g
+	if g.pack == 0 {
+		src := source{host: buf.Bytes()[:g.dataLen], pinned: buf, kind: ioFetched}
+		_, _, err := l.fetchInto(ctx, g, src.host)
+		return src, err
+	}
 	if l.path == PathGDS || l.path == PathGDSCompat {
 		src := source{onDev: true, devOff: g.dataOff - g.readOff, kind: ioCuFile}
 		return src, l.readGDS(g, stage)
@@ -438,6 +457,23 @@ func (l *Loader) readGDS(g group, stage DeviceMem) error {
 		return fmt.Errorf("cuFile read pack %016x at %d: short (%d bytes): %w", g.pack, g.readOff, n, chunkstore.ErrCorrupt)
 	}
 	return nil
+}
+
+// fetchInto brings the chunks of a group of pieces not stored here
+// (planGroups) from the members into `into`, back to back; they are
+// verified on arrival (File.FetchPieces).
+func (l *Loader) fetchInto(ctx context.Context, g group, into []byte) (int64, ioKind, error) {
+	data, err := g.from.FetchPieces(ctx, g.chunks)
+	if err != nil {
+		return 0, ioFetched, fmt.Errorf("chunks at file offset %d not stored here: %w", g.fileOff, err)
+	}
+	for i, ch := range g.chunks {
+		if int64(len(data[i])) != ch.Len {
+			return 0, ioFetched, &chunkstore.CorruptError{Chunk: ch.ID, Reason: fmt.Sprintf("fetched %d bytes, want %d", len(data[i]), ch.Len)}
+		}
+		copy(into[ch.PackOff:ch.PackOff+ch.Len], data[i])
+	}
+	return g.dataLen, ioFetched, nil
 }
 
 // readInto reads a group's chunks straight into memory the device uses (the

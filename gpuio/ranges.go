@@ -109,7 +109,7 @@ func (l *Loader) ReadRangesWith(ctx context.Context, f *chunkstore.File, ranges 
 			return res, err
 		}
 		defer plan.Release()
-		gs, err := planGroups(plan.Pieces, lo, hi-lo, l.opts.BufferSize)
+		gs, err := planGroups(f, plan.Pieces, lo, hi-lo, l.opts.BufferSize)
 		if err != nil {
 			return res, err
 		}

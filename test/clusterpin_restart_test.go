@@ -84,32 +84,60 @@ func TestClusterPinResumedAtRestart(t *testing.T) {
 }
 
 // TestClusterLoadFetches: kylix load on a member that stores only part of
-// a file (R=1, two members) brings the rest from the other member first
-// and loads every byte (--device host, --check: read back and compared).
+// a file (R=1, two members) fetches the rest from the other member while
+// it loads, and places every byte (--device host, --check: read back and
+// compared with the store). Whole files and a tensor-parallel share of a
+// safetensors model (strided copies of fetched chunks) both. The fetched
+// chunks are not written into B's packs.
 func TestClusterLoadFetches(t *testing.T) {
 	requireFUSE(t)
 	a, b, _ := startPairR1(t, "127.0.0.54", "127.0.0.55")
 	src, _ := randomFile(t, 24<<20+77)
 	mustKylix(t, "/", "import", "--data", a.data, src, "cp/load.bin")
-	waitFor(t, 20*time.Second, "cp/load.bin in B's namespace", visible(filepath.Join(b.mnt, "cp", "load.bin")))
-	if st := clusterStat(t, b, "cp/load.bin"); *st.LocalBytes >= st.Size {
+	models := t.TempDir()
+	mustKylix(t, "/", "demo-model", "--size", "48MiB", models)
+	mustKylix(t, "/", "import", "--data", a.data, filepath.Join(models, "base"), "cp/model")
+	waitFor(t, 20*time.Second, "cp/load.bin and cp/model in B's namespace", func() bool {
+		return visible(filepath.Join(b.mnt, "cp", "load.bin"))() && visible(filepath.Join(b.mnt, "cp", "model"))()
+	})
+	before := clusterStat(t, b, "cp/load.bin")
+	if *before.LocalBytes >= before.Size {
 		t.Fatalf("B stores all of cp/load.bin before the test (R=1, two members)")
 	}
-	var rep struct {
+	type report struct {
 		Bytes         int64 `json:"bytes"`
 		FetchedChunks int   `json:"fetched_chunks"`
+		Fetched       int64 `json:"fetched_bytes"`
 		Files         []struct {
-			Checked bool `json:"checked"`
+			Checked bool   `json:"checked"`
+			IO      string `json:"io"`
 		} `json:"files"`
 	}
-	out := mustKylix(t, "/", "load", "--data", b.data, "--device", "host", "--check", "--json", "cp/load.bin")
-	if err := json.Unmarshal([]byte(out), &rep); err != nil {
-		t.Fatalf("%v\n%s", err, out)
+	load := func(args ...string) report {
+		t.Helper()
+		out := mustKylix(t, "/", append([]string{"load", "--data", b.data, "--device", "host", "--check", "--json"}, args...)...)
+		var rep report
+		if err := json.Unmarshal([]byte(out), &rep); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		for _, f := range rep.Files {
+			if !f.Checked {
+				t.Fatalf("kylix load %v: a file not checked: %s", args, out)
+			}
+		}
+		return rep
 	}
-	if rep.Bytes != 24<<20+77 || rep.FetchedChunks == 0 || len(rep.Files) != 1 || !rep.Files[0].Checked {
-		t.Fatalf("kylix load on B: %s", out)
+	rep := load("cp/load.bin")
+	// Every chunk B lacks was fetched once, during the load.
+	if rep.Bytes != 24<<20+77 || len(rep.Files) != 1 || rep.Fetched != before.Size-*before.LocalBytes || rep.FetchedChunks == 0 || !strings.Contains(rep.Files[0].IO, "fetched from members") {
+		t.Fatalf("kylix load on B: %+v; want %d bytes fetched (B stores %d of %d)", rep, before.Size-*before.LocalBytes, *before.LocalBytes, before.Size)
 	}
-	if st := clusterStat(t, b, "cp/load.bin"); *st.LocalBytes != st.Size {
-		t.Errorf("after kylix load, B stores %d of %d bytes", *st.LocalBytes, st.Size)
+	if st := clusterStat(t, b, "cp/load.bin"); *st.LocalBytes != *before.LocalBytes {
+		t.Errorf("after kylix load, B stores %d of %d bytes; want %d as before: a load does not write into the packs", *st.LocalBytes, st.Size, *before.LocalBytes)
+	}
+	// A tensor-parallel share of a model only partly on B.
+	rep = load("--tp-size", "2", "--tp-rank", "1", "cp/model")
+	if rep.FetchedChunks == 0 || len(rep.Files) == 0 {
+		t.Fatalf("kylix load --tp-size 2 --tp-rank 1 on B fetched nothing: %+v", rep)
 	}
 }

@@ -234,6 +234,21 @@ func TestClusterBadPeer(t *testing.T) {
 		t.Errorf("kylix peers shows no bad chunk from C: %+v", p)
 	}
 
+	// kylix load on B fetches what B lacks during the load, not through
+	// the mount: with C in the cluster the bytes loaded are right (--check
+	// compares every one with the store's), and a file only C holds fails
+	// to load, naming the wrong chunk (below). By now B asks A first (C's
+	// failures sank it in B's order), so the second is the one that
+	// certainly meets C's bytes.
+	src2, _ := randomFile(t, 32<<20)
+	mustKylix(t, "/", "import", "--data", a.data, src2, "g.bin")
+	mustKylix(t, "/", "import", "--data", c.data, src2, "g.bin")
+	waitFor(t, 20*time.Second, "g.bin in B's mount", visible(filepath.Join(b.mnt, "g.bin")))
+	out := mustKylix(t, "/", "load", "--data", b.data, "--device", "host", "--check", "g.bin")
+	if !strings.Contains(out, "read back and compared") || !strings.Contains(out, "fetched from members") {
+		t.Errorf("kylix load on B of a file A and C hold: %s", out)
+	}
+
 	only, _ := randomFile(t, 2<<20)
 	mustKylix(t, "/", "import", "--data", c.data, only, "only-c.bin")
 	onB = filepath.Join(b.mnt, "only-c.bin")
@@ -241,6 +256,10 @@ func TestClusterBadPeer(t *testing.T) {
 	_, err := os.ReadFile(onB)
 	if err == nil || !strings.Contains(err.Error(), "input/output error") {
 		t.Fatalf("read of a file only the bad member holds: %v, want EIO", err)
+	}
+	_, errs, code := kylix(t, "/", "load", "--data", b.data, "--device", "host", "only-c.bin")
+	if code == 0 || !strings.Contains(errs, "sent a wrong chunk") {
+		t.Errorf("kylix load on B of a file only the bad member holds: exit %d\n%s\nwant an error saying the member sent a wrong chunk", code, errs)
 	}
 }
 

@@ -31,6 +31,10 @@ type loadFile struct {
 	Verified bool    `json:"verified"`
 	VerifyOn string  `json:"verified_on,omitempty"`
 	Checked  bool    `json:"checked,omitempty"`
+	// Fetched: bytes of chunks not stored here, fetched from the members
+	// during the load (a cluster member).
+	Fetched       int64 `json:"fetched_bytes,omitempty"`
+	FetchedChunks int   `json:"fetched_chunks,omitempty"`
 
 	check func() error // --check: compare the device bytes with the store
 }
@@ -45,10 +49,12 @@ type loadReport struct {
 	Bytes   int64      `json:"bytes"`
 	Seconds float64    `json:"seconds"`
 	GBps    float64    `json:"gb_per_s"`
-	// FetchedChunks: on a cluster member, the chunks of the files not
-	// stored here, brought from the members into this node's packs
-	// before the pass (not timed in Seconds).
-	FetchedChunks int `json:"fetched_chunks"`
+	// FetchedChunks and Fetched: on a cluster member, the chunks of the
+	// files not stored here (and their bytes), fetched from the members
+	// during the load, in the order the load needs them (timed in
+	// Seconds).
+	FetchedChunks int   `json:"fetched_chunks"`
+	Fetched       int64 `json:"fetched_bytes"`
 }
 
 func runLoad(ctx context.Context, e *env, args []string) error {
@@ -66,10 +72,11 @@ bounce and the report says so; with --strict it is an error. --device host is
 a host-memory test device (no GPU involved), never chosen automatically.
 
 On a cluster member (kylix serve --listen), the chunks of PATH not stored
-here are first fetched from the members, verified, into this node's packs,
-as KYLIX_IOC_MAKE_LOCAL does; the report says how many (not timed). They are
-not kept there: rebalance drops those this member does not own (kylix pin
-keeps them).`).withJSON()
+here are fetched from the members while the load runs, in the order it needs
+them, verified on arrival, and copied through the same buffers; the report
+says how many ("fetched from members" in io). They are not written into this
+node's packs (kylix pin, kylix warm or KYLIX_IOC_MAKE_LOCAL keep them here);
+the node's peer cache may keep them.`).withJSON()
 	devName := f.String("device", "cuda:0", "cuda:N, or host (a host-memory test device)")
 	pathName := f.String("path", "auto", "auto, gds, gds-compat, bounce or unified")
 	strict := f.Bool("strict", false, "fail instead of falling back to a slower path")
@@ -140,29 +147,10 @@ keeps them).`).withJSON()
 		return fmt.Errorf("load: no files under %s", strings.Join(f.Args(), " "))
 	}
 	for pass := 0; pass < *repeat; pass++ {
-		var rep *loadReport
-		fetched := 0
-		for try := 0; ; try++ {
-			// On a cluster member the chunks stored elsewhere are brought
-			// here first; rebalance may drop them again before the load
-			// plans its reads (they are not this member's), so a load
-			// that finds one missing brings them again, three times at most.
-			if runningPeers != nil {
-				n, err := makeFilesLocal(ctx, s, files)
-				fetched += n
-				if err != nil {
-					return fmt.Errorf("load: %w", err)
-				}
-			}
-			rep, err = loadOnce(ctx, s, l, dev, files, *tpRank, *tpSize, *check, *inflight)
-			if err == nil || runningPeers == nil || !errors.Is(err, chunkstore.ErrNotLocal) || try == 2 {
-				break
-			}
-		}
+		rep, err := loadOnce(ctx, s, l, dev, files, *tpRank, *tpSize, *check, *inflight)
 		if err != nil {
 			return err
 		}
-		rep.FetchedChunks = fetched
 		rep.Device = dev.String()
 		rep.Path, rep.Note = func() (string, string) { p, n := l.Path(); return string(p), n }()
 		if f.jsonOut {
@@ -185,29 +173,10 @@ keeps them).`).withJSON()
 		}
 		fmt.Fprintf(e.stdout, "total: %s in %.3fs = %.2f GB/s\n", human(rep.Bytes), rep.Seconds, rep.GBps)
 		if rep.FetchedChunks > 0 {
-			fmt.Fprintf(e.stdout, "fetched first: %d chunks not stored here, from the members into this node's packs (not timed)\n", rep.FetchedChunks)
+			fmt.Fprintf(e.stdout, "fetched: %d chunks (%s) not stored here, from the members during the load\n", rep.FetchedChunks, human(rep.Fetched))
 		}
 	}
 	return nil
-}
-
-// makeFilesLocal stores here the chunks of the namespace files that are not
-// (on a cluster member: fetched from the members, verified, into the
-// packs) and returns how many it stored.
-func makeFilesLocal(ctx context.Context, s *chunkstore.Store, files []string) (int, error) {
-	total := 0
-	for _, p := range files {
-		file, _, err := s.OpenPath(p)
-		if err != nil {
-			return total, fmt.Errorf("%s: %w", p, err)
-		}
-		n, err := file.MakeLocal(ctx, 0, file.Size())
-		total += n
-		if err != nil {
-			return total, fmt.Errorf("%s: chunks not stored here could not be fetched from the members: %w", p, err)
-		}
-	}
-	return total, nil
 }
 
 // openDevice opens "cuda:N" or "host". No GPU is an error, never a silent
@@ -286,6 +255,8 @@ func loadOnce(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpu
 		if lf != nil {
 			rep.Files = append(rep.Files, *lf)
 			rep.Bytes += lf.Bytes
+			rep.Fetched += lf.Fetched
+			rep.FetchedChunks += lf.FetchedChunks
 		}
 	}
 	el := time.Since(start)
@@ -397,6 +368,7 @@ func loadOne(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpui
 	}
 	lf.Bytes, lf.Seconds, lf.GBps = res.Bytes, res.Duration.Seconds(), res.GBps()
 	lf.DataPath, lf.IO, lf.Verified, lf.VerifyOn = string(res.Path), res.IO, res.Verified, res.VerifyOn
+	lf.Fetched, lf.FetchedChunks = res.Fetched, res.FetchedChunks
 	if check {
 		lf.check = verifyFn
 	}

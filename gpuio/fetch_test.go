@@ -1,0 +1,175 @@
+package gpuio
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/chunkstore/safetensors"
+)
+
+// mapFetcher serves chunks from memory, as a cluster's members would; with
+// flip set it sends every chunk with one byte changed (a lying member).
+type mapFetcher struct {
+	chunks map[chunkstore.ID][]byte
+	flip   bool
+	asked  atomic.Int64
+}
+
+func (m *mapFetcher) Fetch(ctx context.Context, id chunkstore.ID, n uint32) ([]byte, error) {
+	m.asked.Add(1)
+	b, ok := m.chunks[id]
+	if !ok {
+		return nil, fmt.Errorf("chunk %s: %w", id.Short(), chunkstore.ErrNotLocal)
+	}
+	b = bytes.Clone(b)
+	if m.flip {
+		b[len(b)/2] ^= 1
+	}
+	return b, nil
+}
+
+// missingStore returns a store whose files' chunks are all stored elsewhere:
+// the fixture's files are imported, every chunk is handed to fe, and the
+// packs are deleted before the store is opened again with fe as its fetcher.
+func missingStore(t *testing.T, fx *fixture, fe *mapFetcher) *chunkstore.Store {
+	t.Helper()
+	dir, src := t.TempDir(), t.TempDir()
+	st, err := chunkstore.Open(chunkstore.Options{Dir: dir})
+	require.NoError(t, err)
+	fe.chunks = map[chunkstore.ID][]byte{}
+	var packs []string
+	for name, b := range fx.files {
+		require.NoError(t, os.WriteFile(filepath.Join(src, name), b, 0o644))
+		_, err := st.Import(context.Background(), filepath.Join(src, name), name, chunkstore.ImportOptions{})
+		require.NoError(t, err)
+		f, _, err := st.OpenPath(name)
+		require.NoError(t, err)
+		p, err := f.Plan(0, f.Size())
+		require.NoError(t, err)
+		for _, pc := range p.Pieces {
+			fe.chunks[pc.ID] = b[pc.FileOff : pc.FileOff+pc.Len]
+			packs = append(packs, st.PackPath(pc.Pack))
+		}
+		p.Release()
+	}
+	require.NoError(t, st.Close())
+	for _, p := range packs {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Fatal(err)
+		}
+	}
+	st, err = chunkstore.Open(chunkstore.Options{Dir: dir, Fetcher: fe})
+	require.NoError(t, err)
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+// TestLoadFetchesMissingChunks: a load of files whose chunks are not stored
+// here (a cluster member's) fetches them inside the pipeline and places every
+// byte, on every loader variant, whole files and strided tensor-parallel
+// shares; the result counts what was fetched. Wrong bytes from the fetcher
+// fail the load and never count as placed; with no one to ask, the load
+// fails with ErrNotLocal.
+func TestLoadFetchesMissingChunks(t *testing.T) {
+	fx := newFixture(t)
+	fe := &mapFetcher{}
+	st := missingStore(t, fx, fe)
+	for vname, mk := range variants() {
+		t.Run(vname, func(t *testing.T) {
+			dev, opts := mk()
+			l, err := New(st, dev, opts)
+			require.NoError(t, err)
+			defer l.Close()
+			for name, want := range fx.files {
+				f, _, err := st.OpenPath(name)
+				require.NoError(t, err)
+				size := int64(len(want))
+				for _, rg := range [][2]int64{{0, size}, {size / 3, size / 2}, {size - 1, 1}} {
+					mem, err := dev.Alloc(rg[1])
+					require.NoError(t, err)
+					asked := fe.asked.Load()
+					res, err := l.ReadRange(context.Background(), f, rg[0], rg[1], mem, 0)
+					require.NoError(t, err, "%s [%d, +%d)", name, rg[0], rg[1])
+					require.Equal(t, rg[1], res.Bytes)
+					require.True(t, bytes.Equal(want[rg[0]:rg[0]+rg[1]], mem.(HostViewer).HostView()[:rg[1]]), "%s [%d, +%d): bytes differ", name, rg[0], rg[1])
+					require.Greater(t, res.FetchedChunks, 0, "%s: nothing counted as fetched", name)
+					require.GreaterOrEqual(t, res.Fetched, rg[1])
+					require.Contains(t, res.IO, "fetched from members")
+					require.Greater(t, fe.asked.Load(), asked, "the fetcher was not asked")
+					mem.Free()
+				}
+			}
+			// A column share of o_proj: strided copies out of fetched groups.
+			f, _, err := st.OpenPath("a.safetensors")
+			require.NoError(t, err)
+			h, err := safetensors.Parse(f, f.Size())
+			require.NoError(t, err)
+			whole, err := safetensors.Parse(bytes.NewReader(fx.files["a.safetensors"]), int64(len(fx.files["a.safetensors"])))
+			require.NoError(t, err)
+			found := false
+			for _, tn := range h.Tensors {
+				if tn.Name != "o_proj" {
+					continue
+				}
+				found = true
+				sh := &Share{Dim: 1, Rank: 1, Size: 2}
+				sl, err := sh.Layout(tn)
+				require.NoError(t, err)
+				mem, err := dev.Alloc(sl.Bytes)
+				require.NoError(t, err)
+				_, err = l.LoadTensors(context.Background(), f, h, []TensorTarget{{Name: tn.Name, Share: sh, Mem: mem}})
+				require.NoError(t, err)
+				src := fx.files["a.safetensors"][whole.DataStart()+tn.Begin:]
+				var want []byte
+				for r := int64(0); r < sl.Rows; r++ {
+					want = append(want, src[r*sl.Pitch+sl.ColOff:][:sl.Width]...)
+				}
+				require.True(t, bytes.Equal(want, mem.(HostViewer).HostView()[:sl.Bytes]), "o_proj column share differs")
+				mem.Free()
+			}
+			require.True(t, found, "no o_proj tensor in the fixture")
+		})
+	}
+
+	t.Run("wrong bytes", func(t *testing.T) {
+		fe.flip = true
+		defer func() { fe.flip = false }()
+		l, err := New(st, &HostDevice{}, Options{})
+		require.NoError(t, err)
+		defer l.Close()
+		f, _, err := st.OpenPath("opaque.bin")
+		require.NoError(t, err)
+		mem, err := (&HostDevice{}).Alloc(f.Size())
+		require.NoError(t, err)
+		defer mem.Free()
+		_, err = l.ReadRange(context.Background(), f, 0, f.Size(), mem, 0)
+		require.ErrorIs(t, err, chunkstore.ErrCorrupt)
+	})
+
+	// Another file: the store remembers a failed chunk for a moment
+	// (chunkstore.DefaultFailTTL) and would answer with that failure.
+	t.Run("no one to ask", func(t *testing.T) {
+		saved := fe.chunks
+		fe.chunks = nil
+		defer func() { fe.chunks = saved }()
+		l, err := New(st, &HostDevice{}, Options{})
+		require.NoError(t, err)
+		defer l.Close()
+		f, _, err := st.OpenPath("b.safetensors")
+		require.NoError(t, err)
+		mem, err := (&HostDevice{}).Alloc(f.Size())
+		require.NoError(t, err)
+		defer mem.Free()
+		_, err = l.ReadRange(context.Background(), f, 0, f.Size(), mem, 0)
+		require.ErrorIs(t, err, chunkstore.ErrNotLocal)
+	})
+}
