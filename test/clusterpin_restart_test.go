@@ -129,7 +129,7 @@ func TestClusterLoadFetches(t *testing.T) {
 	}
 	rep := load("cp/load.bin")
 	// Every chunk B lacks was fetched once, during the load.
-	if rep.Bytes != 24<<20+77 || len(rep.Files) != 1 || rep.Fetched != before.Size-*before.LocalBytes || rep.FetchedChunks == 0 || !strings.Contains(rep.Files[0].IO, "fetched from members") {
+	if rep.Bytes != 24<<20+77 || len(rep.Files) != 1 || rep.Fetched != before.Size-*before.LocalBytes || rep.FetchedChunks == 0 || !strings.Contains(rep.Files[0].IO, "fetched") {
 		t.Fatalf("kylix load on B: %+v; want %d bytes fetched (B stores %d of %d)", rep, before.Size-*before.LocalBytes, *before.LocalBytes, before.Size)
 	}
 	if st := clusterStat(t, b, "cp/load.bin"); *st.LocalBytes != *before.LocalBytes {

@@ -245,7 +245,7 @@ func TestClusterBadPeer(t *testing.T) {
 	mustKylix(t, "/", "import", "--data", c.data, src2, "g.bin")
 	waitFor(t, 20*time.Second, "g.bin in B's mount", visible(filepath.Join(b.mnt, "g.bin")))
 	out := mustKylix(t, "/", "load", "--data", b.data, "--device", "host", "--check", "g.bin")
-	if !strings.Contains(out, "read back and compared") || !strings.Contains(out, "fetched from members") {
+	if !strings.Contains(out, "read back and compared") || !strings.Contains(out, "\nfetched: ") {
 		t.Errorf("kylix load on B of a file A and C hold: %s", out)
 	}
 

@@ -74,7 +74,7 @@ a host-memory test device (no GPU involved), never chosen automatically.
 On a cluster member (kylix serve --listen), the chunks of PATH not stored
 here are fetched from the members while the load runs, in the order it needs
 them, verified on arrival, and copied through the same buffers; the report
-says how many ("fetched from members" in io). They are not written into this
+says how many ("fetched" in io). They are not written into this
 node's packs (kylix pin, kylix warm or KYLIX_IOC_MAKE_LOCAL keep them here);
 the node's peer cache may keep them.`).withJSON()
 	devName := f.String("device", "cuda:0", "cuda:N, or host (a host-memory test device)")
