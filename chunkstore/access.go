@@ -46,6 +46,19 @@ type VerifiedFetcher interface {
 	FetchVerifies()
 }
 
+// IntoFetcher is a VerifiedFetcher that can also bring a chunk straight
+// into memory the caller provides (File.FetchPiecesInto): a load places
+// fetched chunks without a chunk-sized buffer of their own in between.
+// peers.Node is one.
+type IntoFetcher interface {
+	VerifiedFetcher
+	// FetchInto fills dst, len(dst) the chunk's size, with the bytes of
+	// chunk id, checked against id, or returns an error (wrapping
+	// ErrNotLocal when no one has it). It must honour ctx, and must not
+	// write into dst after it returns.
+	FetchInto(ctx context.Context, id ID, dst []byte) error
+}
+
 // LocalOnly is the Fetcher of a store alone: nothing can be fetched.
 type LocalOnly struct{}
 
@@ -390,26 +403,85 @@ func (f *File) chunkIndex(off int64) int {
 	return sort.Search(len(f.M.Chunks), func(i int) bool { return f.offs[i+1] > off })
 }
 
-// FetchPieces returns the verified bytes of pieces of f's plan that are not
-// stored here (Piece.Local false), brought by the Fetcher: on a cluster
-// member, from the members, fetchInFlight at once. It goes through the
-// chunk cache, so a chunk cached or being read by another reader (the
-// mount) is shared, but what it fetches is not kept there: the caller
-// places the bytes elsewhere (gpuio's loads). The slices must not be
-// modified. A store alone fails with ErrNotLocal.
-func (f *File) FetchPieces(ctx context.Context, pcs []Piece) ([][]byte, error) {
-	refs := make([]ChunkRef, len(pcs))
+// FetchPiecesInto writes the verified bytes of pieces of f's plan that are
+// not stored here (Piece.Local false) into dsts (dsts[i] is pcs[i].Len
+// bytes), brought by the Fetcher: on a cluster member, from the members,
+// fetchInFlight at once. A chunk in the chunk cache is copied from there.
+// An IntoFetcher writes each chunk straight into its dst; another fetcher's
+// chunks go through the chunk cache (shared with other readers, not kept)
+// and are copied. A store alone fails with ErrNotLocal. What was fetched is
+// not written into the packs (the caller places the bytes elsewhere:
+// gpuio's loads). On error, dsts may hold some of the bytes.
+func (f *File) FetchPiecesInto(ctx context.Context, pcs []Piece, dsts [][]byte) error {
+	if len(dsts) != len(pcs) {
+		return fmt.Errorf("fetch: %d pieces into %d buffers", len(pcs), len(dsts))
+	}
 	for i, pc := range pcs {
-		if pc.Len <= 0 || pc.Len > math.MaxUint32 {
-			return nil, fmt.Errorf("chunk %s: a piece of %d bytes", pc.ID.Short(), pc.Len)
+		if pc.Len <= 0 || pc.Len > math.MaxUint32 || int64(len(dsts[i])) != pc.Len {
+			return fmt.Errorf("chunk %s: a piece of %d bytes into %d", pc.ID.Short(), pc.Len, len(dsts[i]))
 		}
-		refs[i] = ChunkRef{ID: pc.ID, Len: uint32(pc.Len)}
 	}
-	out, err := f.s.readChunks(ctx, refs, make([]Location, len(pcs)), false)
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", f.ID.Short(), err)
+	ifx, ok := f.s.fetcher.(IntoFetcher)
+	if !ok {
+		refs := make([]ChunkRef, len(pcs))
+		for i, pc := range pcs {
+			refs[i] = ChunkRef{ID: pc.ID, Len: uint32(pc.Len)}
+		}
+		out, err := f.s.readChunks(ctx, refs, make([]Location, len(pcs)), false)
+		if err != nil {
+			return fmt.Errorf("read %s: %w", f.ID.Short(), err)
+		}
+		for i := range out {
+			copy(dsts[i], out[i])
+		}
+		return nil
 	}
-	return out, nil
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+		sem   = make(chan struct{}, fetchInFlight)
+	)
+	for i, pc := range pcs {
+		if b, ok := f.s.cache.cached(pc.ID); ok && int64(len(b)) == pc.Len {
+			copy(dsts[i], b)
+			continue
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := ifx.FetchInto(ctx, pc.ID, dsts[i]); err != nil {
+				err = fmt.Errorf("chunk %s: %w", pc.ID.Short(), err)
+				if ctx.Err() == nil {
+					f.s.ctr.chunkFailed(err)
+					f.s.logChunkFailure(pc.ID, Location{}, err)
+				}
+				mu.Lock()
+				if first == nil {
+					first = err
+					cancel()
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if first == nil {
+		first = ctxErr(ctx)
+	}
+	if first != nil {
+		return fmt.Errorf("read %s: %w", f.ID.Short(), first)
+	}
+	return nil
 }
 
 // MakeLocal stores here every chunk of [off, off+n) of f that is not stored

@@ -37,10 +37,30 @@ func (m *mapFetcher) Fetch(ctx context.Context, id chunkstore.ID, n uint32) ([]b
 	return b, nil
 }
 
+// intoFetcher is mapFetcher as a chunkstore.IntoFetcher (the peer layer's
+// kind): it writes each chunk into the caller's memory.
+type intoFetcher struct {
+	*mapFetcher
+	into atomic.Int64
+}
+
+func (m *intoFetcher) FetchVerifies() {}
+
+func (m *intoFetcher) FetchInto(ctx context.Context, id chunkstore.ID, dst []byte) error {
+	m.into.Add(1)
+	b, err := m.Fetch(ctx, id, uint32(len(dst)))
+	if err != nil {
+		return err
+	}
+	copy(dst, b)
+	return nil
+}
+
 // missingStore returns a store whose files' chunks are all stored elsewhere:
 // the fixture's files are imported, every chunk is handed to fe, and the
-// packs are deleted before the store is opened again with fe as its fetcher.
-func missingStore(t *testing.T, fx *fixture, fe *mapFetcher) *chunkstore.Store {
+// packs are deleted before the store is opened again with fetcher (fe, or
+// one made of it).
+func missingStore(t *testing.T, fx *fixture, fe *mapFetcher, fetcher chunkstore.Fetcher) *chunkstore.Store {
 	t.Helper()
 	dir, src := t.TempDir(), t.TempDir()
 	st, err := chunkstore.Open(chunkstore.Options{Dir: dir})
@@ -67,7 +87,7 @@ func missingStore(t *testing.T, fx *fixture, fe *mapFetcher) *chunkstore.Store {
 			t.Fatal(err)
 		}
 	}
-	st, err = chunkstore.Open(chunkstore.Options{Dir: dir, Fetcher: fe})
+	st, err = chunkstore.Open(chunkstore.Options{Dir: dir, Fetcher: fetcher})
 	require.NoError(t, err)
 	t.Cleanup(func() { st.Close() })
 	return st
@@ -78,11 +98,58 @@ func missingStore(t *testing.T, fx *fixture, fe *mapFetcher) *chunkstore.Store {
 // byte, on every loader variant, whole files and strided tensor-parallel
 // shares; the result counts what was fetched. Wrong bytes from the fetcher
 // fail the load and never count as placed; with no one to ask, the load
-// fails with ErrNotLocal.
+// fails with ErrNotLocal. A fetcher that writes into the caller's memory
+// (chunkstore.IntoFetcher) is used that way.
 func TestLoadFetchesMissingChunks(t *testing.T) {
 	fx := newFixture(t)
+	t.Run("into", func(t *testing.T) {
+		fe := &mapFetcher{}
+		ife := &intoFetcher{mapFetcher: fe}
+		st := missingStore(t, fx, fe, ife)
+		testLoadFetches(t, fx, st, fe)
+		require.Positive(t, ife.into.Load(), "the IntoFetcher's FetchInto was never used")
+	})
 	fe := &mapFetcher{}
-	st := missingStore(t, fx, fe)
+	st := missingStore(t, fx, fe, fe)
+	testLoadFetches(t, fx, st, fe)
+
+	t.Run("wrong bytes", func(t *testing.T) {
+		fe.flip = true
+		defer func() { fe.flip = false }()
+		l, err := New(st, &HostDevice{}, Options{})
+		require.NoError(t, err)
+		defer l.Close()
+		f, _, err := st.OpenPath("opaque.bin")
+		require.NoError(t, err)
+		mem, err := (&HostDevice{}).Alloc(f.Size())
+		require.NoError(t, err)
+		defer mem.Free()
+		_, err = l.ReadRange(context.Background(), f, 0, f.Size(), mem, 0)
+		require.ErrorIs(t, err, chunkstore.ErrCorrupt)
+	})
+
+	// Another file: the store remembers a failed chunk for a moment
+	// (chunkstore.DefaultFailTTL) and would answer with that failure.
+	t.Run("no one to ask", func(t *testing.T) {
+		saved := fe.chunks
+		fe.chunks = nil
+		defer func() { fe.chunks = saved }()
+		l, err := New(st, &HostDevice{}, Options{})
+		require.NoError(t, err)
+		defer l.Close()
+		f, _, err := st.OpenPath("b.safetensors")
+		require.NoError(t, err)
+		mem, err := (&HostDevice{}).Alloc(f.Size())
+		require.NoError(t, err)
+		defer mem.Free()
+		_, err = l.ReadRange(context.Background(), f, 0, f.Size(), mem, 0)
+		require.ErrorIs(t, err, chunkstore.ErrNotLocal)
+	})
+}
+
+// testLoadFetches loads every file, ranges of it and a strided share from
+// st, whose chunks fe serves, on every loader variant.
+func testLoadFetches(t *testing.T, fx *fixture, st *chunkstore.Store, fe *mapFetcher) {
 	for vname, mk := range variants() {
 		t.Run(vname, func(t *testing.T) {
 			dev, opts := mk()
@@ -139,37 +206,4 @@ func TestLoadFetchesMissingChunks(t *testing.T) {
 			require.True(t, found, "no o_proj tensor in the fixture")
 		})
 	}
-
-	t.Run("wrong bytes", func(t *testing.T) {
-		fe.flip = true
-		defer func() { fe.flip = false }()
-		l, err := New(st, &HostDevice{}, Options{})
-		require.NoError(t, err)
-		defer l.Close()
-		f, _, err := st.OpenPath("opaque.bin")
-		require.NoError(t, err)
-		mem, err := (&HostDevice{}).Alloc(f.Size())
-		require.NoError(t, err)
-		defer mem.Free()
-		_, err = l.ReadRange(context.Background(), f, 0, f.Size(), mem, 0)
-		require.ErrorIs(t, err, chunkstore.ErrCorrupt)
-	})
-
-	// Another file: the store remembers a failed chunk for a moment
-	// (chunkstore.DefaultFailTTL) and would answer with that failure.
-	t.Run("no one to ask", func(t *testing.T) {
-		saved := fe.chunks
-		fe.chunks = nil
-		defer func() { fe.chunks = saved }()
-		l, err := New(st, &HostDevice{}, Options{})
-		require.NoError(t, err)
-		defer l.Close()
-		f, _, err := st.OpenPath("b.safetensors")
-		require.NoError(t, err)
-		mem, err := (&HostDevice{}).Alloc(f.Size())
-		require.NoError(t, err)
-		defer mem.Free()
-		_, err = l.ReadRange(context.Background(), f, 0, f.Size(), mem, 0)
-		require.ErrorIs(t, err, chunkstore.ErrNotLocal)
-	})
 }

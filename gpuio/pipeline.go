@@ -460,18 +460,16 @@ func (l *Loader) readGDS(g group, stage DeviceMem) error {
 }
 
 // fetchInto brings the chunks of a group of pieces not stored here
-// (planGroups) from the members into `into`, back to back; they are
-// verified on arrival (File.FetchPieces).
+// (planGroups) from the members into `into`, back to back, each straight
+// into its place when the store's fetcher can (chunkstore.IntoFetcher);
+// they are verified on arrival (File.FetchPiecesInto).
 func (l *Loader) fetchInto(ctx context.Context, g group, into []byte) (int64, ioKind, error) {
-	data, err := g.from.FetchPieces(ctx, g.chunks)
-	if err != nil {
-		return 0, ioFetched, fmt.Errorf("chunks at file offset %d not stored here: %w", g.fileOff, err)
-	}
+	dsts := make([][]byte, len(g.chunks))
 	for i, ch := range g.chunks {
-		if int64(len(data[i])) != ch.Len {
-			return 0, ioFetched, &chunkstore.CorruptError{Chunk: ch.ID, Reason: fmt.Sprintf("fetched %d bytes, want %d", len(data[i]), ch.Len)}
-		}
-		copy(into[ch.PackOff:ch.PackOff+ch.Len], data[i])
+		dsts[i] = into[ch.PackOff : ch.PackOff+ch.Len]
+	}
+	if err := g.from.FetchPiecesInto(ctx, g.chunks, dsts); err != nil {
+		return 0, ioFetched, fmt.Errorf("chunks at file offset %d not stored here: %w", g.fileOff, err)
 	}
 	return g.dataLen, ioFetched, nil
 }

@@ -124,7 +124,7 @@ func TestWrongBytesKeepConnection(t *testing.T) {
 	}
 	p := rd.livePeers()[0]
 	c := f.M.Chunks[0]
-	_, err = rd.ask(context.Background(), p, opChunk, c.ID, c.Len)
+	_, err = rd.ask(context.Background(), p, opChunk, c.ID, c.Len, nil)
 	require.Error(t, err)
 	require.Equal(t, int64(1), rd.statsFor("bad").BadChunks.Load())
 	require.Zero(t, rd.statsFor("bad").Fetched.Load())

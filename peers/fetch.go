@@ -45,7 +45,7 @@ func (n *Node) fetch(ctx context.Context, id chunkstore.ID, size uint32, keep bo
 		return b, nil
 	}
 	if r, ok := n.relayFor(id, members); ok && r.name != n.self && !n.cfg.NoRelay {
-		if data, err := n.askRelay(ctx, r, id, size); err == nil {
+		if data, err := n.askRelay(ctx, r, id, size, nil); err == nil {
 			if keep {
 				n.cache.put(id, data)
 			}
@@ -53,9 +53,47 @@ func (n *Node) fetch(ctx context.Context, id chunkstore.ID, size uint32, keep bo
 		}
 	}
 	if !keep || n.cfg.NoRelay {
-		return n.fetchDirect(ctx, id, size)
+		return n.fetchDirect(ctx, id, size, nil)
 	}
 	return n.fetchShared(ctx, id, size)
+}
+
+// FetchInto is Fetch into memory the caller provides (it implements
+// chunkstore.IntoFetcher): the chunk's len(dst) bytes are read from the
+// connection straight into dst and hashed as they arrive, so a load
+// (gpuio) moves a chunk from the socket into the buffer the device copies
+// from with no chunk-sized buffer in between. dst holds the verified chunk
+// when it returns nil; after it returns, nothing writes into dst (a
+// cancelled transfer closes its connection first: roundTrip). A chunk in
+// the peer cache is copied from there. The holders and relays are asked as
+// for Fetch, except that a relay's part is skipped when it is this member
+// (fetchShared would fetch into a buffer of its own to share it); what it
+// fetched is kept in the peer cache as Fetch keeps it.
+func (n *Node) FetchInto(ctx context.Context, id chunkstore.ID, dst []byte) error {
+	if !n.started.Load() {
+		return fmt.Errorf("chunk %s: not in a cluster: %w", id.Short(), chunkstore.ErrNotLocal)
+	}
+	size := uint32(len(dst))
+	members := n.members()
+	keep := !owns(id, members, n.self, n.cfg.Replicas)
+	if b, ok := n.cache.get(id, size); ok {
+		copy(dst, b)
+		return nil
+	}
+	fetched := false
+	if r, ok := n.relayFor(id, members); ok && r.name != n.self && !n.cfg.NoRelay {
+		_, err := n.askRelay(ctx, r, id, size, dst)
+		fetched = err == nil
+	}
+	if !fetched {
+		if _, err := n.fetchDirect(ctx, id, size, dst); err != nil {
+			return err
+		}
+	}
+	if keep {
+		n.cache.put(id, dst)
+	}
+	return nil
 }
 
 // fetchDirect asks the holders of chunk id one at a time: its owners first
@@ -64,7 +102,7 @@ func (n *Node) fetch(ctx context.Context, id chunkstore.ID, size uint32, keep bo
 // what each sends against the id, and moves on when a member does not hold
 // the chunk, fails, or sends wrong bytes (counted as a bad chunk, shown by
 // `kylix peers`).
-func (n *Node) fetchDirect(ctx context.Context, id chunkstore.ID, size uint32) ([]byte, error) {
+func (n *Node) fetchDirect(ctx context.Context, id chunkstore.ID, size uint32, into []byte) ([]byte, error) {
 	var lastErr error
 	asked := 0
 	tried := map[string]bool{}
@@ -80,7 +118,7 @@ func (n *Node) fetchDirect(ctx context.Context, id chunkstore.ID, size uint32) (
 		}
 		tried[p.name] = true
 		asked++
-		data, err := n.askTimed(ctx, p, id, size)
+		data, err := n.askTimed(ctx, p, id, size, into)
 		if errors.Is(err, errNotHeld) {
 			continue
 		}
@@ -100,10 +138,11 @@ func (n *Node) fetchDirect(ctx context.Context, id chunkstore.ID, size uint32) (
 var errNotHeld = errors.New("not held")
 
 // ask sends one chunk request (op opChunk or opRelay) to p, with the fetch
-// time limit, verifies the answer and counts it in p's stats.
-func (n *Node) ask(ctx context.Context, p peer, op byte, id chunkstore.ID, size uint32) ([]byte, error) {
+// time limit, verifies the answer and counts it in p's stats. With into
+// (len size), the answer is read into it and the data returned is into.
+func (n *Node) ask(ctx context.Context, p peer, op byte, id chunkstore.ID, size uint32, into []byte) ([]byte, error) {
 	actx, cancel := context.WithTimeout(ctx, n.cfg.FetchTimeout)
-	data, err := n.request(actx, p, request{op: op, id: id, len: size}, size)
+	data, err := n.request(actx, p, request{op: op, id: id, len: size, into: into}, size)
 	cancel()
 	st := n.statsFor(p.name)
 	// request checked the bytes against id as they arrived (roundTrip):

@@ -37,8 +37,8 @@ func (n *Node) relayFor(id chunkstore.ID, members []peer) (peer, bool) {
 }
 
 // askRelay asks relay r for chunk id (verified, like every fetch).
-func (n *Node) askRelay(ctx context.Context, r peer, id chunkstore.ID, size uint32) ([]byte, error) {
-	data, err := n.ask(ctx, r, opRelay, id, size)
+func (n *Node) askRelay(ctx context.Context, r peer, id chunkstore.ID, size uint32, into []byte) ([]byte, error) {
+	data, err := n.ask(ctx, r, opRelay, id, size, into)
 	if err == nil {
 		n.relay.asked.Add(1)
 	}
@@ -78,7 +78,7 @@ func (n *Node) fetchShared(ctx context.Context, id chunkstore.ID, size uint32) (
 		// attempt is bounded by the fetch time limit.
 		go func() {
 			rs.fetches.Add(1)
-			f.data, f.err = n.fetchDirect(n.ctx, id, size)
+			f.data, f.err = n.fetchDirect(n.ctx, id, size, nil)
 			if f.err == nil {
 				n.cache.put(id, f.data)
 			}

@@ -40,8 +40,14 @@ type call struct {
 	max uint32 // the longest payload the answer may have
 	// hash: a chunk request; the reader hashes an ok answer's payload as
 	// it reads it (while the bytes are in the cache) into sum.
-	hash   bool
-	sum    [32]byte
+	hash bool
+	sum  [32]byte
+	// into: where an ok answer of exactly len(into) bytes goes (the
+	// caller's memory; request.into). The reader writes into it only
+	// after taking the call out of pending, and closes done when it has
+	// stopped; a caller that gives up after that waits for done
+	// (roundTrip), so nothing is written there once roundTrip returned.
+	into   []byte
 	done   chan struct{}
 	status byte
 	data   []byte
@@ -126,8 +132,14 @@ func (cc *clientConn) readLoop() {
 			return
 		}
 		// The payload is read straight into a buffer of its size (past
-		// what the reader had buffered), a chunk's hashed piece by piece.
-		buf := make([]byte, n)
+		// what the reader had buffered), or into the caller's memory, a
+		// chunk's hashed piece by piece.
+		var buf []byte
+		if kind == stOK && cl.into != nil && int(n) == len(cl.into) {
+			buf = cl.into
+		} else {
+			buf = make([]byte, n)
+		}
 		if cl.hash && kind == stOK {
 			h.Reset()
 			err = readHashed(r, buf, h, stage)
@@ -185,6 +197,9 @@ var errWrongChunk = errors.New("sent bytes that fail their hash")
 func (cc *clientConn) roundTrip(ctx context.Context, rq request, max uint32) (byte, []byte, error) {
 	chunk := rq.op == opChunk || rq.op == opRelay
 	cl := &call{max: max, hash: chunk, done: make(chan struct{})}
+	if chunk {
+		cl.into = rq.into
+	}
 	cc.mu.Lock()
 	if cc.err != nil {
 		err := cc.err
@@ -213,8 +228,21 @@ func (cc *clientConn) roundTrip(ctx context.Context, rq request, max uint32) (by
 		return cl.status, cl.data, cl.err
 	case <-ctx.Done():
 		cc.mu.Lock()
+		_, waiting := cc.pending[id]
 		delete(cc.pending, id)
 		cc.mu.Unlock()
+		if !waiting && cl.into != nil {
+			// The reader took the answer and may be writing it into the
+			// caller's memory. Closing the connection ends that read at
+			// once (a stalled peer cannot hold us); the reader closes
+			// done when it has stopped.
+			select {
+			case <-cl.done:
+			default:
+				cc.close(fmt.Errorf("data plane connection to %s: a fetch into the caller's memory was cancelled while its answer arrived: %w", cc.c.RemoteAddr(), ctx.Err()))
+				<-cl.done
+			}
+		}
 		return 0, nil, ctx.Err()
 	}
 }

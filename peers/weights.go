@@ -185,10 +185,10 @@ func (n *Node) pickHolder(id chunkstore.ID, tried map[string]bool) (peer, bool) 
 // failure are measured. A
 // member that does not hold the chunk, or a request the caller gave up
 // (its context ended), is not measured.
-func (n *Node) askTimed(ctx context.Context, p peer, id chunkstore.ID, size uint32) ([]byte, error) {
+func (n *Node) askTimed(ctx context.Context, p peer, id chunkstore.ID, size uint32, into []byte) ([]byte, error) {
 	w := &n.statsFor(p.name).weight
 	start := time.Now()
-	data, err := n.ask(ctx, p, opChunk, id, size)
+	data, err := n.ask(ctx, p, opChunk, id, size, into)
 	d := time.Since(start)
 	w.inflight.Add(-1)
 	switch {

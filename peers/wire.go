@@ -196,6 +196,10 @@ type request struct {
 	len uint32 // opChunk only
 	// raw is the payload of opHas and opPut, checked by decodeRequest.
 	raw []byte
+	// into, never sent: memory of the caller's that an ok answer of len
+	// bytes to a chunk request is read into, instead of a new buffer
+	// (Node.FetchInto; roundTrip).
+	into []byte
 }
 
 // decodeRequest checks a request frame's op and payload.

@@ -233,8 +233,9 @@ func TestBenchFetch3Netns(t *testing.T) {
 			}
 			ms = startHolders(plane)
 		}
-		for rep := range reps {
-			// The kylix fetch: a fresh reader (no caches) in n3.
+		// freshReader starts a reader with no caches in n3 and waits until
+		// the holders' placement pass after its join is over.
+		freshReader := func(name string) *member {
 			before := map[*member]int64{}
 			for _, m := range ms {
 				_, pl := peersJSON(t, m)
@@ -244,7 +245,7 @@ func TestBenchFetch3Netns(t *testing.T) {
 			// nothing to it and the holders keep theirs. --peer-cache 0:
 			// nothing written to disk (the ceiling writes nothing).
 			var rd *member
-			profiled(fmt.Sprintf("reader-%s-%d", plane, rep+1), func() {
+			profiled(name, func() {
 				rd = c.start(3, key, []string{"--data-plane", plane, "--replicas", "3", "--role", "reader", "--peer-cache", "0"}, 0)
 			})
 			waitFor(t, membershipWait, "four alive members", func() bool {
@@ -266,6 +267,11 @@ func TestBenchFetch3Netns(t *testing.T) {
 				}
 				return true
 			})
+			return rd
+		}
+		for rep := range reps {
+			// The kylix fetch through the mount: a fresh reader in n3.
+			rd := freshReader(fmt.Sprintf("reader-%s-%d", plane, rep+1))
 			var paths []string
 			for _, n := range names {
 				paths = append(paths, filepath.Join(rd.mnt, n))
@@ -307,6 +313,48 @@ func TestBenchFetch3Netns(t *testing.T) {
 			}
 			t.Logf("fetch %s #%d: %.0f MB/s, receiver %.2f cores/(GB/s) (node %.2f, reader %.2f), senders %.2f; %d holders served, reader fetched %d MiB; load %s",
 				plane, rep+1, fr.mbps, fr.recvCPU, (recvCPU-r.User-r.Sys)/gb, (r.User+r.Sys)/gb, fr.sendCPU, served, fetched>>20, load)
+			rd.stop()
+			os.RemoveAll(filepath.Dir(rd.data))
+
+			// The kylix fetch into memory, not through the mount: kylix load
+			// --device host on another fresh reader (the fetched chunks go
+			// through the load pipeline's buffers into host memory;
+			// gpuio.md, "Chunks stored elsewhere"). Twice: the first pass
+			// also grows the fresh node's heap and host memory (on this
+			// machine every first touch of a page is expensive), the
+			// second is the one counted.
+			rd = freshReader(fmt.Sprintf("loader-%s-%d", plane, rep+1))
+			for pass := range 2 {
+				load = loadAvg()
+				cpu0 = map[int]float64{}
+				for _, m := range append(ms, rd) {
+					cpu0[m.cmd.Process.Pid] = cpuOf(t, m.cmd.Process.Pid)
+				}
+				cmd := exec.Command(kylixBin, append([]string{"load", "--data", rd.data, "--device", "host", "--verify-on", "cpu", "--files", strconv.Itoa(nfiles), "--json"}, names...)...)
+				out, err := cmd.Output()
+				require.NoError(t, err, "kylix load on the reader: %s", out)
+				var lr struct {
+					Bytes   int64   `json:"bytes"`
+					Seconds float64 `json:"seconds"`
+					Fetched int64   `json:"fetched_bytes"`
+					CPU     float64 `json:"cpu_seconds"`
+				}
+				require.NoError(t, json.Unmarshal(out, &lr), "%s", out)
+				require.Equal(t, size/nfiles*nfiles, lr.Bytes)
+				send = 0
+				for _, m := range ms {
+					send += cpuOf(t, m.cmd.Process.Pid) - cpu0[m.cmd.Process.Pid]
+				}
+				cli := (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
+				recvCPU = cpuOf(t, rd.cmd.Process.Pid) - cpu0[rd.cmd.Process.Pid] + cli
+				gb = float64(lr.Bytes) / 1e9
+				lrun := benchRun{float64(lr.Bytes) / 1e6 / lr.Seconds, recvCPU / gb, send / gb}
+				if pass == 1 {
+					results["load "+plane] = append(results["load "+plane], lrun)
+				}
+				t.Logf("load %s #%d pass %d: %.0f MB/s, receiver %.2f cores/(GB/s) (node %.2f during the pass by its own count), senders %.2f; fetched %d MiB; load %s",
+					plane, rep+1, pass+1, lrun.mbps, lrun.recvCPU, lr.CPU/gb, lrun.sendCPU, lr.Fetched>>20, load)
+			}
 			rd.stop()
 			os.RemoveAll(filepath.Dir(rd.data))
 
@@ -361,7 +409,7 @@ func TestBenchFetch3Netns(t *testing.T) {
 		}
 		return median(vs), strings.Join(xs, ", ")
 	}
-	for _, k := range []string{"fetch tls", "ceiling tls", "fetch plaintext", "ceiling plaintext"} {
+	for _, k := range []string{"fetch tls", "load tls", "ceiling tls", "fetch plaintext", "load plaintext", "ceiling plaintext"} {
 		m, all := col(results[k], func(r benchRun) float64 { return r.mbps })
 		rc, rall := col(results[k], func(r benchRun) float64 { return r.recvCPU })
 		sc, sall := col(results[k], func(r benchRun) float64 { return r.sendCPU })
@@ -373,5 +421,8 @@ func TestBenchFetch3Netns(t *testing.T) {
 		fc, _ := col(results["fetch "+plane], func(r benchRun) float64 { return r.recvCPU + r.sendCPU })
 		cc, _ := col(results["ceiling "+plane], func(r benchRun) float64 { return r.recvCPU + r.sendCPU })
 		t.Logf("%s: fetch / ceiling %.2f by MB/s, %.2f by CPU per byte (both ends); goal >= 0.8", plane, f/cl, cc/fc)
+		l, _ := col(results["load "+plane], func(r benchRun) float64 { return r.mbps })
+		lc, _ := col(results["load "+plane], func(r benchRun) float64 { return r.recvCPU + r.sendCPU })
+		t.Logf("%s: load into memory / ceiling %.2f by MB/s, %.2f by CPU per byte (both ends); goal >= 0.8", plane, l/cl, cc/lc)
 	}
 }

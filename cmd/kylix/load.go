@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/kylix/kylix/chunkstore"
@@ -55,6 +56,10 @@ type loadReport struct {
 	// Seconds).
 	FetchedChunks int   `json:"fetched_chunks"`
 	Fetched       int64 `json:"fetched_bytes"`
+	// CPUSeconds: user + system CPU time of the process that ran the
+	// pass (the node, when the command was forwarded to one) while it
+	// ran, all its threads, not only the load's.
+	CPUSeconds float64 `json:"cpu_seconds"`
 }
 
 func runLoad(ctx context.Context, e *env, args []string) error {
@@ -171,12 +176,22 @@ the node's peer cache may keep them.`).withJSON()
 			}
 			fmt.Fprintf(e.stdout, "  %-60s %10s %7.3fs %7.2f GB/s  %s, %s, %s%s\n", lf.Path, human(lf.Bytes), lf.Seconds, lf.GBps, lf.DataPath, lf.IO, ver, chk)
 		}
-		fmt.Fprintf(e.stdout, "total: %s in %.3fs = %.2f GB/s\n", human(rep.Bytes), rep.Seconds, rep.GBps)
+		fmt.Fprintf(e.stdout, "total: %s in %.3fs = %.2f GB/s; CPU %.2fs (%.2f cores)\n", human(rep.Bytes), rep.Seconds, rep.GBps, rep.CPUSeconds, rep.CPUSeconds/max(rep.Seconds, 1e-9))
 		if rep.FetchedChunks > 0 {
 			fmt.Fprintf(e.stdout, "fetched: %d chunks (%s) not stored here, from the members during the load\n", rep.FetchedChunks, human(rep.Fetched))
 		}
 	}
 	return nil
+}
+
+// processCPU is the user + system CPU time this process has used, in
+// seconds (0 if the kernel does not say).
+func processCPU() float64 {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }
 
 // openDevice opens "cuda:N" or "host". No GPU is an error, never a silent
@@ -205,7 +220,7 @@ func loadOnce(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpu
 			m.Free()
 		}
 	}()
-	start := time.Now()
+	start, cpu0 := time.Now(), processCPU()
 	var (
 		mu   sync.Mutex
 		wg   sync.WaitGroup
@@ -259,7 +274,7 @@ func loadOnce(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpu
 			rep.FetchedChunks += lf.FetchedChunks
 		}
 	}
-	el := time.Since(start)
+	el, cpu := time.Since(start), processCPU()-cpu0
 	// Checks run after the clock stopped: they copy everything back.
 	for i := range rep.Files {
 		if c := rep.Files[i].check; c != nil {
@@ -269,7 +284,7 @@ func loadOnce(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpu
 			rep.Files[i].Checked = true
 		}
 	}
-	rep.Seconds = el.Seconds()
+	rep.Seconds, rep.CPUSeconds = el.Seconds(), cpu
 	if rep.Seconds > 0 {
 		rep.GBps = float64(rep.Bytes) / rep.Seconds / 1e9
 	}
