@@ -207,3 +207,35 @@ func testLoadFetches(t *testing.T, fx *fixture, st *chunkstore.Store, fe *mapFet
 		})
 	}
 }
+
+// TestHostDeviceReuse: with Reuse, memory freed serves a later allocation
+// that fits (at most twice its size), and use after free is still refused
+// through the old handle; without it, every allocation is new.
+func TestHostDeviceReuse(t *testing.T) {
+	d := &HostDevice{Reuse: true}
+	a, err := d.Alloc(1 << 20)
+	require.NoError(t, err)
+	pa := a.Ptr()
+	require.NoError(t, a.Free())
+	b, err := d.Alloc(800 << 10)
+	require.NoError(t, err)
+	require.Equal(t, pa, b.Ptr(), "freed memory that fits was not reused")
+	require.Equal(t, int64(800<<10), b.Size())
+	require.Error(t, a.(*hostMem).hold(), "the freed handle can still be used")
+	c, err := d.Alloc(1 << 20)
+	require.NoError(t, err)
+	require.NotEqual(t, pa, c.Ptr(), "memory in use handed out twice")
+	require.NoError(t, b.Free())
+	small, err := d.Alloc(100 << 10)
+	require.NoError(t, err)
+	require.NotEqual(t, pa, small.Ptr(), "a buffer over twice the size asked was reused")
+
+	plain := &HostDevice{}
+	x, err := plain.Alloc(1 << 20)
+	require.NoError(t, err)
+	px := x.Ptr()
+	require.NoError(t, x.Free())
+	y, err := plain.Alloc(1 << 20)
+	require.NoError(t, err)
+	require.NotEqual(t, px, y.Ptr())
+}

@@ -25,9 +25,16 @@ type HostDevice struct {
 	Unified bool
 	// MaxDelay bounds the random delay of each copy (default 200µs).
 	MaxDelay time.Duration
+	// Reuse keeps freed memory for later allocations (the smallest that
+	// fits, at most twice the size asked), not cleared, as GPU caching
+	// allocators do (torch's): a process that loads the same files again
+	// then writes into memory it touched before, as a GPU load does,
+	// instead of paying for new host pages each time. Close drops it.
+	Reuse bool
 
 	mu     sync.Mutex
 	allocs int
+	free   [][]byte // Reuse: freed buffers
 }
 
 var _ Device = (*HostDevice)(nil)
@@ -43,7 +50,12 @@ func (d *HostDevice) String() string {
 func (d *HostDevice) Integrated() bool { return d.Unified }
 
 // Close implements Device.
-func (d *HostDevice) Close() error { return nil }
+func (d *HostDevice) Close() error {
+	d.mu.Lock()
+	d.free = nil
+	d.mu.Unlock()
+	return nil
+}
 
 // Live returns the number of allocations not yet freed.
 func (d *HostDevice) Live() int {
@@ -95,6 +107,11 @@ func (m *hostMem) Free() error {
 	}
 	m.freed = true
 	m.d.track(-1)
+	if m.d.Reuse && cap(m.b) > 0 {
+		m.d.mu.Lock()
+		m.d.free = append(m.d.free, m.b[:cap(m.b)])
+		m.d.mu.Unlock()
+	}
 	return nil
 }
 
@@ -120,7 +137,31 @@ func (d *HostDevice) Alloc(n int64) (DeviceMem, error) {
 		return nil, fmt.Errorf("host device: alloc %d bytes", n)
 	}
 	d.track(1)
+	if b := d.reuse(n); b != nil {
+		return &hostMem{d: d, b: b}, nil
+	}
 	return &hostMem{d: d, b: storeio.AlignedBuffer(int(n))[:n]}, nil
+}
+
+// reuse takes the smallest freed buffer of n to 2n bytes (Reuse), or nil.
+func (d *HostDevice) reuse(n int64) []byte {
+	if !d.Reuse || n == 0 {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	best := -1
+	for i, b := range d.free {
+		if c := int64(len(b)); c >= n && c <= 2*n && (best < 0 || c < int64(len(d.free[best]))) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return nil
+	}
+	b := d.free[best]
+	d.free = append(d.free[:best], d.free[best+1:]...)
+	return b[:n]
 }
 
 // AllocPinned implements Device.

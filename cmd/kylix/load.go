@@ -198,7 +198,9 @@ func processCPU() float64 {
 // switch to the host device.
 func openDevice(name string) (gpuio.Device, error) {
 	if name == "host" {
-		return &gpuio.HostDevice{}, nil
+		// Freed memory is reused, as GPU allocators do, so --repeat
+		// measures loads into memory touched before (gpuio.HostDevice).
+		return &gpuio.HostDevice{Reuse: true}, nil
 	}
 	n, ok := strings.CutPrefix(name, "cuda:")
 	ord, err := strconv.Atoi(n)
