@@ -5,11 +5,14 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kylix/kylix/chunkstore"
 )
@@ -99,6 +102,12 @@ func (sv *server) serveConn(c net.Conn) {
 		return
 	}
 	w := &answerWriter{c: c, bw: bufio.NewWriterSize(c, 64<<10)}
+	if pc, ok := c.(*plainConn); ok && !sv.corrupt {
+		// Plaintext over TCP: chunks go from the pack to the socket with
+		// sendfile (sendChunk). Not with TLS, which must encrypt them,
+		// nor with the corrupting test hook, which changes them.
+		w.tcp, _ = pc.Conn.(*net.TCPConn)
+	}
 	sem := make(chan struct{}, maxInFlightPerConn)
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -119,7 +128,7 @@ func (sv *server) serveConn(c net.Conn) {
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			w.send(f.id, sv.answer(rq))
+			w.send(f.id, sv.answer(rq, w.tcp != nil))
 		}()
 	}
 }
@@ -131,6 +140,7 @@ func (sv *server) serveConn(c net.Conn) {
 // call, without a copy into the buffer.
 type answerWriter struct {
 	c       net.Conn
+	tcp     *net.TCPConn // plaintext over TCP: chunks are sent with sendfile
 	mu      sync.Mutex
 	bw      *bufio.Writer
 	writers atomic.Int32 // answers waiting to be written
@@ -144,7 +154,16 @@ func (w *answerWriter) send(id uint32, a answer) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var err error
-	if a.frame != nil {
+	if a.span != nil {
+		var hdr [frameHeader]byte
+		putHeader(hdr[:], a.st, id, int(a.span.Len))
+		if _, err = w.bw.Write(hdr[:]); err == nil {
+			err = w.bw.Flush()
+		}
+		if err == nil {
+			err = sendChunk(w.tcp, *a.span)
+		}
+	} else if a.frame != nil {
 		f := *a.frame
 		putHeader(f, a.st, id, len(f)-frameHeader)
 		if len(f) <= w.bw.Available() {
@@ -175,20 +194,65 @@ type answer struct {
 	st      byte
 	payload []byte
 	frame   *[]byte
+	// span, for a plaintext TCP connection: the chunk in its pack, sent
+	// with sendfile; its lease is held until written.
+	span *chunkstore.ChunkSpan
 }
 
 func (a answer) release() {
 	if a.frame != nil {
 		putFrame(a.frame)
 	}
+	if a.span != nil {
+		a.span.Release()
+	}
 }
 
-// answer serves one request from the local store.
-func (sv *server) answer(rq request) answer {
+// sendChunk writes a chunk's bytes from its pack to c with sendfile(2):
+// from the page cache to the socket, with no copy through this process.
+// A pack shorter than the index says fails (the header already promised
+// the bytes: the caller closes the connection, and the receiver asks
+// another member).
+func sendChunk(c *net.TCPConn, sp chunkstore.ChunkSpan) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	off, left := sp.Off, int(sp.Len)
+	var serr error
+	err = rc.Write(func(fd uintptr) bool {
+		for left > 0 {
+			n, err := unix.Sendfile(int(fd), sp.Fd(), &off, left)
+			if n > 0 {
+				left -= n
+			}
+			switch {
+			case err == unix.EAGAIN:
+				return false // wait until the socket can take more
+			case err == unix.EINTR:
+			case err != nil:
+				serr = err
+				return true
+			case n == 0:
+				serr = fmt.Errorf("chunk %s: its pack ends %d bytes short: %w", sp.ID.Short(), left, chunkstore.ErrCorrupt)
+				return true
+			}
+		}
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	return serr
+}
+
+// answer serves one request from the local store; sendfile: the
+// connection can take a chunk from its pack by sendfile (fromPack).
+func (sv *server) answer(rq request, sendfile bool) answer {
 	id := chunkstore.ID(rq.id)
 	switch rq.op {
 	case opChunk, opRelay:
-		if a, ok := sv.fromPack(id, rq.len); ok {
+		if a, ok := sv.fromPack(id, rq.len, sendfile); ok {
 			return a
 		}
 		// Not in a pack here, but maybe in memory: read or fetched
@@ -238,10 +302,12 @@ func (sv *server) answer(rq request) answer {
 var errLength = errors.New("chunk length differs from the one asked for")
 
 // fromPack answers a chunk request from the packs: the chunk's bytes are
-// read straight into a pooled frame. Not hashed here: the receiver checks
-// every chunk against its id before anyone sees it, and counts a member
-// whose bytes fail. False when the chunk is not in a pack here.
-func (sv *server) fromPack(id chunkstore.ID, size uint32) (answer, bool) {
+// read straight into a pooled frame, or, with sendfile, left in the pack
+// for the writer to send (its lease held by the answer). Not hashed here:
+// the receiver checks every chunk against its id before anyone sees it,
+// and counts a member whose bytes fail. False when the chunk is not in a
+// pack here.
+func (sv *server) fromPack(id chunkstore.ID, size uint32, sendfile bool) (answer, bool) {
 	sp, err := sv.s.LeaseChunk(id)
 	switch {
 	case errors.Is(err, chunkstore.ErrNotLocal):
@@ -249,10 +315,16 @@ func (sv *server) fromPack(id chunkstore.ID, size uint32) (answer, bool) {
 	case err != nil:
 		return answer{st: stError, payload: errMsg(err)}, true
 	}
-	defer sp.Release()
 	if sp.Len != size {
+		sp.Release()
 		return answer{st: stError, payload: errMsg(errLength)}, true
 	}
+	if sendfile {
+		sv.stats.served(int64(size))
+		sv.stats.ServedPackBytes.Add(int64(size))
+		return answer{st: stOK, span: &sp}, true
+	}
+	defer sp.Release()
 	f := getFrame(int(size))
 	if err := sp.ReadInto((*f)[frameHeader:]); err != nil {
 		putFrame(f)

@@ -135,14 +135,17 @@ func (cc *clientConn) readLoop() {
 		// what the reader had buffered), or into the caller's memory, a
 		// chunk's hashed piece by piece.
 		var buf []byte
+		st := stage
 		if kind == stOK && cl.into != nil && int(n) == len(cl.into) {
-			buf = cl.into
+			// The caller's memory is reused (a load's pinned buffers),
+			// not fresh: read straight into it.
+			buf, st = cl.into, nil
 		} else {
 			buf = make([]byte, n)
 		}
 		if cl.hash && kind == stOK {
 			h.Reset()
-			err = readHashed(r, buf, h, stage)
+			err = readHashed(r, buf, h, st)
 			h.Sum(cl.sum[:0])
 		} else {
 			_, err = io.ReadFull(r, buf)
