@@ -116,35 +116,32 @@ func TestLoadFetchesMissingChunks(t *testing.T) {
 	t.Run("wrong bytes", func(t *testing.T) {
 		fe.flip = true
 		defer func() { fe.flip = false }()
-		l, err := New(st, &HostDevice{}, Options{})
-		require.NoError(t, err)
-		defer l.Close()
-		f, _, err := st.OpenPath("opaque.bin")
-		require.NoError(t, err)
-		mem, err := (&HostDevice{}).Alloc(f.Size())
-		require.NoError(t, err)
-		defer mem.Free()
-		_, err = l.ReadRange(context.Background(), f, 0, f.Size(), mem, 0)
-		require.ErrorIs(t, err, chunkstore.ErrCorrupt)
+		require.ErrorIs(t, loadWhole(t, st, "opaque.bin"), chunkstore.ErrCorrupt)
 	})
-
 	// Another file: the store remembers a failed chunk for a moment
 	// (chunkstore.DefaultFailTTL) and would answer with that failure.
 	t.Run("no one to ask", func(t *testing.T) {
 		saved := fe.chunks
 		fe.chunks = nil
 		defer func() { fe.chunks = saved }()
-		l, err := New(st, &HostDevice{}, Options{})
-		require.NoError(t, err)
-		defer l.Close()
-		f, _, err := st.OpenPath("b.safetensors")
-		require.NoError(t, err)
-		mem, err := (&HostDevice{}).Alloc(f.Size())
-		require.NoError(t, err)
-		defer mem.Free()
-		_, err = l.ReadRange(context.Background(), f, 0, f.Size(), mem, 0)
-		require.ErrorIs(t, err, chunkstore.ErrNotLocal)
+		require.ErrorIs(t, loadWhole(t, st, "b.safetensors"), chunkstore.ErrNotLocal)
 	})
+}
+
+// loadWhole loads all of file name of st into a host device and returns
+// the load's error.
+func loadWhole(t *testing.T, st *chunkstore.Store, name string) error {
+	t.Helper()
+	l, err := New(st, &HostDevice{}, Options{})
+	require.NoError(t, err)
+	defer l.Close()
+	f, _, err := st.OpenPath(name)
+	require.NoError(t, err)
+	mem, err := (&HostDevice{}).Alloc(f.Size())
+	require.NoError(t, err)
+	defer mem.Free()
+	_, err = l.ReadRange(context.Background(), f, 0, f.Size(), mem, 0)
+	return err
 }
 
 // testLoadFetches loads every file, ranges of it and a strided share from
