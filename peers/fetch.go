@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"sync"
 
 	"github.com/zeebo/blake3"
 
@@ -68,18 +69,77 @@ func (n *Node) fetch(ctx context.Context, id chunkstore.ID, size uint32, keep bo
 // the peer cache is copied from there. The holders and relays are asked as
 // for Fetch, except that a relay's part is skipped when it is this member
 // (fetchShared would fetch into a buffer of its own to share it); what it
-// fetched is kept in the peer cache as Fetch keeps it.
+// fetched is kept in the peer cache as Fetch keeps it. FetchIntos of one
+// chunk at once on this node fetch it once (intoFlight).
 func (n *Node) FetchInto(ctx context.Context, id chunkstore.ID, dst []byte) error {
 	if !n.started.Load() {
 		return fmt.Errorf("chunk %s: not in a cluster: %w", id.Short(), chunkstore.ErrNotLocal)
 	}
 	size := uint32(len(dst))
-	members := n.members()
-	keep := !owns(id, members, n.self, n.cfg.Replicas)
 	if b, ok := n.cache.get(id, size); ok {
 		copy(dst, b)
 		return nil
 	}
+	// One fetch of a chunk for all the loads that want it here at once
+	// (the ranks of a tensor-parallel job share the chunks of their
+	// column-split tensors): the others copy from the first one's memory,
+	// which it keeps until they have.
+	n.intoMu.Lock()
+	if f, ok := n.intoFlights[id]; ok {
+		f.readers.Add(1)
+		n.intoMu.Unlock()
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			f.readers.Done()
+			return ctx.Err()
+		}
+		shared := f.err == nil && len(f.data) == len(dst)
+		if shared {
+			copy(dst, f.data)
+		}
+		f.readers.Done()
+		if shared {
+			n.intoShared.Add(1)
+			return nil
+		}
+		// The first one failed (its own time limit or cancellation,
+		// maybe): fetch it here.
+		return n.fetchInto(ctx, id, dst)
+	}
+	f := &intoFlight{done: make(chan struct{})}
+	if n.intoFlights == nil {
+		n.intoFlights = map[chunkstore.ID]*intoFlight{}
+	}
+	n.intoFlights[id] = f
+	n.intoMu.Unlock()
+	f.err = n.fetchInto(ctx, id, dst)
+	if f.err == nil {
+		f.data = dst
+	}
+	n.intoMu.Lock()
+	delete(n.intoFlights, id)
+	n.intoMu.Unlock()
+	close(f.done)
+	f.readers.Wait() // every one that joined copied from dst
+	return f.err
+}
+
+// intoFlight is one FetchInto of a chunk that other FetchIntos of it wait
+// for; data is the first caller's memory, valid until readers are done.
+type intoFlight struct {
+	done    chan struct{}
+	data    []byte
+	err     error
+	readers sync.WaitGroup
+}
+
+// fetchInto is FetchInto's fetch: the chunk's relay, then its holders, into
+// dst; kept in the peer cache as Fetch keeps it.
+func (n *Node) fetchInto(ctx context.Context, id chunkstore.ID, dst []byte) error {
+	size := uint32(len(dst))
+	members := n.members()
+	keep := !owns(id, members, n.self, n.cfg.Replicas)
 	fetched := false
 	if r, ok := n.relayFor(id, members); ok && r.name != n.self && !n.cfg.NoRelay {
 		_, err := n.askRelay(ctx, r, id, size, dst)

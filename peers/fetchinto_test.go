@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -92,4 +93,46 @@ func TestFetchIntoCancelledMidAnswer(t *testing.T) {
 	require.Equal(t, stOK, st)
 	require.True(t, bytes.Equal(data[:c.Len], into))
 	require.Same(t, &into[0], &got[0], "the answer was not read into the caller's memory")
+}
+
+// TestFetchIntoOnceForAll: loads on one member that want the same chunk at
+// once (the ranks of a tensor-parallel job) fetch it from its holder once;
+// the others copy it from the first one's memory, every copy right. The
+// holder sends at 512 KiB a second, so the first fetch lasts about two
+// seconds while the others start.
+func TestFetchIntoOnceForAll(t *testing.T) {
+	key, _ := NewKey()
+	slow, err := startNodeCfg(t, Config{Name: "slow", Key: key, ServeRate: 512 << 10})
+	require.NoError(t, err)
+	// NoPlacement: the reader pulls nothing for placement, so the
+	// holder's sends are the loads' only.
+	rd, err := startNodeCfg(t, Config{Name: "reader", Key: key, Join: []string{slow.cfg.Listen}, NoPlacement: true})
+	require.NoError(t, err)
+	eventually(t, "two alive members", func() bool { return len(rd.livePeers()) == 1 })
+	data := randBytes(1 << 20)
+	importBytes(t, slow, "f", data)
+	f, _, err := slow.s.OpenPath("f")
+	require.NoError(t, err)
+	c := f.M.Chunks[0]
+	served0 := slow.statsFor("slow").Served.Load()
+
+	const loads = 4
+	dsts := make([][]byte, loads)
+	errs := make([]error, loads)
+	var wg sync.WaitGroup
+	for i := range loads {
+		dsts[i] = make([]byte, c.Len)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = rd.FetchInto(context.Background(), c.ID, dsts[i])
+		}()
+	}
+	wg.Wait()
+	for i := range loads {
+		require.NoError(t, errs[i])
+		require.True(t, bytes.Equal(data[:c.Len], dsts[i]), "load %d: wrong bytes", i)
+	}
+	require.Equal(t, int64(1), slow.statsFor("slow").Served.Load()-served0, "the holder sent the chunk more than once")
+	require.Equal(t, int64(loads-1), rd.intoShared.Load())
 }

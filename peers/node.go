@@ -145,15 +145,20 @@ type Node struct {
 	// memberChanged is when a member last joined, left or failed here.
 	memberChanged time.Time
 
-	nsKick  chan struct{}
-	place   placement
-	cache   *peerCache // nil: none
-	relay   relayState
-	pick    sync.Mutex // pickHolder: order and count in flight in one step
-	ctx     context.Context
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	started atomic.Bool
+	nsKick chan struct{}
+	place  placement
+	cache  *peerCache // nil: none
+	relay  relayState
+	pick   sync.Mutex // pickHolder: order and count in flight in one step
+	// intoFlights: the FetchIntos in progress here, one per chunk
+	// (fetch.go); intoShared counts those served from another's.
+	intoMu      sync.Mutex
+	intoFlights map[chunkstore.ID]*intoFlight
+	intoShared  atomic.Int64
+	ctx         context.Context
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup
+	started     atomic.Bool
 }
 
 // Stats counts what one member did for or to this node.
