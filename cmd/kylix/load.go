@@ -74,12 +74,13 @@ Paths: auto (fastest available), gds (cuFile native/P2PDMA), gds-compat
 (cuFile compatibility mode), bounce (reads into pinned buffers, async copies),
 unified (integrated GPUs). Without --strict an unavailable path falls back to
 bounce and the report says so; with --strict it is an error. --device host is
-a host-memory test device (no GPU involved), never chosen automatically.
+a host-memory test device (no GPU involved), never chosen automatically; the
+memory one pass frees is reused by the next (--repeat), as GPU allocators do.
 
 On a cluster member (kylix serve --listen), the chunks of PATH not stored
 here are fetched from the members while the load runs, in the order it needs
-them, verified on arrival, and copied through the same buffers; the report
-says how many ("fetched" in io). They are not written into this
+them, read from the network straight into the pinned buffers and verified as
+they arrive; the report says how many ("fetched" in io). They are not written into this
 node's packs (kylix pin, kylix warm or KYLIX_IOC_MAKE_LOCAL keep them here);
 the node's peer cache may keep them.`).withJSON()
 	devName := f.String("device", "cuda:0", "cuda:N, or host (a host-memory test device)")
