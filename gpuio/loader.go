@@ -63,8 +63,9 @@ const (
 // taking a slower one.
 var ErrStrict = errors.New("the path asked for is not available (strict)")
 
-// ErrNotLocal reports that a chunk is not stored on this node: the store's
-// sentinel (chunkstore.ErrNotLocal), so errors.Is works with either.
+// ErrNotLocal reports that a chunk is neither stored on this node nor
+// fetched from the members (a store alone, or no member sent it): the
+// store's sentinel (chunkstore.ErrNotLocal), so errors.Is works with either.
 var ErrNotLocal = chunkstore.ErrNotLocal
 
 // Options configure a Loader. Zero values mean the defaults.

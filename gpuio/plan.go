@@ -28,7 +28,7 @@ type group struct {
 // planGroups cuts the pieces of f (of a chunkstore.Plan, whose leases the
 // caller holds while the groups are read) overlapping [off, off+n) into
 // groups. Pieces not stored here make groups of their own, which the
-// pipeline fetches (fetchGroup).
+// pipeline fetches (Loader.fetchInto).
 func planGroups(f *chunkstore.File, layout []chunkstore.Piece, off, n int64, bufSize int) ([]group, error) {
 	end := off + n
 	var gs []group
