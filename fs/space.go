@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 
@@ -14,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/internal/units"
 )
 
 // Space accounting (docs/design/space.md). A file written through the
@@ -55,48 +53,20 @@ type Reserve struct {
 	Percent float64
 }
 
-// ParseReserve reads "5%", "0", "512MiB", "2G" or a plain byte count.
+// ParseReserve reads "5%", "0", "512MiB", "2G" or a plain byte count
+// (units.ParseSizeOrPercent).
 func ParseReserve(s string) (Reserve, error) {
-	t := strings.TrimSpace(s)
-	if p, ok := strings.CutSuffix(t, "%"); ok {
-		v, err := strconv.ParseFloat(strings.TrimSpace(p), 64)
-		if err != nil || v < 0 || v > 100 || math.IsNaN(v) {
-			return Reserve{}, fmt.Errorf("reserve %q: a percentage must be between 0%% and 100%%", s)
-		}
-		return Reserve{Percent: v}, nil
+	v, err := units.ParseSizeOrPercent(s)
+	if err != nil {
+		return Reserve{}, fmt.Errorf("reserve %w", err)
 	}
-	u := strings.ToUpper(t)
-	mult := int64(1)
-	for _, sfx := range []struct {
-		s string
-		m int64
-	}{{"TIB", 1 << 40}, {"GIB", 1 << 30}, {"MIB", 1 << 20}, {"KIB", 1 << 10}, {"TB", 1 << 40}, {"GB", 1 << 30}, {"MB", 1 << 20}, {"KB", 1 << 10}, {"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1}} {
-		if rest, ok := strings.CutSuffix(u, sfx.s); ok {
-			u, mult = strings.TrimSpace(rest), sfx.m
-			break
-		}
-	}
-	v, err := strconv.ParseFloat(u, 64)
-	if err != nil || v < 0 || math.IsNaN(v) || v*float64(mult) > math.MaxInt64/2 {
-		return Reserve{}, fmt.Errorf("reserve %q: want a size such as 2GiB or a percentage such as 5%%", s)
-	}
-	return Reserve{Bytes: int64(v * float64(mult))}, nil
+	return Reserve(v), nil
 }
 
-func (r Reserve) String() string {
-	if r.Percent > 0 {
-		return strconv.FormatFloat(r.Percent, 'f', -1, 64) + "%"
-	}
-	return strconv.FormatInt(r.Bytes, 10)
-}
+func (r Reserve) String() string { return units.SizeOrPercent(r).String() }
 
 // bytesOf returns the reserve for a file system of total bytes.
-func (r Reserve) bytesOf(total int64) int64 {
-	if r.Percent > 0 {
-		return int64(float64(total) * r.Percent / 100)
-	}
-	return r.Bytes
-}
+func (r Reserve) bytesOf(total int64) int64 { return units.SizeOrPercent(r).Of(total) }
 
 // space keeps the node's account of the data directory's free space.
 type space struct {
