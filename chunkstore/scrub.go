@@ -6,6 +6,8 @@ import (
 	"os"
 	"sort"
 	"time"
+
+	"github.com/kylix/kylix/internal/pace"
 )
 
 // DefaultScrubRate is the scrub's default read rate in bytes per second:
@@ -44,23 +46,10 @@ func (s *Store) ScrubPacks(ctx context.Context, rate int64) (ScrubReport, error)
 	}
 	v.mu.Unlock()
 	sort.Slice(keys, func(i, j int) bool { return keys[i].pack < keys[j].pack })
-	start := time.Now()
-	var done int64
+	pacer := pace.New(rate)
 	pace := func(n int64) error {
-		done += n
 		v.scrubBytes.Add(n)
-		if rate <= 0 {
-			return ctxErr(ctx)
-		}
-		due := start.Add(time.Duration(float64(done) / float64(rate) * float64(time.Second)))
-		t := time.NewTimer(time.Until(due))
-		defer t.Stop()
-		select {
-		case <-t.C:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+		return pacer.Wait(ctx, n)
 	}
 	for _, k := range keys {
 		f, err := s.OpenFile(k.file)

@@ -21,6 +21,7 @@ import (
 	"github.com/hashicorp/serf/serf"
 
 	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/internal/pace"
 )
 
 // Config configures a Node.
@@ -227,8 +228,8 @@ func New(cfg Config) (*Node, error) {
 		n.cfg = cfg
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
-	n.place.limit.rate = max(cfg.RepairRate, 0)
-	n.place.stats.RepairRate, n.place.stats.FailureGrace = n.place.limit.rate, max(cfg.FailureGrace, 0)
+	n.place.limit = pace.New(cfg.RepairRate)
+	n.place.stats.RepairRate, n.place.stats.FailureGrace = n.place.limit.Rate(), max(cfg.FailureGrace, 0)
 	return n, nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/serf/serf"
 
 	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/internal/pace"
 )
 
 // Placement: every chunk named by the namespace has R owners, the first R
@@ -71,7 +72,9 @@ type placement struct {
 	mu    sync.Mutex
 	stats PlacementStats
 	kick  chan struct{}
-	limit limiter
+	// limit spaces pulls so that they average at most the repair rate
+	// (a chunk is never split: one may go early, the next waits).
+	limit *pace.Pacer
 }
 
 func (n *Node) kickPlace() {
@@ -281,7 +284,7 @@ func (n *Node) pull(ctx context.Context, want []chunkstore.ChunkRef, missing *at
 			defer wg.Done()
 			for i := next.Add(1) - 1; i < int64(len(want)) && ctx.Err() == nil; i = next.Add(1) - 1 {
 				c := want[i]
-				if n.place.limit.wait(ctx, int64(c.Len)) != nil {
+				if n.place.limit.Wait(ctx, int64(c.Len)) != nil {
 					return
 				}
 				data, err := n.Fetch(ctx, c.ID, c.Len)

@@ -262,39 +262,6 @@ func (n *Node) Replication(ctx context.Context, path string) (Replication, error
 	return res, ctx.Err()
 }
 
-// limiter spaces pulls so that they average at most rate bytes a second
-// (0: no limit). A chunk is never split: one may go early, the next waits.
-type limiter struct {
-	mu   sync.Mutex
-	rate int64
-	next time.Time
-}
-
-func (l *limiter) wait(ctx context.Context, n int64) error {
-	if l.rate <= 0 {
-		return nil
-	}
-	l.mu.Lock()
-	now := time.Now()
-	if l.next.Before(now) {
-		l.next = now
-	}
-	d := l.next.Sub(now)
-	l.next = l.next.Add(time.Duration(float64(n) / float64(l.rate) * float64(time.Second)))
-	l.mu.Unlock()
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
 // rebalance drops the chunks this member holds but no longer owns (a join
 // moved them to the new member), each only once every one of its R owners,
 // all alive and none this member, answers that it holds it: the last
