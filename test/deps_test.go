@@ -21,10 +21,19 @@ var forbidden = map[string][]string{
 	"/cuda":       {"/chunkstore", "/fs", "/gpuio", "/peers", "/cmd", "/internal"},
 	"/peers":      {"/fs", "/gpuio", "/cuda", "/cmd"},
 	"/internal":   {"/fs", "/gpuio", "/cuda", "/peers", "/cmd"},
+	// Small shared helpers that chunkstore, peers, fs and the node use
+	// (pacing, sizes, Unix sockets): leaves, so that any package may
+	// import them without a cycle or a detour through the store.
+	"/internal/pace":     leaf,
+	"/internal/units":    leaf,
+	"/internal/unixsock": leaf,
 	// The client socket's wire format, mirrored in C (libkylix) and Python:
 	// plain structs, so nothing of ours may leak into it.
 	"/clientproto": {"/chunkstore", "/fs", "/gpuio", "/cuda", "/peers", "/cmd", "/internal"},
 }
+
+// leaf: every package of ours.
+var leaf = []string{"/chunkstore", "/fs", "/gpuio", "/cuda", "/peers", "/cmd", "/node", "/clientproto", "/internal"}
 
 type pkg struct {
 	ImportPath string
