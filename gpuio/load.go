@@ -45,8 +45,11 @@ func (l *Loader) ReadRange(ctx context.Context, f *chunkstore.File, off, n int64
 }
 
 // Share selects one tensor-parallel rank's part of a tensor: the tensor is
-// split into Size equal parts along dimension Dim and part Rank is wanted.
-// Size 1 (or a nil *Share) means the whole tensor.
+// cut along dimension Dim as torch.chunk(Size, Dim) cuts it, and piece Rank
+// is wanted. Pieces are ceil(d/Size) long, the last ones shorter, and ranks
+// past the last piece get an empty share, so a dimension that does not
+// divide evenly still loads, giving each rank what kylix.torch.load_file
+// gives it. Size 1 (or a nil *Share) means the whole tensor.
 type Share struct {
 	Dim  int
 	Rank int
@@ -78,9 +81,7 @@ func (s *Share) Layout(t safetensors.Tensor) (ShareLayout, error) {
 		return ShareLayout{}, fmt.Errorf("rank %d outside tensor-parallel size %d", s.Rank, s.Size)
 	}
 	d := t.Shape[s.Dim]
-	if d%int64(s.Size) != 0 {
-		return ShareLayout{}, fmt.Errorf("tensor %s dimension %d (%d) does not split into %d equal parts", t.Name, s.Dim, d, s.Size)
-	}
+	start, end := chunkRange(d, s.Rank, s.Size)
 	outer, inner := int64(1), es
 	for _, x := range t.Shape[:s.Dim] {
 		outer *= x
@@ -88,10 +89,10 @@ func (s *Share) Layout(t safetensors.Tensor) (ShareLayout, error) {
 	for _, x := range t.Shape[s.Dim+1:] {
 		inner *= x
 	}
-	part := d / int64(s.Size)
+	part := end - start
 	shape := append([]int64(nil), t.Shape...)
 	shape[s.Dim] = part
-	l := ShareLayout{Shape: shape, Rows: outer, Pitch: d * inner, ColOff: int64(s.Rank) * part * inner, Width: part * inner}
+	l := ShareLayout{Shape: shape, Rows: outer, Pitch: d * inner, ColOff: start * inner, Width: part * inner}
 	l.Bytes = l.Rows * l.Width
 	return l, nil
 }

@@ -1,15 +1,19 @@
 """Tensor-parallel split rules: which dimension of a tensor each rank keeps a
 chunk of.
 
-The default follows vLLM's Llama (and most decoder models laid out like it):
-column-parallel layers (q/k/v/gate/up projections, and the fused qkv/gate_up
-forms) split their weight and bias along dim 0 (output features);
-row-parallel layers (o/down projections) split their weight along dim 1
-(input features) and replicate their bias; embeddings and lm_head split along
-dim 0 (the vocabulary); everything else (norms, rotary tables, ...) is
-replicated. Layouts that fuse heads in another order (GPT-2's Conv1D c_attn,
-Falcon's query_key_value) are deliberately not in the defaults: a plain
-chunk of them is not what their model code expects. A rank keeps full[...].chunk(tp_size, dim)[tp_rank].
+The default rules are the ones kylix load --tp-size uses: one table, kept in
+Go (gpuio/tprules.go) and generated into kylix._tp_rules, so the Go loader
+and this package give every rank the same share. They follow how vLLM shards
+each layer kind: column-parallel layers (q/k/v, gate/up, Mixtral's w1/w3)
+split their weight and bias along dim 0 (output features); row-parallel
+layers (o_proj, down_proj, w2, out_proj, dense_4h_to_h) split their weight
+along dim 1 (input features) and replicate their bias; embed_tokens and
+lm_head split along dim 0 (the vocabulary); everything else (norms, rotary
+tables, ...) is replicated. Tensors fused on disk (Phi-3's qkv_proj and
+gate_up_proj, GPT-2's Conv1D c_attn, Falcon's query_key_value,
+dense_h_to_4h) are replicated on purpose: vLLM cuts each fused part on its
+own, so no single chunk of the whole is a rank's share. A rank keeps
+full[...].chunk(tp_size, dim)[tp_rank].
 
 Overrides: split={regex: dim or None}; the first regex that re.search()es the
 name wins before the default rules. None means replicate. split may also be
@@ -21,18 +25,13 @@ from __future__ import annotations
 import re
 from typing import Callable, Mapping, Optional, Union
 
+from ._tp_rules import RULES as _RULES
+
 SplitSpec = Union[Mapping[str, Optional[int]], Callable[[str, int], Optional[int]], None]
 
-_COLUMN = re.compile(r"(^|\.)(q_proj|k_proj|v_proj|qkv_proj|gate_proj|up_proj|gate_up_proj|"
-                     r"w1|w3)\.(weight|bias)$")
-_ROW_W = re.compile(r"(^|\.)(o_proj|down_proj|w2|out_proj)\.weight$")
-_VOCAB = re.compile(r"(^|\.)(embed_tokens|lm_head)\.weight$")
-
-DEFAULT_RULES: tuple[tuple[re.Pattern, Optional[int]], ...] = (
-    (_COLUMN, 0),
-    (_ROW_W, 1),
-    (_VOCAB, 0),
-)
+# (compiled regex, dim or None), in the order tried: the generated table.
+DEFAULT_RULES: tuple[tuple[re.Pattern, Optional[int]], ...] = tuple(
+    (re.compile(pattern), dim) for _layer, pattern, dim in _RULES)
 
 
 def split_dim(name: str, ndim: int, split: SplitSpec = None) -> Optional[int]:

@@ -66,8 +66,9 @@ def model_files(model_dir: str) -> list[str]:
 def rank_weights_iterator(files, tp_rank: int, tp_size: int, split: _split.SplitSpec = None,
                           device="cpu") -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) for every tensor of the files, each one this rank's
-    chunk under the split rules (kylix.split; default: vLLM's Llama layout),
-    whole where the rules do not split it. Only the rank's bytes are read."""
+    chunk under the split rules (kylix.split; by default the table kylix
+    load --tp-size uses), whole where the rules do not split it. Only the
+    rank's bytes are read."""
     for f in files:
         yield from _kt.load_file(f, device, tp_rank=tp_rank, tp_size=tp_size, split=split).items()
 

@@ -137,7 +137,15 @@ class LoadFileTest(unittest.TestCase):
     def test_default_rules(self):
         d = ksplit.split_dim
         self.assertEqual(d("model.layers.0.self_attn.q_proj.weight", 2), 0)
-        self.assertEqual(d("model.layers.0.self_attn.qkv_proj.bias", 1), 0)
+        self.assertEqual(d("model.layers.0.self_attn.q_proj.bias", 1), 0)
+        self.assertEqual(d("model.layers.0.self_attn.v_proj.bias", 1), 0)
+        # Fused on disk: vLLM cuts each of q, k, v on its own, so no single
+        # chunk of the whole is a rank's share; every rank keeps it whole.
+        self.assertIsNone(d("model.layers.0.self_attn.qkv_proj.bias", 1))
+        self.assertIsNone(d("model.layers.0.mlp.gate_up_proj.weight", 2))
+        self.assertEqual(d("model.layers.0.block_sparse_moe.experts.3.w2.weight", 2), 1)
+        self.assertEqual(d("gpt_neox.layers.0.mlp.dense_4h_to_h.weight", 2), 1)
+        self.assertIsNone(d("model.layers.0.self_attn.q_proj.weight_scale", 2))
         self.assertEqual(d("model.layers.0.mlp.down_proj.weight", 2), 1)
         self.assertIsNone(d("model.layers.0.self_attn.o_proj.bias", 1))
         self.assertEqual(d("model.embed_tokens.weight", 2), 0)
