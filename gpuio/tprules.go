@@ -114,14 +114,6 @@ func TPShare(t safetensors.Tensor, rank, size int) *Share {
 	return &Share{Dim: d, Rank: rank, Size: size}
 }
 
-// LlamaShare is TPShare under its former name, kept for the callers not yet
-// moved (cmd/kylix/load.go); new code calls TPShare. The rules are no longer
-// Llama's alone: they are the one table above, q/k/v and gate/up biases
-// split with their weights, as vLLM does.
-func LlamaShare(t safetensors.Tensor, rank, size int) *Share {
-	return TPShare(t, rank, size)
-}
-
 // chunkRange returns [start, end) of rank's piece of a dimension of length
 // n cut as torch.chunk(size) cuts it: pieces of ceil(n/size), the last
 // shorter. torch.chunk returns fewer than size pieces when n is small; the

@@ -78,7 +78,6 @@ func TestTPShare(t *testing.T) {
 	assert.Nil(t, TPShare(q, 0, 1))
 	assert.Nil(t, TPShare(n, 1, 2))
 	assert.Equal(t, &Share{Dim: 0, Rank: 1, Size: 2}, TPShare(q, 1, 2))
-	assert.Equal(t, TPShare(q, 1, 2), LlamaShare(q, 1, 2))
 }
 
 // TestShareChunksLikeTorch: a share is piece Rank of torch.chunk(Size,

@@ -15,12 +15,15 @@ const module = "github.com/kylix/kylix"
 // forbidden lists, for each of our packages (by prefix), the packages it
 // must never import: the dependency arrows of docs/design/overview.md.
 var forbidden = map[string][]string{
-	"/chunkstore": {"/fs", "/gpuio", "/cuda", "/peers", "/cmd"},
-	"/fs":         {"/peers", "/gpuio", "/cuda", "/cmd"},
-	"/gpuio":      {"/fs", "/peers", "/cmd"},
-	"/cuda":       {"/chunkstore", "/fs", "/gpuio", "/peers", "/cmd", "/internal"},
-	"/peers":      {"/fs", "/gpuio", "/cuda", "/cmd"},
-	"/internal":   {"/fs", "/gpuio", "/cuda", "/peers", "/cmd"},
+	"/chunkstore": {"/fs", "/gpuio", "/cuda", "/peers", "/cmd", "/node"},
+	"/fs":         {"/peers", "/gpuio", "/cuda", "/cmd", "/node"},
+	"/gpuio":      {"/fs", "/peers", "/cmd", "/node"},
+	"/cuda":       {"/chunkstore", "/fs", "/gpuio", "/peers", "/cmd", "/internal", "/node"},
+	"/peers":      {"/fs", "/gpuio", "/cuda", "/cmd", "/node"},
+	"/internal":   {"/fs", "/gpuio", "/cuda", "/peers", "/cmd", "/node"},
+	// The running node: it wires the store, the mount, the cluster and the
+	// GPU paths; only the CLI (and tests) may import it.
+	"/node": {"/cmd"},
 	// Small shared helpers that chunkstore, peers, fs and the node use
 	// (pacing, sizes, Unix sockets): leaves, so that any package may
 	// import them without a cycle or a detour through the store.
@@ -29,7 +32,7 @@ var forbidden = map[string][]string{
 	"/internal/unixsock": leaf,
 	// The client socket's wire format, mirrored in C (libkylix) and Python:
 	// plain structs, so nothing of ours may leak into it.
-	"/clientproto": {"/chunkstore", "/fs", "/gpuio", "/cuda", "/peers", "/cmd", "/internal"},
+	"/clientproto": {"/chunkstore", "/fs", "/gpuio", "/cuda", "/peers", "/cmd", "/internal", "/node"},
 }
 
 // leaf: every package of ours.

@@ -3,10 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 
 	"github.com/kylix/kylix/internal/demomodel"
+	"github.com/kylix/kylix/internal/units"
 )
 
 func init() {
@@ -44,22 +43,12 @@ Nothing is downloaded; the content is pseudo-random from --seed.`)
 	return nil
 }
 
-// parseSize parses "123", "64MiB", "2GiB", "512M", "1G", "10k".
+// parseSize reads a positive size such as 64MiB (units.ParseSize; 0 is
+// refused: no flag that takes one means "none" by 0 here).
 func parseSize(s string) (int64, error) {
-	t := strings.TrimSpace(strings.ToUpper(s))
-	mult := int64(1)
-	for _, u := range []struct {
-		suffix string
-		m      int64
-	}{{"TIB", 1 << 40}, {"GIB", 1 << 30}, {"MIB", 1 << 20}, {"KIB", 1 << 10}, {"TB", 1 << 40}, {"GB", 1 << 30}, {"MB", 1 << 20}, {"KB", 1 << 10}, {"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1}} {
-		if rest, ok := strings.CutSuffix(t, u.suffix); ok {
-			t, mult = strings.TrimSpace(rest), u.m
-			break
-		}
+	v, err := units.ParseSize(s)
+	if err == nil && v <= 0 {
+		err = fmt.Errorf("%q is not a size such as 64MiB or 2GiB", s)
 	}
-	v, err := strconv.ParseFloat(t, 64)
-	if err != nil || v <= 0 {
-		return 0, fmt.Errorf("%q is not a size such as 64MiB or 2GiB", s)
-	}
-	return int64(v * float64(mult)), nil
+	return v, err
 }

@@ -36,7 +36,7 @@ alive member holds, and what each member holds.`).withJSON()
 	if err != nil {
 		return err
 	}
-	cl, err := clusterReplication(ctx, "")
+	cl, err := clusterReplication(ctx, e, "")
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,8 @@ import (
 	"golang.org/x/term"
 
 	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/internal/units"
+	"github.com/kylix/kylix/node"
 )
 
 var (
@@ -33,9 +35,9 @@ type env struct {
 	tty            bool
 	getenv         func(string) string
 
-	// store is set when the command runs inside a node (kylix serve),
-	// forwarded through its admin socket: open returns it.
-	store *chunkstore.Store
+	// node is set when the command runs inside a node (kylix serve),
+	// forwarded through its admin socket: open returns its store.
+	node *node.Node
 	// ctx and args are the command line being run (set by run), for
 	// forwarding it to a running node.
 	ctx  context.Context
@@ -253,22 +255,26 @@ func (f *flags) dashHint(args []string) string {
 }
 
 // open opens the store in --data. Inside a node it returns the node's open
-// store (Close then only drops a reference). When a node serves --data, the
-// whole command line is forwarded to it instead (admin.go): open then
-// returns an exitError with the node's exit status, which the command
-// returns as is.
+// store (Close then only drops a reference), with the files closed in the
+// mount committed. When a node serves --data, the whole command line is
+// forwarded to it instead (nodeclient.go): open then returns an exitError
+// with the node's exit status, which the command returns as is.
 func (f *flags) open() (*chunkstore.Store, error) {
-	if f.e.store != nil {
-		f.e.store.Retain()
-		return f.e.store, nil
+	if n := f.e.node; n != nil {
+		if err := n.Sync(); err != nil {
+			fmt.Fprintf(f.e.stderr, "kylix: mount: %v\n", err)
+		}
+		s := n.Store()
+		s.Retain()
+		return s, nil
 	}
 	if code, ok := forwardToNode(f.e, f.data); ok {
 		return nil, exitError(code)
 	}
 	s, err := f.openLocal()
-	// A node that is starting holds the lock before its socket answers.
-	for wait := 0; errors.Is(err, chunkstore.ErrLocked) && wait < 50 && lockedByNode(f.data); wait++ {
-		time.Sleep(100 * time.Millisecond)
+	// The node listens on its admin socket before it locks the store, so
+	// a node that locked it between the two tries answers now.
+	if errors.Is(err, chunkstore.ErrLocked) {
 		if code, ok := forwardToNode(f.e, f.data); ok {
 			return nil, exitError(code)
 		}
@@ -276,11 +282,21 @@ func (f *flags) open() (*chunkstore.Store, error) {
 	return s, err
 }
 
-func (f *flags) openLocal() (*chunkstore.Store, error) {
+// checkDataDir refuses a data directory that does not exist, unless the
+// command creates the store (kylix import): a mistyped --data is an error,
+// not a new empty store.
+func (f *flags) checkDataDir() error {
 	if !f.creates {
 		if _, err := os.Stat(f.data); errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("no store at %s: the directory does not exist (kylix import creates one there; choose another with --data DIR or KYLIX_DATA)", f.data)
+			return fmt.Errorf("no store at %s: the directory does not exist (kylix import creates one there; choose another with --data DIR or KYLIX_DATA)", f.data)
 		}
+	}
+	return nil
+}
+
+func (f *flags) openLocal() (*chunkstore.Store, error) {
+	if err := f.checkDataDir(); err != nil {
+		return nil, err
 	}
 	s, err := chunkstore.Open(chunkstore.Options{
 		Dir:    f.data,
@@ -347,15 +363,4 @@ func (p *progress) finish() {
 }
 
 // human formats a byte count with binary units.
-func human(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
+func human(n int64) string { return units.Human(n) }

@@ -2,12 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
-	"strconv"
 
 	"github.com/kylix/kylix/chunkstore"
-	"github.com/kylix/kylix/peers"
+	"github.com/kylix/kylix/node"
 )
 
 func init() {
@@ -47,42 +47,40 @@ $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub.`).withJSON()
 		if err != nil {
 			return err
 		}
-		if src, err = filepath.Abs(snap); err != nil {
-			return err
-		}
-		// Resolved here, with this user's environment ($HF_HOME, $HOME):
-		// a running node runs the command line with its own, so it gets
-		// the snapshot's path instead of the model id.
-		fwd := []string{"import", "--data", f.data, "--no-dereference=" + strconv.FormatBool(*noDeref)}
-		if f.jsonOut {
-			fwd = append(fwd, "--json")
-		}
-		e.args = append(fwd, src, dest)
+		src = snap
+	}
+	// The node imports what this command names: relative to this
+	// process's working directory, with this user's Hugging Face cache.
+	abs, err := filepath.Abs(src)
+	if err != nil {
+		return err
+	}
+	if *hf {
+		src = abs
 	}
 	f.creates = true
-	s, err := f.open()
-	if err != nil {
-		return err
-	}
-	defer s.Close()
-	p := newProgress(e, "import")
-	opts := chunkstore.ImportOptions{Progress: p.update, NoDereference: *noDeref}
-	var push *peers.PushStream
-	if runningPeers != nil {
-		// A cluster member: the chunks go to their owners as they are
-		// read (docs/design/peers.md, "Push on import").
-		push = runningPeers.NewPushStream(ctx)
-		opts.OnChunk = push.Add
-	}
-	res, err := s.Import(ctx, src, dest, opts)
-	p.finish()
-	if err != nil {
-		if push != nil {
-			push.Abort()
+	var rep node.ImportReply
+	err = f.callProgress(ctx, node.OpImport, node.ImportRequest{Src: abs, Dest: dest, NoDereference: *noDeref}, &rep)
+	if errors.Is(err, node.ErrNoNode) { // no node: import here
+		var s *chunkstore.Store
+		if s, err = f.open(); err != nil {
+			return err
 		}
+		defer s.Close()
+		p := newProgress(e, "import")
+		rep.Result, err = s.Import(ctx, src, dest, chunkstore.ImportOptions{Progress: p.update, NoDereference: *noDeref})
+		p.finish()
+	}
+	if err != nil {
 		return err
 	}
-	pushed(e, push)
+	res := rep.Result
+	if rep.PushError != "" {
+		fmt.Fprintf(e.stderr, "kylix import: imported, but not copied to the other members yet: %s (placement copies it later)\n", rep.PushError)
+	}
+	for _, m := range rep.PushFailed {
+		fmt.Fprintf(e.stderr, "kylix import: imported, but not copied to member %s (its placement copies it later)\n", m)
+	}
 	for _, n := range res.Notes {
 		fmt.Fprintf(e.stderr, "kylix import: note: %s\n", n)
 	}
@@ -102,22 +100,4 @@ $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub.`).withJSON()
 	}
 	fmt.Fprintf(e.stdout, "  new:          %s\n  deduplicated: %s (%.1f%%)\n  root:         %s\n", human(res.NewBytes), human(res.DedupBytes), pct, res.Root)
 	return nil
-}
-
-// pushed waits until every owner answered the import's push (nil outside a
-// cluster), so that each chunk has its replicas when the import returns. A
-// member that could not be reached is named on stderr: its own placement
-// pass copies the chunks later. The import itself is committed either way.
-func pushed(e *env, push *peers.PushStream) {
-	if push == nil {
-		return
-	}
-	res, err := push.Close()
-	if err != nil {
-		fmt.Fprintf(e.stderr, "kylix import: imported, but not copied to the other members yet: %v (placement copies it later)\n", err)
-		return
-	}
-	for _, f := range res.Failed {
-		fmt.Fprintf(e.stderr, "kylix import: imported, but not copied to member %s (its placement copies it later)\n", f)
-	}
 }

@@ -2,73 +2,29 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
-	"sync"
-	"sync/atomic"
-	"syscall"
-	"time"
 
 	"github.com/kylix/kylix/chunkstore"
-	"github.com/kylix/kylix/chunkstore/safetensors"
-	"github.com/kylix/kylix/chunkstore/storeio"
-	"github.com/kylix/kylix/gpuio"
+	"github.com/kylix/kylix/node"
 )
 
 func init() {
 	register(&command{name: "load", summary: "load stored files (or a tensor-parallel share) into GPU memory", run: runLoad})
 }
 
-type loadFile struct {
-	Path     string  `json:"path"`
-	Tensors  int     `json:"tensors,omitempty"`
-	Bytes    int64   `json:"bytes"`
-	Seconds  float64 `json:"seconds"`
-	GBps     float64 `json:"gb_per_s"`
-	DataPath string  `json:"data_path"`
-	IO       string  `json:"io"`
-	Verified bool    `json:"verified"`
-	VerifyOn string  `json:"verified_on,omitempty"`
-	Checked  bool    `json:"checked,omitempty"`
-	// Fetched: bytes of chunks not stored here, fetched from the members
-	// during the load (a cluster member).
-	Fetched       int64 `json:"fetched_bytes,omitempty"`
-	FetchedChunks int   `json:"fetched_chunks,omitempty"`
-
-	check func() error // --check: compare the device bytes with the store
-}
-
-type loadReport struct {
-	Device  string     `json:"device"`
-	Path    string     `json:"data_path"`
-	Note    string     `json:"note"`
-	TPRank  int        `json:"tp_rank"`
-	TPSize  int        `json:"tp_size"`
-	Files   []loadFile `json:"files"`
-	Bytes   int64      `json:"bytes"`
-	Seconds float64    `json:"seconds"`
-	GBps    float64    `json:"gb_per_s"`
-	// FetchedChunks and Fetched: on a cluster member, the chunks of the
-	// files not stored here (and their bytes), fetched from the members
-	// during the load, in the order the load needs them (timed in
-	// Seconds).
-	FetchedChunks int   `json:"fetched_chunks"`
-	Fetched       int64 `json:"fetched_bytes"`
-	// CPUSeconds: user + system CPU time of the process that ran the
-	// pass (the node, when the command was forwarded to one) while it
-	// ran, all its threads, not only the load's.
-	CPUSeconds float64 `json:"cpu_seconds"`
-}
-
 func runLoad(ctx context.Context, e *env, args []string) error {
 	f := newFlags(e, "load", "[--data DIR] --device cuda:N|host [flags] PATH...", `
 Loads stored files into device memory and reports bytes, seconds, GB/s and the
 path the bytes took, per file. safetensors files are loaded tensor by tensor;
-with --tp-size/--tp-rank only that rank's share of each tensor (Megatron/vLLM
-convention for Llama-style names: q/k/v/gate/up and embeddings split by rows,
-o/down by columns, norms replicated). PATH is a namespace file or directory.
+with --tp-size/--tp-rank only that rank's share of each tensor, by the rules
+kylix.torch.load_file uses too (gpuio/tprules.go, as vLLM shards each layer):
+column-parallel q/k/v/gate/up/w1/w3 weights and biases and embeddings split
+along dim 0, row-parallel o/down/w2/out_proj/dense_4h_to_h weights along dim
+1, tensors fused on disk, norms and everything else whole; an uneven
+dimension is cut as torch.chunk cuts it. PATH is a namespace file or
+directory.
 
 Paths: auto (fastest available), gds (cuFile native/P2PDMA), gds-compat
 (cuFile compatibility mode), bounce (reads into pinned buffers, async copies),
@@ -100,72 +56,18 @@ the node's peer cache may keep them.`).withJSON()
 	if err := f.parse(args, 1, -1); err != nil {
 		return err
 	}
+	req := node.LoadRequest{Paths: f.Args(), Device: *devName, Path: *pathName, Strict: *strict, IO: *ioMode,
+		TPRank: *tpRank, TPSize: *tpSize, Buffers: *buffers, BufMiB: *bufMiB, NoVerify: *noVerify,
+		VerifyOn: *verifyOn, Check: *check, Repeat: *repeat, Files: *inflight, Reader: *reader}
 	if *tpSize < 1 || *tpRank < 0 || *tpRank >= *tpSize {
 		return fmt.Errorf("load: --tp-rank %d must be in [0, --tp-size %d)", *tpRank, *tpSize)
 	}
-	dev, err := openDevice(*devName)
-	if err != nil {
-		return err
-	}
-	defer dev.Close()
-	s, err := f.open()
-	if err != nil {
-		return err
-	}
-	defer s.Close()
-	opts := gpuio.Options{
-		Path: gpuio.Path(*pathName), Strict: *strict, IO: gpuio.IOMode(*ioMode),
-		Buffers: *buffers, BufferSize: *bufMiB<<20 + 8192, NoVerify: *noVerify,
-		VerifyOn: gpuio.VerifyOn(*verifyOn),
-	}
-	switch *reader {
-	case "pread":
-	case "io_uring":
-		// A ring of the loader's own: the store reads the page cache with
-		// pread (docs/design/store.md), and a load must not depend on it.
-		r, err := storeio.New("io_uring", *buffers)
-		if err != nil {
-			return fmt.Errorf("load: --reader io_uring: %w", err)
-		}
-		defer r.Close()
-		opts.Reader = r
-	default:
-		return fmt.Errorf("load: --reader %q: want pread or io_uring", *reader)
-	}
-	l, err := gpuio.New(s, dev, opts)
-	if err != nil {
-		return err
-	}
-	defer l.Close()
-	var files []string
-	for _, p := range f.Args() {
-		err := s.Walk(p, func(q string, en chunkstore.Entry) error {
-			if en.Kind == chunkstore.KindFile {
-				files = append(files, q)
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-	}
-	if len(files) == 0 {
-		return fmt.Errorf("load: no files under %s", strings.Join(f.Args(), " "))
-	}
-	for pass := 0; pass < *repeat; pass++ {
-		rep, err := loadOnce(ctx, s, l, dev, files, *tpRank, *tpSize, *check, *inflight)
-		if err != nil {
-			return err
-		}
-		rep.Device = dev.String()
-		rep.Path, rep.Note = func() (string, string) { p, n := l.Path(); return string(p), n }()
+	show := func(p node.LoadPass) error {
+		rep := p.Report
 		if f.jsonOut {
-			if err := f.printJSON(rep); err != nil {
-				return err
-			}
-			continue
+			return f.printJSON(rep)
 		}
-		fmt.Fprintf(e.stdout, "device %s, path %s (%s), tp %d/%d; %s\n", rep.Device, rep.Path, rep.Note, rep.TPRank, rep.TPSize, l.VerifyNote())
+		fmt.Fprintf(e.stdout, "device %s, path %s (%s), tp %d/%d; %s\n", rep.Device, rep.Path, rep.Note, rep.TPRank, rep.TPSize, p.VerifyNote)
 		for _, lf := range rep.Files {
 			ver := "verified on " + lf.VerifyOn
 			if !lf.Verified {
@@ -181,214 +83,32 @@ the node's peer cache may keep them.`).withJSON()
 		if rep.FetchedChunks > 0 {
 			fmt.Fprintf(e.stdout, "fetched: %d chunks (%s) not stored here, from the members during the load\n", rep.FetchedChunks, human(rep.Fetched))
 		}
+		return nil
 	}
-	return nil
-}
-
-// processCPU is the user + system CPU time this process has used, in
-// seconds (0 if the kernel does not say).
-func processCPU() float64 {
-	var ru syscall.Rusage
-	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
-		return 0
+	var showErr error
+	onPass := func(p node.LoadPass) {
+		if err := show(p); err != nil && showErr == nil {
+			showErr = err
+		}
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
-}
-
-// openDevice opens "cuda:N" or "host". No GPU is an error, never a silent
-// switch to the host device.
-func openDevice(name string) (gpuio.Device, error) {
-	if name == "host" {
-		// Freed memory is reused, as GPU allocators do, so --repeat
-		// measures loads into memory touched before (gpuio.HostDevice).
-		return &gpuio.HostDevice{Reuse: true}, nil
+	// A running node loads with its own CUDA context: this process opens
+	// none (the report's CPU time is the node's).
+	err := f.call(ctx, node.OpLoad, req, nil, func(ev node.Event) {
+		var p node.LoadPass
+		if len(ev.Data) > 0 && json.Unmarshal(ev.Data, &p) == nil {
+			onPass(p)
+		}
+	})
+	if errors.Is(err, node.ErrNoNode) {
+		var s *chunkstore.Store
+		if s, err = f.open(); err != nil {
+			return err
+		}
+		defer s.Close()
+		err = node.Load(ctx, s, req, onPass)
 	}
-	n, ok := strings.CutPrefix(name, "cuda:")
-	ord, err := strconv.Atoi(n)
-	if !ok || err != nil || ord < 0 {
-		return nil, fmt.Errorf("load: --device %q: want cuda:N or host", name)
-	}
-	d, err := gpuio.NewCUDADevice(ord)
 	if err != nil {
-		return nil, fmt.Errorf("load: %w (see kylix doctor; --device host loads into host memory for testing)", err)
+		return err
 	}
-	return d, nil
-}
-
-func loadOnce(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpuio.Device, files []string, rank, size int, check bool, inflight int) (*loadReport, error) {
-	rep := &loadReport{TPRank: rank, TPSize: size}
-	var mems []gpuio.DeviceMem
-	defer func() {
-		for _, m := range mems {
-			m.Free()
-		}
-	}()
-	start, cpu0 := time.Now(), processCPU()
-	var (
-		mu   sync.Mutex
-		wg   sync.WaitGroup
-		errs = make([]error, len(files))
-		outs = make([]*loadFile, len(files))
-		next atomic.Int64
-	)
-	keep := func(m gpuio.DeviceMem) {
-		mu.Lock()
-		mems = append(mems, m)
-		mu.Unlock()
-	}
-	// Several files in flight share the loader's buffers, so the pipeline
-	// does not drain at each file boundary. The first failure stops the rest.
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	for range max(1, min(inflight, len(files))) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= len(files) {
-					return
-				}
-				outs[i], errs[i] = loadOne(ctx, s, l, dev, files[i], rank, size, check, keep)
-				if errs[i] != nil {
-					cancel()
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	// Report the failure that stopped the load, not the cancellations it
-	// caused in the other files.
-	var first error
-	for _, err := range errs {
-		if err != nil && (first == nil || errors.Is(first, context.Canceled)) {
-			first = err
-		}
-	}
-	if first != nil {
-		return nil, first
-	}
-	for _, lf := range outs {
-		if lf != nil {
-			rep.Files = append(rep.Files, *lf)
-			rep.Bytes += lf.Bytes
-			rep.Fetched += lf.Fetched
-			rep.FetchedChunks += lf.FetchedChunks
-		}
-	}
-	el, cpu := time.Since(start), processCPU()-cpu0
-	// Checks run after the clock stopped: they copy everything back.
-	for i := range rep.Files {
-		if c := rep.Files[i].check; c != nil {
-			if err := c(); err != nil {
-				return nil, fmt.Errorf("load --check %s: %w", rep.Files[i].Path, err)
-			}
-			rep.Files[i].Checked = true
-		}
-	}
-	rep.Seconds, rep.CPUSeconds = el.Seconds(), cpu
-	if rep.Seconds > 0 {
-		rep.GBps = float64(rep.Bytes) / rep.Seconds / 1e9
-	}
-	return rep, nil
-}
-
-// loadOne loads one stored file; keep takes ownership of device memory.
-func loadOne(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpuio.Device, p string, rank, size int, check bool, keep func(gpuio.DeviceMem)) (*loadFile, error) {
-	file, _, err := s.OpenPath(p)
-	if err != nil {
-		return nil, err
-	}
-	lf := loadFile{Path: p}
-	var res gpuio.Result
-	var verifyFn func() error
-	if file.M.Format == chunkstore.FormatSafetensors {
-		h, err := safetensors.Parse(file, file.Size())
-		if err != nil {
-			return nil, fmt.Errorf("load %s: %w", p, err)
-		}
-		var targets []gpuio.TensorTarget
-		var total int64
-		offs := make([]int64, len(h.Tensors))
-		layouts := make([]gpuio.ShareLayout, len(h.Tensors))
-		for i, t := range h.Tensors {
-			sh := gpuio.LlamaShare(t, rank, size)
-			sl, err := sh.Layout(t)
-			if err != nil {
-				return nil, fmt.Errorf("load %s: %w", p, err)
-			}
-			offs[i], layouts[i] = total, sl
-			total += (sl.Bytes + 255) &^ 255 // 256-byte aligned, like allocators
-			targets = append(targets, gpuio.TensorTarget{Name: t.Name, Share: sh, Off: offs[i]})
-		}
-		mem, err := dev.Alloc(max(total, 1))
-		if err != nil {
-			return nil, fmt.Errorf("load %s: allocate %d bytes: %w", p, total, err)
-		}
-		keep(mem)
-		for i := range targets {
-			targets[i].Mem = mem
-		}
-		lf.Tensors = len(targets)
-		res, err = l.LoadTensors(ctx, file, h, targets)
-		if err != nil {
-			return nil, fmt.Errorf("load %s: %w", p, err)
-		}
-		verifyFn = func() error {
-			for i, t := range h.Tensors {
-				src := make([]byte, t.Size())
-				if _, err := file.ReadAt(src, h.DataStart()+t.Begin); err != nil {
-					return err
-				}
-				sl := layouts[i]
-				want := make([]byte, 0, sl.Bytes)
-				for r := int64(0); r < sl.Rows; r++ {
-					want = append(want, src[r*sl.Pitch+sl.ColOff:][:sl.Width]...)
-				}
-				got := make([]byte, sl.Bytes)
-				if err := mem.CopyToHost(got, offs[i]); err != nil {
-					return err
-				}
-				if chunkstore.Sum(got) != chunkstore.Sum(want) {
-					return fmt.Errorf("tensor %s: device bytes differ from the store", t.Name)
-				}
-			}
-			return nil
-		}
-	} else {
-		if rank != 0 && size > 1 {
-			return nil, nil // opaque files go to rank 0 only
-		}
-		mem, err := dev.Alloc(max(file.Size(), 1))
-		if err != nil {
-			return nil, fmt.Errorf("load %s: %w", p, err)
-		}
-		keep(mem)
-		res, err = l.ReadRange(ctx, file, 0, file.Size(), mem, 0)
-		if err != nil {
-			return nil, fmt.Errorf("load %s: %w", p, err)
-		}
-		verifyFn = func() error {
-			want := make([]byte, file.Size())
-			if _, err := file.ReadAt(want, 0); err != nil && file.Size() > 0 {
-				return err
-			}
-			got := make([]byte, file.Size())
-			if err := mem.CopyToHost(got, 0); err != nil {
-				return err
-			}
-			if chunkstore.Sum(got) != chunkstore.Sum(want) {
-				return errors.New("device bytes differ from the store")
-			}
-			return nil
-		}
-	}
-	lf.Bytes, lf.Seconds, lf.GBps = res.Bytes, res.Duration.Seconds(), res.GBps()
-	lf.DataPath, lf.IO, lf.Verified, lf.VerifyOn = string(res.Path), res.IO, res.Verified, res.VerifyOn
-	lf.Fetched, lf.FetchedChunks = res.Fetched, res.FetchedChunks
-	if check {
-		lf.check = verifyFn
-	}
-	return &lf, nil
+	return showErr
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/node"
 )
 
 func init() {
@@ -50,7 +51,7 @@ if it is a file.`).withJSON()
 	}
 	var out []lsEntry
 	clean, _ := chunkstore.CleanPath(path)
-	pins := newPinView(s)
+	pins := e.pinView(s)
 	add := func(name string, c chunkstore.Entry) {
 		le := lsEntry{Name: name, Kind: c.Kind.String(), Mode: modeString(c), Size: c.Size, MTime: time.Unix(0, c.MTime).UTC(), Target: c.Target}
 		if c.UID != chunkstore.OwnerUnknown {
@@ -66,10 +67,10 @@ if it is a file.`).withJSON()
 		if ent.Kind == chunkstore.KindDir && !*rec && clean != "" {
 			full = clean + "/" + name
 		}
-		le.Pinned, _ = pins.info(full, c)
+		le.Pinned, _ = pins.Info(full, c)
 		if c.Kind == chunkstore.KindFile {
 			if file, err := s.OpenFile(c.ID); err == nil {
-				r := fileResident(file)
+				r := node.FileResident(file)
 				le.ResidentBytes = &r
 			}
 		}

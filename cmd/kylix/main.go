@@ -3,8 +3,10 @@
 // collect garbage, and (kylix serve) mount the namespace for unmodified
 // programs.
 //
-// This package is wiring only: flags, output and exit codes. The work is done
-// by chunkstore and the packages beside it. The command line follows the
+// This package is flags, output, exit codes and wiring. The work is done by
+// the packages beside it: the running node is package node (kylix serve
+// wires a node.Config from its flags), and the other commands reach it
+// through its admin socket (nodeclient.go). The command line follows the
 // conventions of cobra/pflag (docs/design/cli.md): GNU-style flags anywhere
 // on the line, help on stdout when asked and on stderr after a usage error,
 // and the exit statuses below.
@@ -75,12 +77,12 @@ func main() {
 }
 
 // run executes one command line and returns the exit status. A node runs
-// forwarded command lines through it too (admin.go).
+// forwarded command lines through it too (nodeclient.go).
 func run(ctx context.Context, e *env, args []string) int {
 	if args == nil {
 		args = []string{} // cobra would read os.Args for nil
 	}
-	e.ctx, e.args = ctx, args // for forwarding to a running node (admin.go)
+	e.ctx, e.args = ctx, args // for forwarding to a running node (nodeclient.go)
 	root := newRoot(ctx, e)
 	if len(args) > 0 && strings.HasPrefix(args[0], cobra.ShellCompRequestCmd) {
 		addFlagsForCompletion(ctx, e, root)

@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kylix/kylix/chunkstore"
-	kfs "github.com/kylix/kylix/fs"
+	"github.com/kylix/kylix/node"
 	"github.com/kylix/kylix/peers"
 )
 
@@ -20,9 +20,6 @@ func init() {
 	register(&command{name: "cluster-key", summary: "print a new cluster key (for serve --cluster-key FILE)", run: runClusterKey})
 	register(&command{name: "peers", summary: "show the cluster's members as the running node sees them", run: runPeers})
 }
-
-// runningPeers is the cluster membership of the node this process serves.
-var runningPeers *peers.Node
 
 // peerFlags are serve's cluster flags (docs/design/peers.md).
 type peerFlags struct {
@@ -32,7 +29,6 @@ type peerFlags struct {
 	logGossip                                     *bool
 	repairRate                                    *int64
 	failureGrace                                  *time.Duration
-	node                                          *peers.Node
 }
 
 func addPeerFlags(f *flags) *peerFlags {
@@ -57,14 +53,14 @@ func addPeerFlags(f *flags) *peerFlags {
 	}
 }
 
-// fetcher prepares the node (without --listen: none) and returns the
-// store's Fetcher.
-func (pf *peerFlags) fetcher(data string, log *slog.Logger) (chunkstore.Fetcher, error) {
+// config is the cluster member's configuration (nil without --listen: a
+// single node).
+func (pf *peerFlags) config(data string, log *slog.Logger) (*peers.Config, error) {
 	if *pf.listen == "" {
 		if *pf.join != "" || *pf.keyFile != "" {
 			return nil, fmt.Errorf("serve: --join and --cluster-key need --listen HOST:PORT")
 		}
-		return chunkstore.LocalOnly{}, nil
+		return nil, nil
 	}
 	if *pf.keyFile == "" {
 		return nil, fmt.Errorf("serve: --listen needs --cluster-key FILE (make one with: kylix cluster-key > FILE; chmod 600 FILE)")
@@ -106,37 +102,12 @@ func (pf *peerFlags) fetcher(data string, log *slog.Logger) (chunkstore.Fetcher,
 		}
 		cacheDir = filepath.Join(data, "peer-cache")
 	}
-	pf.node, err = peers.New(peers.Config{CacheDir: cacheDir, CacheBytes: cacheBytes, NoRelay: os.Getenv("KYLIX_TEST_PEER_NO_RELAY") == "1",
+	return &peers.Config{CacheDir: cacheDir, CacheBytes: cacheBytes, NoRelay: os.Getenv("KYLIX_TEST_PEER_NO_RELAY") == "1",
 		Name: *pf.name, Listen: *pf.listen, DataListen: *pf.dataListen, Join: join, Key: key,
 		Capacity: capacity, Zone: *pf.zone, Replicas: *pf.replicas, Version: "dev", Logger: log,
 		Plaintext: *pf.dataPlane == "plaintext", GossipLog: *pf.logGossip, Reader: *pf.role == "reader",
 		RepairRate: orNone(*pf.repairRate), FailureGrace: time.Duration(orNone(int64(*pf.failureGrace))),
-		CorruptServed: os.Getenv("KYLIX_TEST_PEER_CORRUPT") == "1", ServeDelay: testServeDelay(), Keep: func() ([]string, error) {
-			// Pinned paths keep their chunks here (rebalance drops none).
-			rec, err := readPinRecord(data)
-			var ps []string
-			for _, p := range rec.Pins {
-				ps = append(ps, p.Path)
-			}
-			return ps, err
-		}})
-	if err != nil {
-		return nil, fmt.Errorf("serve: %w", err)
-	}
-	return pf.node, nil
-}
-
-// start joins the cluster once the store is open and the mount up; stop
-// leaves it.
-func (pf *peerFlags) start(s *chunkstore.Store, fsys *kfs.FS) (stop func(), err error) {
-	if pf.node == nil {
-		return func() {}, nil
-	}
-	if err := pf.node.Start(s, fsys.Reconcile); err != nil {
-		return nil, err
-	}
-	runningPeers = pf.node
-	return func() { runningPeers = nil; pf.node.Close() }, nil
+		CorruptServed: os.Getenv("KYLIX_TEST_PEER_CORRUPT") == "1", ServeDelay: testServeDelay()}, nil
 }
 
 // readAheadChunks is the store's Options.ReadAheadChunks from --read-ahead.
@@ -158,22 +129,6 @@ func orNone(v int64) int64 {
 		return -1
 	}
 	return v
-}
-
-type peersOut struct {
-	Self string `json:"self"`
-	// ReadAhead: chunks fetched ahead of sequential readers (chunkstore).
-	ReadAhead readAheadOut         `json:"read_ahead"`
-	Replicas  int                  `json:"replicas"`
-	Placement peers.PlacementStats `json:"placement"`
-	Swarm     peers.SwarmStats     `json:"swarm"`
-	Members   []peers.Member       `json:"members"`
-}
-
-type readAheadOut struct {
-	Window int   `json:"window_chunks"`
-	Chunks int64 `json:"chunks"`
-	Bytes  int64 `json:"bytes"`
 }
 
 func runClusterKey(ctx context.Context, e *env, args []string) error {
@@ -207,20 +162,10 @@ started without --listen.`).withJSON()
 	if err := f.parse(args, 0, 0); err != nil {
 		return err
 	}
-	s, err := f.open()
-	if err != nil {
-		return err
+	var out node.PeersStatus
+	if err := f.call(ctx, node.OpPeers, nil, &out, nil); err != nil {
+		return noNode(err, fmt.Sprintf("no node serves %s (start one with kylix serve --listen)", f.data))
 	}
-	defer s.Close()
-	if e.store == nil {
-		return fmt.Errorf("no node serves %s (start one with kylix serve --listen)", s.Dir())
-	}
-	if runningPeers == nil {
-		return fmt.Errorf("the node serving %s is not in a cluster (it was started without --listen)", s.Dir())
-	}
-	out := peersOut{Self: runningPeers.Name(), Replicas: runningPeers.Replicas(), Placement: runningPeers.Placement(), Swarm: runningPeers.Swarm(), Members: runningPeers.Members()}
-	sc := s.Counters()
-	out.ReadAhead = readAheadOut{Window: s.ReadAheadWindow(), Chunks: sc.ReadAheadChunks, Bytes: sc.ReadAheadBytes}
 	if f.jsonOut {
 		return f.printJSON(out)
 	}

@@ -12,16 +12,9 @@ import (
 // "Replication"): nothing happens without a running cluster member.
 
 // clusterReplication is the replication of path ("" the namespace) as the
-// alive members answer, or nil outside a cluster.
-func clusterReplication(ctx context.Context, path string) (*peers.Replication, error) {
-	if runningPeers == nil {
-		return nil, nil
-	}
-	r, err := runningPeers.Replication(ctx, path)
-	if err != nil {
-		return nil, fmt.Errorf("asking the cluster which members hold %q: %w", path, err)
-	}
-	return &r, nil
+// alive members answer, or nil outside a cluster (or outside a node).
+func clusterReplication(ctx context.Context, e *env, path string) (*peers.Replication, error) {
+	return e.node.Replication(ctx, path)
 }
 
 // printReplication writes the lines stat and df show for a cluster.

@@ -6,19 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"runtime"
 	"runtime/pprof"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/kylix/kylix/chunkstore"
 	kfs "github.com/kylix/kylix/fs"
+	"github.com/kylix/kylix/node"
 )
 
 func init() {
@@ -40,16 +35,6 @@ func (e *env) defaultMountDir() string {
 		return filepath.Join(d, "kylix")
 	}
 	return fmt.Sprintf("/tmp/kylix-%d", os.Geteuid())
-}
-
-// runningNode is the node this process serves, for in-node commands.
-var runningNode struct {
-	fsys    *kfs.FS
-	mount   string
-	start   time.Time
-	client  *clientServer
-	metrics *nodeMetrics
-	pins    *nodePins
 }
 
 func runServe(ctx context.Context, e *env, args []string) error {
@@ -107,15 +92,15 @@ names. Example and details: docs/examples/kylix.toml, docs/design/peers.md.`)
 	mnt := f.String("mount", e.defaultMountDir(), "mount point (env KYLIX_MOUNT)")
 	noPT := f.Bool("no-passthrough", false, "serve every file through the node, never FUSE passthrough")
 	debug := f.Bool("debug", false, "log every FUSE request")
-	stopTimeout := f.Duration("stop-timeout", defaultStopTimeout, "on SIGTERM, exit after this long even if open writes or requests have not finished")
+	stopTimeout := f.Duration("stop-timeout", node.DefaultStopTimeout, "on SIGTERM, exit after this long even if open writes or requests have not finished")
 	scrubRate := f.Int64("scrub-rate", chunkstore.DefaultScrubRate,
 		"bytes per second the background scrub re-reads packs served by passthrough (0: no scrub; docs/design/verification.md)")
 	clientSock := f.String("client-socket", "", "path of the client socket any local user may connect to (docs/design/client.md); default /run/kylix/MOUNT.sock as root, else under $XDG_RUNTIME_DIR/kylix or /tmp/kylix-UID; \"none\": no client socket")
-	gpuIdle := f.Duration("gpu-idle", defaultGPUIdle, "give a GPU's CUDA context back after this long without a client's GPU fill")
+	gpuIdle := f.Duration("gpu-idle", node.DefaultGPUIdle, "give a GPU's CUDA context back after this long without a client's GPU fill")
 	reserveFlag := f.String("reserve", fmt.Sprintf("%d%%", kfs.DefaultReservePercent),
 		"free space kept from writers through the mount whose uid is not 0: a size (2GiB) or a share of the data file system (5%)")
-	pinBudget := pinBudgetFlag(f)
-	metricsAddr := metricsFlag(f)
+	pinBudget := f.String("pin-budget", node.DefaultPinBudget, "most memory pins may lock (kylix pin): a size (64GiB) or a share of physical memory (50%); 0: no pins")
+	metricsAddr := f.String("metrics", "", "serve Prometheus metrics over HTTP at this address, e.g. 127.0.0.1:9477 (port 0: any free port; default: off). They name no paths, but anyone who can reach the address can read them")
 	pf := addPeerFlags(f)
 	if err := f.parse(args, 0, 0); err != nil {
 		return err
@@ -131,7 +116,11 @@ names. Example and details: docs/examples/kylix.toml, docs/design/peers.md.`)
 	if err != nil {
 		return fmt.Errorf("serve: --%w", err)
 	}
-	if e.store != nil {
+	budget, err := node.ParsePinBudget(*pinBudget)
+	if err != nil {
+		return fmt.Errorf("serve: --%w", err)
+	}
+	if e.node != nil {
 		return fmt.Errorf("serve: a node already runs for this data directory")
 	}
 	log := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -145,162 +134,40 @@ names. Example and details: docs/examples/kylix.toml, docs/design/peers.md.`)
 			defer func() { pprof.StopCPUProfile(); pf.Close() }()
 		}
 	}
-	mountDir, err := filepath.Abs(*mnt)
+	cluster, err := pf.config(f.data, log)
 	if err != nil {
 		return err
 	}
-	if err := checkMountOutsideData(f.data, mountDir); err != nil {
-		return err
+	cfg := node.Config{
+		DataDir: f.data, Mount: *mnt, ClientSocket: *clientSock, GPUIdle: *gpuIdle,
+		NoPassthrough: *noPT, Debug: *debug, Reserve: &reserve, ScrubRate: orNone(*scrubRate),
+		PinBudget: orNone(budget), Metrics: *metricsAddr, StopTimeout: *stopTimeout,
+		Cluster: cluster, ReadAheadChunks: pf.readAheadChunks(), Exec: execInNode,
+		Logger: log, Version: buildVersion().String(),
 	}
-	fetcher, err := pf.fetcher(f.data, log)
+	n, err := node.New(cfg)
 	if err != nil {
 		return err
 	}
-	s, err := chunkstore.Open(chunkstore.Options{Dir: f.data, Logger: log, Fetcher: fetcher, ReadAheadChunks: pf.readAheadChunks()})
-	if errors.Is(err, chunkstore.ErrLocked) {
-		return fmt.Errorf("serve: %w (is a node already running? see %s)", err, filepath.Join(f.data, socketName))
-	}
-	if err != nil {
-		return err
-	}
-	// stopped ends the stop watchdog; closed after the store (defers run
-	// last-in first-out), so the watchdog covers closing the store too.
-	stopped := make(chan struct{})
-	defer close(stopped)
-	defer s.Close()
-	if runningNode.pins, err = startPins(s, *pinBudget, log); err != nil {
-		return err
-	}
-	defer runningNode.pins.close()
-	sockPath := *clientSock
-	switch sockPath {
-	case "":
-		sockPath = e.defaultClientSocket(mountDir)
-	case "none":
-		sockPath = ""
-	default:
-		if sockPath, err = filepath.Abs(sockPath); err != nil {
-			return err
+	var mounted string
+	err = n.Run(ctx, func(r node.Ready) {
+		mounted = r.Mount
+		client := "  client socket: " + r.ClientSocket + "\n"
+		if r.ClientSocket == "" {
+			client = "  client socket: " + r.ClientNote + "\n"
 		}
-	}
-	// The client socket listens before the mount exists, so the path the
-	// mount reports (KYLIX_IOC_PROBE) is one where a node listens; requests
-	// are served once the mount is up.
-	var client *clientServer
-	clientLine := "  client socket: none\n"
-	if sockPath != "" {
-		client, err = listenClient(sockPath, f.data, log)
-		switch {
-		case err != nil && *clientSock != "":
-			return err
-		case err != nil:
-			// The default place may be unusable (a read-only /run): a node
-			// without a client socket still serves its mount.
-			log.Warn("no client socket; choose a path with --client-socket", "err", err)
-			clientLine = fmt.Sprintf("  client socket: none (%v)\n", err)
-			sockPath = ""
-		default:
-			defer client.close() // on early returns; idempotent
-			clientLine = "  client socket: " + client.path + "\n"
+		metrics := "  metrics: off (--metrics ADDR)\n"
+		if r.MetricsURL != "" {
+			metrics = "  metrics: " + r.MetricsURL + "\n"
 		}
-	}
-	var keepLocal func(string) error
-	if pf.node != nil { // a cluster member: MAKE_LOCAL's chunks are kept from rebalance (pin.go)
-		keepLocal = runningNode.pins.keepLocal
-	}
-	fsys, err := kfs.New(s, kfs.Options{Logger: log, NoPassthrough: *noPT, Debug: *debug, ScrubRate: max(0, *scrubRate), Reserve: &reserve, ClientSocket: sockPath,
-		KeepLocal: keepLocal})
+		fmt.Fprintf(e.stdout, "kylix: node %d serving %s at %s\n  admin socket: %s\n%s%s  stop: Ctrl-C or kill %d\n",
+			r.PID, r.DataDir, r.Mount, r.AdminSocket, client, metrics, r.PID)
+	})
 	if err != nil {
 		return err
 	}
-	if runningNode.metrics, err = startMetrics(*metricsAddr, s, fsys, client, log); err != nil {
-		return err
-	}
-	defer runningNode.metrics.close()
-	clientLine += runningNode.metrics.line()
-	if cleared, err := kfs.ClearStaleMount(mountDir); err != nil {
-		return err
-	} else if cleared {
-		log.Warn("cleared a stale mount left by a node that did not stop cleanly", "mount", mountDir)
-	}
-	if err := fsys.Mount(mountDir); err != nil {
-		return err
-	}
-	runningNode.fsys, runningNode.mount, runningNode.start = fsys, mountDir, time.Now()
-	// The scrub re-hashes the packs handed out for passthrough; it stops
-	// with the node.
-	scrubCtx, stopScrub := context.WithCancel(ctx)
-	scrubDone := make(chan struct{})
-	go func() { s.RunScrub(scrubCtx, *scrubRate); close(scrubDone) }()
-	recheckDone := make(chan struct{}) // pinned memory, at the same rate (pin.go)
-	go func() { runningNode.pins.recheckLoop(scrubCtx, *scrubRate); close(recheckDone) }()
-	defer func() { stopScrub(); <-scrubDone; <-recheckDone }() // before the store closes
-	stopPeers, err := pf.start(s, fsys)
-	if err != nil {
-		fsys.Unmount()
-		return err
-	}
-	defer stopPeers()
-	if pf.node != nil {
-		// Recorded pins missing chunks here are fetched from the members
-		// (pin.go); it stops before the membership does.
-		fetchCtx, stopFetch := context.WithCancel(ctx)
-		fetched := make(chan struct{})
-		go func() { runningNode.pins.fetchMissing(fetchCtx, pf.node); close(fetched) }()
-		defer func() { stopFetch(); <-fetched }()
-	}
-	admin, err := listenAdmin(s, fsys, log)
-	if err != nil {
-		fsys.Unmount()
-		return err
-	}
-	if client != nil {
-		fill := newFillService(s, *gpuIdle, log)
-		// The connections end first: no FILL runs when the loaders close.
-		defer func() { client.close(); fill.close() }()
-		client.serve(s, fsys, fill)
-		runningNode.client = client
-	}
-	unmounted := make(chan struct{})
-	go func() { fsys.Wait(); close(unmounted) }()
-	fmt.Fprintf(e.stdout, "kylix: node %d serving %s at %s\n  admin socket: %s\n%s  stop: Ctrl-C or kill %d\n",
-		os.Getpid(), s.Dir(), mountDir, admin.path, clientLine, os.Getpid())
-	notifyReady(log, s.Dir(), mountDir) // systemd Type=notify (notify.go)
-	select {
-	case <-ctx.Done():
-		log.Info("stopping", "mount", mountDir)
-	case <-unmounted:
-		log.Warn("the mount went away (unmounted from outside); stopping", "mount", mountDir)
-	}
-	notifyStopping(log, mountDir)
-	go stopWatchdog(log, mountDir, *stopTimeout, stopped)
-	admin.close()
-	if runningNode.client != nil {
-		runningNode.client.close()
-	}
-	if err := fsys.Unmount(); err != nil {
-		return err
-	}
-	fmt.Fprintf(e.stdout, "kylix: unmounted %s\n", mountDir)
+	fmt.Fprintf(e.stdout, "kylix: unmounted %s\n", mounted)
 	return nil
-}
-
-type nodeOut struct {
-	PID      int       `json:"pid"`
-	DataDir  string    `json:"data_dir"`
-	Mount    string    `json:"mount"`
-	Started  time.Time `json:"started"`
-	RSSBytes int64     `json:"rss_bytes"`
-	// HeapBytes is the Go heap in use (runtime.MemStats.HeapInuse).
-	HeapBytes int64     `json:"heap_bytes"`
-	FS        kfs.Stats `json:"fs"`
-	// PackChecks counts the pack checks before passthrough and the scrub
-	// (docs/design/verification.md).
-	PackChecks chunkstore.PackVerifyStats `json:"pack_checks"`
-	// Clients is the client socket's activity (nil without one).
-	Clients *clientStats `json:"clients,omitempty"`
-	// Pins is the node's pins (docs/design/pin.md).
-	Pins *pinsStatus `json:"pins,omitempty"`
 }
 
 func runNode(ctx context.Context, e *env, args []string) error {
@@ -312,26 +179,13 @@ passthrough and by the node. Fails when no node runs.`).withJSON()
 	if err := f.parse(args, 0, 0); err != nil {
 		return err
 	}
-	s, err := f.open()
-	if err != nil {
+	var out node.NodeStatus
+	if err := f.call(ctx, node.OpNode, node.NodeRequest{GC: *gc}, &out, nil); err != nil {
+		if errors.Is(err, node.ErrNoNode) {
+			return fmt.Errorf("no node serves %s (start one with kylix serve)", f.data)
+		}
 		return err
 	}
-	defer s.Close()
-	if e.store == nil || runningNode.fsys == nil {
-		return fmt.Errorf("node: no node serves %s", s.Dir())
-	}
-	if *gc {
-		runtime.GC()
-	}
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	out := nodeOut{PID: os.Getpid(), DataDir: s.Dir(), Mount: runningNode.mount, Started: runningNode.start,
-		RSSBytes: rss(), HeapBytes: int64(ms.HeapInuse), FS: runningNode.fsys.Stats()}
-	out.PackChecks = s.PackVerifyStats()
-	if runningNode.client != nil {
-		out.Clients = runningNode.client.stats()
-	}
-	out.Pins = runningNode.pins.status()
 	if f.jsonOut {
 		return f.printJSON(out)
 	}
@@ -363,99 +217,4 @@ passthrough and by the node. Fails when no node runs.`).withJSON()
 	}
 	printPins(e.stdout, out.Pins)
 	return nil
-}
-
-// rss returns the process's resident set size from /proc/self/statm.
-func rss() int64 {
-	b, err := os.ReadFile("/proc/self/statm")
-	if err != nil {
-		return 0
-	}
-	fields := strings.Fields(string(b))
-	if len(fields) < 2 {
-		return 0
-	}
-	pages, _ := strconv.ParseInt(fields[1], 10, 64)
-	return pages * int64(os.Getpagesize())
-}
-
-// defaultStopTimeout bounds a node's shutdown: committing what is being
-// written and unmounting normally take well under a second.
-const defaultStopTimeout = 10 * time.Second
-
-// stopWatchdog ends the process if the shutdown has not finished (stopped
-// closed) within timeout, or at once on a second SIGINT/SIGTERM. The orderly
-// shutdown waits for commits, admin requests and the kernel; none of them
-// may keep a node that was told to stop alive (issue 7: a read that never
-// ended kept the process forever). Exiting is safe: the store is crash-safe
-// (what is committed stays, working copies are dropped at the next start),
-// and the mount is detached first so no dead mount stays behind.
-func stopWatchdog(log *slog.Logger, mountDir string, timeout time.Duration, stopped <-chan struct{}) {
-	again := make(chan os.Signal, 1)
-	signal.Notify(again, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(again)
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case <-stopped:
-		return
-	case <-t.C:
-		log.Error("stopping took too long; exiting without waiting for the rest (the store is crash-safe)", "timeout", timeout, "mount", mountDir)
-	case <-again:
-		log.Error("second signal; exiting now (the store is crash-safe)", "mount", mountDir)
-	}
-	if err := syscall.Unmount(mountDir, unix.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
-		log.Warn("detaching the mount", "mount", mountDir, "err", err)
-	}
-	os.Exit(1)
-}
-
-// checkMountOutsideData refuses a mount point inside the data directory, or
-// a data directory inside the mount point: the node would then read and
-// write its own store through its own mount, and deadlocked doing so.
-// Symbolic links are resolved as far as the paths exist.
-func checkMountOutsideData(data, mount string) error {
-	d, err := resolvePath(data)
-	if err != nil {
-		return fmt.Errorf("serve: data directory %s: %w", data, err)
-	}
-	m, err := resolvePath(mount)
-	if err != nil {
-		return fmt.Errorf("serve: mount point %s: %w", mount, err)
-	}
-	switch {
-	case within(m, d):
-		return fmt.Errorf("serve: the mount point %s is inside the data directory %s; the node would serve its own store through itself: choose a mount point outside it (--mount or KYLIX_MOUNT)", mount, data)
-	case within(d, m):
-		return fmt.Errorf("serve: the data directory %s is inside the mount point %s; the node would keep its store in its own mount: choose a data directory outside it (--data or KYLIX_DATA)", data, mount)
-	}
-	return nil
-}
-
-// resolvePath makes p absolute and resolves symbolic links in the longest
-// part of it that exists (a mount point or data directory may not exist
-// yet; a stale mount point cannot be resolved, its parent can).
-func resolvePath(p string) (string, error) {
-	p, err := filepath.Abs(p)
-	if err != nil {
-		return "", err
-	}
-	var rest []string
-	for cur := p; ; {
-		if r, err := filepath.EvalSymlinks(cur); err == nil {
-			return filepath.Join(append([]string{r}, rest...)...), nil
-		}
-		parent := filepath.Dir(cur)
-		if parent == cur {
-			return p, nil
-		}
-		rest = append([]string{filepath.Base(cur)}, rest...)
-		cur = parent
-	}
-}
-
-// within reports whether path p is dir or below it.
-func within(p, dir string) bool {
-	rel, err := filepath.Rel(dir, p)
-	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/node"
 	"github.com/kylix/kylix/peers"
 )
 
@@ -110,8 +111,8 @@ members hold its chunks in their packs, as the alive members answer.`).withJSON(
 		out.Extent = file.Extents()
 		out.Contiguous = len(out.Extent) <= 1 && (len(out.Extent) == 0 || out.Extent[0].Pack != 0)
 		out.WholeFilePack, _ = file.WholeFilePack()
-		out.PassthroughPack, out.PassthroughCheck = passthroughCheck(s, file)
-		out.ResidentBytes = fileResident(file)
+		out.PassthroughPack, out.PassthroughCheck = passthroughCheck(e.node, s, file)
+		out.ResidentBytes = node.FileResident(file)
 		var local int64
 		var notLocal []chunkstore.ChunkRef
 		for _, x := range out.Extent {
@@ -120,10 +121,10 @@ members hold its chunks in their packs, as the alive members answer.`).withJSON(
 			}
 		}
 		out.LocalBytes = &local
-		if out.Cluster, err = clusterReplication(ctx, path); err != nil {
+		if out.Cluster, err = clusterReplication(ctx, e, path); err != nil {
 			return err
 		}
-		if runningPeers != nil {
+		if member := e.node.Peers(); member != nil {
 			plan, err := file.Plan(0, file.Size())
 			if err != nil {
 				return err
@@ -132,7 +133,7 @@ members hold its chunks in their packs, as the alive members answer.`).withJSON(
 				notLocal = append(notLocal, chunkstore.ChunkRef{ID: pc.ID, Len: uint32(pc.Len)})
 			}
 			plan.Release()
-			_, cached := runningPeers.PeerCached(notLocal)
+			_, cached := member.PeerCached(notLocal)
 			out.PeerCacheBytes = &cached
 		}
 	case chunkstore.KindDir:
@@ -142,9 +143,9 @@ members hold its chunks in their packs, as the alive members answer.`).withJSON(
 		}
 		out.Entries = len(l)
 	}
-	pins := newPinView(s)
-	out.Pinned, out.PinNote = pins.info(path, ent)
-	out.PinGPU = pins.gpu(path, ent)
+	pins := e.pinView(s)
+	out.Pinned, out.PinNote = pins.Info(path, ent)
+	out.PinGPU = pins.GPU(path, ent)
 	if f.jsonOut {
 		return f.printJSON(out)
 	}
@@ -201,7 +202,7 @@ members hold its chunks in their packs, as the alive members answer.`).withJSON(
 // passthroughCheck returns the file's passthrough pack, if any, and what
 // guarantee holds for reads of the file: in a running node (stat is then
 // answered by it) what its record of checked packs says.
-func passthroughCheck(s *chunkstore.Store, f *chunkstore.File) (string, string) {
+func passthroughCheck(n *node.Node, s *chunkstore.Store, f *chunkstore.File) (string, string) {
 	const daemon = "the node: every chunk is hashed when it is read (no passthrough)"
 	_, path, ok := f.PassthroughCandidate()
 	if !ok {
@@ -211,8 +212,8 @@ func passthroughCheck(s *chunkstore.Store, f *chunkstore.File) (string, string) 
 		return path, "fs-verity: the kernel checks every read (passthrough, mmap)"
 	}
 	rate := "the node's --scrub-rate"
-	if runningNode.fsys != nil {
-		if r := runningNode.fsys.ScrubRate(); r > 0 {
+	if n != nil {
+		if r := n.FS().ScrubRate(); r > 0 {
 			rate = human(r) + "/s"
 		} else {
 			rate = ""

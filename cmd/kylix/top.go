@@ -13,6 +13,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/kylix/kylix/node"
 )
 
 func init() {
@@ -119,20 +121,19 @@ another machine. Stop with Ctrl-C; --count N stops after N lines.
 	case *url != "":
 		u := metricsURL(*url)
 		gather = func() (sample, error) { return scrape(ctx, u) }
-	case e.store != nil && runningNode.metrics != nil:
-		reg := runningNode.metrics.reg
+	default:
+		// The node's registry, through the admin socket.
 		gather = func() (sample, error) {
-			fams, err := reg.Gather()
+			var rep node.MetricsReply
+			if err := f.call(ctx, node.OpMetrics, nil, &rep, nil); err != nil {
+				return sample{}, noNode(err, fmt.Sprintf("top: no node serves %s; kylix top shows a running node (start one with kylix serve), or give --url http://ADDR/metrics of a node started with --metrics ADDR", f.data))
+			}
+			fams, err := parseMetrics(strings.NewReader(rep.Text))
 			if err != nil {
 				return sample{}, err
 			}
-			return flatten(fams), nil
+			return flattenMap(fams), nil
 		}
-	default:
-		if code, ok := forwardToNode(e, f.data); ok {
-			return exitError(code)
-		}
-		return fmt.Errorf("top: no node serves %s; kylix top shows a running node (start one with kylix serve), or give --url http://ADDR/metrics of a node started with --metrics ADDR", f.data)
 	}
 	prev, err := gather()
 	if err != nil {
@@ -276,11 +277,16 @@ func scrape(ctx context.Context, url string) (sample, error) {
 	if err != nil {
 		return sample{}, fmt.Errorf("top: %s: %w", url, err)
 	}
+	return flattenMap(fams), nil
+}
+
+// flattenMap is flatten of parsed families.
+func flattenMap(fams map[string]*dto.MetricFamily) sample {
 	list := make([]*dto.MetricFamily, 0, len(fams))
 	for _, mf := range fams {
 		list = append(list, mf)
 	}
-	return flatten(list), nil
+	return flatten(list)
 }
 
 // parseMetrics parses Prometheus' text exposition format.

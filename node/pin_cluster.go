@@ -1,4 +1,4 @@
-package main
+package node
 
 // Pins and warm-up across the cluster (docs/design/pin.md, "In a
 // cluster"): a pin first brings the chunks of its path that this node does
@@ -77,17 +77,16 @@ func missingBelow(ctx context.Context, s *chunkstore.Store, path string) ([]miss
 // when a chunk fails. A chunk no member can send fails the whole, naming
 // the file and offset that need it. It returns the chunks and bytes
 // stored.
-func bringHere(ctx context.Context, e *env, s *chunkstore.Store, n *peers.Node, label string, miss []missingChunk) (int, int64, error) {
+func bringHere(ctx context.Context, progress Progress, s *chunkstore.Store, n *peers.Node, label string, miss []missingChunk) (int, int64, error) {
 	var total int64
 	for _, m := range miss {
 		total += int64(m.ref.Len)
 	}
-	prog := newProgress(e, label)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	im := s.NewImporter()
 	var (
-		mu     sync.Mutex // im, stored, first, prog
+		mu     sync.Mutex // im, stored, first, progress
 		stored int
 		bytes  int64
 		first  error
@@ -128,11 +127,10 @@ func bringHere(ctx context.Context, e *env, s *chunkstore.Store, n *peers.Node, 
 					fail(fmt.Errorf("committing fetched chunks: %w", err))
 				}
 			}
-			prog.update(done.Add(int64(len(data))), total)
+			progress.report(label, done.Add(int64(len(data))), total)
 		}()
 	}
 	wg.Wait()
-	prog.finish()
 	if err := im.Close(); err != nil && first == nil {
 		first = fmt.Errorf("committing fetched chunks: %w", err)
 	}

@@ -1,4 +1,4 @@
-package main
+package node
 
 // PACKS with flags (docs/design/client.md, docs/design/preload.md): the
 // LD_PRELOAD shim asks for shared packs too, so that a deduplicated

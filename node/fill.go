@@ -1,4 +1,4 @@
-package main
+package node
 
 // FILL: the node reads a file range into GPU memory of the caller's
 // (docs/design/client.md). One gpuio loader per device, made at the first
@@ -23,9 +23,6 @@ import (
 )
 
 const (
-	// defaultGPUIdle is how long the node keeps a device's context and
-	// loader after its last FILL.
-	defaultGPUIdle = 60 * time.Second
 	// fillSlice is the unit of fairness: a FILL is cut into slices of at
 	// most this size, and the device's slots go round-robin among clients
 	// slice by slice (256 MiB: ~6 ms at 40 GB/s).
@@ -35,8 +32,8 @@ const (
 	fillSlots = 4
 )
 
-// gpuHeld is one device context the node holds for FILL.
-type gpuHeld struct {
+// GPUHeld is one device context the node holds for FILL.
+type GPUHeld struct {
 	Device int `json:"device"`
 	// LoaderBytes is the device memory the loader took (cuMemGetInfo's
 	// free memory before and after it was made); the context's own
@@ -51,9 +48,10 @@ type gpuHeld struct {
 
 // fillService runs FILL requests.
 type fillService struct {
-	s    *chunkstore.Store
-	log  *slog.Logger
-	idle time.Duration
+	s      *chunkstore.Store
+	pinned *gpuio.PinnedHost // nil: no pins
+	log    *slog.Logger
+	idle   time.Duration
 
 	mu     sync.Mutex
 	devs   map[int]*fillDev
@@ -74,11 +72,11 @@ type fillDev struct {
 	sched       *fairSched
 }
 
-func newFillService(s *chunkstore.Store, idle time.Duration, log *slog.Logger) *fillService {
+func newFillService(s *chunkstore.Store, pinned *gpuio.PinnedHost, idle time.Duration, log *slog.Logger) *fillService {
 	if idle <= 0 {
-		idle = defaultGPUIdle
+		idle = DefaultGPUIdle
 	}
-	return &fillService{s: s, log: log, idle: idle, devs: map[int]*fillDev{}, reading: map[chunkstore.ID]map[int]int{}}
+	return &fillService{s: s, pinned: pinned, log: log, idle: idle, devs: map[int]*fillDev{}, reading: map[chunkstore.ID]map[int]int{}}
 }
 
 // acquire returns device ord's loader, making it on first use, and marks a
@@ -114,7 +112,7 @@ func (fs *fillService) acquire(ord int) (*fillDev, error) {
 		return nil, fmt.Errorf("cuda:%d: %v: %w", ord, err, syscall.ENODEV)
 	}
 	free0, _, _ := dev.MemInfo()
-	l, err := gpuio.New(fs.s, dev, gpuio.Options{Pinned: runningNode.pins.hostOrNil()}) // pinned packs registered (pin.go)
+	l, err := gpuio.New(fs.s, dev, gpuio.Options{Pinned: fs.pinned}) // pinned packs registered (pins.go)
 	if err != nil {
 		dev.Close()
 		return nil, fmt.Errorf("cuda:%d: %w", ord, err)
@@ -203,12 +201,12 @@ func (fs *fillService) close() {
 	}
 }
 
-func (fs *fillService) held() []gpuHeld {
+func (fs *fillService) held() []GPUHeld {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	var out []gpuHeld
+	var out []GPUHeld
 	for _, d := range fs.devs {
-		h := gpuHeld{Device: d.ord, LoaderBytes: d.loaderBytes, Fills: d.fills.Load(), Active: d.active}
+		h := GPUHeld{Device: d.ord, LoaderBytes: d.loaderBytes, Fills: d.fills.Load(), Active: d.active}
 		if f, t, err := d.dev.MemInfo(); err == nil {
 			h.DeviceFree, h.DeviceTotal = int64(f), int64(t)
 		}
@@ -475,8 +473,8 @@ func (s *fairSched) release() {
 // maxFillProcs bounds the client processes whose fills kylix node lists.
 const maxFillProcs = 16
 
-// procFills is one client process's GPU fills.
-type procFills struct {
+// ProcFills is one client process's GPU fills.
+type ProcFills struct {
 	PID     int32  `json:"pid"`
 	UID     uint32 `json:"uid"`
 	Devices []int  `json:"devices"`
@@ -491,18 +489,18 @@ type procFills struct {
 // fillProcs keeps the latest maxFillProcs client processes' fills.
 type fillProcs struct {
 	mu    sync.Mutex
-	procs []procFills // oldest first
+	procs []ProcFills // oldest first
 }
 
 func (f *fillProcs) add(p peer, dev int, res gpuio.Result) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	i := slices.IndexFunc(f.procs, func(x procFills) bool { return x.PID == p.pid && x.UID == p.uid })
+	i := slices.IndexFunc(f.procs, func(x ProcFills) bool { return x.PID == p.pid && x.UID == p.uid })
 	if i < 0 {
 		if len(f.procs) == maxFillProcs {
 			f.procs = f.procs[1:]
 		}
-		f.procs = append(f.procs, procFills{PID: p.pid, UID: p.uid})
+		f.procs = append(f.procs, ProcFills{PID: p.pid, UID: p.uid})
 		i = len(f.procs) - 1
 	}
 	x := &f.procs[i]
@@ -514,10 +512,10 @@ func (f *fillProcs) add(p peer, dev int, res gpuio.Result) {
 	x.ReadBytes += res.Read
 }
 
-func (f *fillProcs) list() []procFills {
+func (f *fillProcs) list() []ProcFills {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := make([]procFills, len(f.procs))
+	out := make([]ProcFills, len(f.procs))
 	for i, x := range f.procs {
 		x.Devices = slices.Clone(x.Devices)
 		out[i] = x

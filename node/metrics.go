@@ -1,4 +1,4 @@
-package main
+package node
 
 // The node's Prometheus metrics (docs/design/metrics.md). The counters live
 // where the work is done (chunkstore.Counters, fs.Stats, the client
@@ -14,21 +14,18 @@ import (
 	"net"
 	"net/http"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/common/expfmt"
 
 	"github.com/kylix/kylix/chunkstore"
 	kfs "github.com/kylix/kylix/fs"
 )
-
-// metricsFlag adds serve's --metrics flag.
-func metricsFlag(f *flags) *string {
-	return f.String("metrics", "", "serve Prometheus metrics over HTTP at this address, e.g. 127.0.0.1:9477 (port 0: any free port; default: off). They name no paths, but anyone who can reach the address can read them")
-}
 
 // nodeMetrics is a node's registry and, with --metrics, its HTTP server.
 type nodeMetrics struct {
@@ -81,18 +78,27 @@ func startMetrics(addr string, s *chunkstore.Store, fsys *kfs.FS, client *client
 }
 
 func (m *nodeMetrics) url() string {
-	if m.addr == "" {
+	if m == nil || m.addr == "" {
 		return ""
 	}
 	return "http://" + m.addr + "/metrics"
 }
 
-// line is the node's start-up line about metrics.
-func (m *nodeMetrics) line() string {
-	if m.addr == "" {
-		return "  metrics: off (--metrics ADDR)\n"
+// text is the registry in the Prometheus text format (kylix top reads
+// it through the admin socket).
+func (m *nodeMetrics) text() (string, error) {
+	fams, err := m.reg.Gather()
+	if err != nil {
+		return "", fmt.Errorf("metrics: %w", err)
 	}
-	return "  metrics: " + m.url() + "\n"
+	var b strings.Builder
+	enc := expfmt.NewEncoder(&b, expfmt.NewFormat(expfmt.TypeTextPlain))
+	for _, f := range fams {
+		if err := enc.Encode(f); err != nil {
+			return "", fmt.Errorf("metrics: %w", err)
+		}
+	}
+	return b.String(), nil
 }
 
 // close stops the HTTP server (a scrape in progress may finish).

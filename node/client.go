@@ -1,4 +1,4 @@
-package main
+package node
 
 // The client socket (docs/design/client.md, protocol in package
 // clientproto): any local process may connect; every request carries one fd
@@ -27,15 +27,13 @@ import (
 	"github.com/kylix/kylix/clientproto"
 	kfs "github.com/kylix/kylix/fs"
 	"github.com/kylix/kylix/fs/layout"
+	"github.com/kylix/kylix/internal/unixsock"
 )
 
-// defaultClientSocket is where a node serving mount listens: under
-// /run/kylix as root, else the user's runtime directory (or /tmp/kylix-UID),
-// named after the mount path with '/' turned into '_'.
-func (e *env) defaultClientSocket(mount string) string {
+func defaultClientSocket(mount string, getenv func(string) string) string {
 	dir := "/run/kylix"
 	if os.Geteuid() != 0 {
-		if d := e.getenv("XDG_RUNTIME_DIR"); d != "" {
+		if d := getenv("XDG_RUNTIME_DIR"); d != "" {
 			dir = filepath.Join(d, "kylix")
 		} else {
 			dir = fmt.Sprintf("/tmp/kylix-%d", os.Geteuid())
@@ -50,8 +48,8 @@ func (e *env) defaultClientSocket(mount string) string {
 	return filepath.Join(dir, name)
 }
 
-// clientStats are what `kylix node` reports about clients.
-type clientStats struct {
+// ClientStats are what `kylix node` reports about clients.
+type ClientStats struct {
 	Socket    string    `json:"socket"`
 	Connected int64     `json:"connected"`
 	Accepted  int64     `json:"accepted"`
@@ -60,16 +58,16 @@ type clientStats struct {
 	PackFds   int64     `json:"pack_fds"`
 	Fills     int64     `json:"fills"`
 	FillBytes int64     `json:"fill_bytes"`
-	GPU       []gpuHeld `json:"gpu,omitempty"`
+	GPU       []GPUHeld `json:"gpu,omitempty"`
 	// ByProcess is the fills of the latest client processes (at most
 	// maxFillProcs), oldest first: the ranks of a tensor-parallel job
 	// each show the bytes they were given and the bytes read for them.
-	ByProcess []procFills `json:"by_process,omitempty"`
+	ByProcess []ProcFills `json:"by_process,omitempty"`
 }
 
 type clientServer struct {
 	path  string
-	ln    *net.UnixListener
+	ln    *unixsock.Listener
 	s     *chunkstore.Store
 	fsys  *kfs.FS
 	log   *slog.Logger
@@ -99,7 +97,7 @@ func listenClient(path, dataDir string, log *slog.Logger) (*clientServer, error)
 	}
 	dir := filepath.Dir(path)
 	if rd, err1 := resolvePath(dir); err1 == nil {
-		if rdata, err2 := resolvePath(dataDir); err2 == nil && within(rd, rdata) {
+		if rdata, err2 := resolvePath(dataDir); err2 == nil && Within(rd, rdata) {
 			return nil, fmt.Errorf("serve: client socket %s is inside the data directory %s, which only the node's user may enter: choose another --client-socket", path, dataDir)
 		}
 	}
@@ -118,28 +116,20 @@ func listenClient(path, dataDir string, log *slog.Logger) (*clientServer, error)
 			return nil, fmt.Errorf("serve: client socket directory: %w", err)
 		}
 	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&os.ModeSocket == 0 {
-			return nil, fmt.Errorf("serve: client socket %s exists and is not a socket; remove it or choose another --client-socket", path)
-		}
-		if c, err := net.Dial("unixpacket", path); err == nil {
-			c.Close()
-			return nil, fmt.Errorf("serve: another node listens on the client socket %s", path)
-		}
-		log.Warn("replacing a stale client socket left by a node that did not stop cleanly", "socket", path)
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("serve: stale client socket: %w", err)
-		}
-	}
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
-	if err != nil {
-		return nil, fmt.Errorf("serve: client socket: %w", err)
+	stale := false
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		stale = true // or live: Listen tells
 	}
 	// Any local user may connect: the fd each request carries is the
 	// credential, checked per request.
-	if err := os.Chmod(path, 0o666); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("serve: client socket: %w", err)
+	ln, err := unixsock.Listen("unixpacket", path, 0o666)
+	switch {
+	case errors.Is(err, unixsock.ErrInUse):
+		return nil, fmt.Errorf("serve: another node listens on the client socket %s", path)
+	case err != nil:
+		return nil, fmt.Errorf("serve: client socket: %w (remove it or choose another --client-socket)", err)
+	case stale:
+		log.Warn("replacing a stale client socket left by a node that did not stop cleanly", "socket", path)
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	return &clientServer{path: path, ln: ln, log: log, ctx: ctx, stop: stop, conns: map[*net.UnixConn]struct{}{}}, nil
@@ -153,16 +143,11 @@ func (c *clientServer) serve(s *chunkstore.Store, fsys *kfs.FS, fill *fillServic
 	go c.acceptLoop()
 }
 
+// acceptLoop accepts until close. Accept errors for want of descriptors
+// back off and retry: a connection flood must not end it for good.
 func (c *clientServer) acceptLoop() {
 	defer c.wg.Done()
-	for {
-		conn, err := c.ln.AcceptUnix()
-		if err != nil {
-			if !errors.Is(err, net.ErrClosed) {
-				c.log.Warn("client socket accept", "err", err)
-			}
-			return
-		}
+	err := unixsock.Serve(c.ln, func(conn *net.UnixConn) {
 		c.mu.Lock()
 		if c.conns == nil { // closing
 			c.mu.Unlock()
@@ -175,6 +160,9 @@ func (c *clientServer) acceptLoop() {
 		c.connected.Add(1)
 		c.wg.Add(1)
 		go c.serveConn(conn)
+	}, c.log)
+	if err != nil {
+		c.log.Error("client socket: no longer accepting", "err", err)
 	}
 }
 
@@ -186,7 +174,7 @@ func (c *clientServer) close() {
 
 func (c *clientServer) doClose() {
 	c.stop()
-	c.ln.Close() // removes the socket file (net.Listen made it)
+	c.ln.Close() // removes the socket file
 	c.mu.Lock()
 	for conn := range c.conns {
 		conn.Close()
@@ -196,8 +184,8 @@ func (c *clientServer) doClose() {
 	c.wg.Wait()
 }
 
-func (c *clientServer) stats() *clientStats {
-	st := &clientStats{Socket: c.path, Connected: c.connected.Load(), Accepted: c.accepted.Load(), Requests: c.requests.Load(),
+func (c *clientServer) stats() *ClientStats {
+	st := &ClientStats{Socket: c.path, Connected: c.connected.Load(), Accepted: c.accepted.Load(), Requests: c.requests.Load(),
 		Refused: c.refused.Load(), PackFds: c.packFds.Load(), Fills: c.fills.Load(), FillBytes: c.fillBytes.Load()}
 	if c.fill != nil {
 		st.GPU = c.fill.held()
