@@ -108,7 +108,7 @@ func (f *File) Plan(off, n int64) (*Plan, error) {
 	if p.Len == 0 {
 		return p, nil
 	}
-	first, last := f.chunkIndex(off), f.chunkIndex(end-1)
+	first, last := f.ChunkAt(off), f.ChunkAt(end-1)
 	byPack := map[uint64]*Lease{}
 	for i := first; i <= last; i++ {
 		c, l := f.M.Chunks[i], f.locs[i]
@@ -379,7 +379,7 @@ func (f *File) Prefetch(off, n int64) {
 		return
 	}
 	end := min(off+n, f.M.Size)
-	first, last := f.chunkIndex(off), f.chunkIndex(end-1)
+	first, last := f.ChunkAt(off), f.ChunkAt(end-1)
 	// Skip the chunks cached or being read, cheaply, before taking a slot.
 	for first <= last && f.s.cache.present(f.M.Chunks[first].ID) {
 		first++
@@ -398,10 +398,15 @@ func (f *File) Prefetch(off, n int64) {
 	}()
 }
 
-// chunkIndex returns the index of the chunk holding byte off.
-func (f *File) chunkIndex(off int64) int {
+// ChunkAt returns the index in f.M.Chunks of the chunk holding byte off
+// (0 <= off < f.Size()); len(f.M.Chunks) for an offset at or past the end.
+func (f *File) ChunkAt(off int64) int {
 	return sort.Search(len(f.M.Chunks), func(i int) bool { return f.offs[i+1] > off })
 }
+
+// ChunkOffset returns the file offset of chunk i's first byte, for i in
+// [0, len(f.M.Chunks)]: ChunkOffset(len(f.M.Chunks)) is the file's size.
+func (f *File) ChunkOffset(i int) int64 { return f.offs[i] }
 
 // FetchPiecesInto writes the verified bytes of pieces of f's plan that are
 // not stored here (Piece.Local false) into dsts (dsts[i] is pcs[i].Len
@@ -436,19 +441,42 @@ func (f *File) FetchPiecesInto(ctx context.Context, pcs []Piece, dsts [][]byte) 
 		}
 		return nil
 	}
+	err := eachBounded(ctx, len(pcs), fetchInFlight, func(ctx context.Context, i int) error {
+		pc := pcs[i]
+		if b, ok := f.s.cache.cached(pc.ID); ok && int64(len(b)) == pc.Len {
+			copy(dsts[i], b)
+			return nil
+		}
+		if err := ifx.FetchInto(ctx, pc.ID, dsts[i]); err != nil {
+			err = fmt.Errorf("chunk %s: %w", pc.ID.Short(), err)
+			if ctx.Err() == nil {
+				f.s.ctr.chunkFailed(err)
+				f.s.logChunkFailure(pc.ID, Location{}, err)
+			}
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read %s: %w", f.ID.Short(), err)
+	}
+	return nil
+}
+
+// eachBounded calls fn(ctx, i) for every i in [0, n), at most limit at
+// once, each in a goroutine of its own. The first error cancels the ctx
+// the others get, no new call starts after it, and it is returned once
+// the calls under way are done (else ctx's error, if it ended).
+func eachBounded(ctx context.Context, n, limit int, fn func(ctx context.Context, i int) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
 		wg    sync.WaitGroup
 		mu    sync.Mutex
 		first error
-		sem   = make(chan struct{}, fetchInFlight)
+		sem   = make(chan struct{}, limit)
 	)
-	for i, pc := range pcs {
-		if b, ok := f.s.cache.cached(pc.ID); ok && int64(len(b)) == pc.Len {
-			copy(dsts[i], b)
-			continue
-		}
+	for i := range n {
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
@@ -459,12 +487,7 @@ func (f *File) FetchPiecesInto(ctx context.Context, pcs []Piece, dsts [][]byte) 
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			if err := ifx.FetchInto(ctx, pc.ID, dsts[i]); err != nil {
-				err = fmt.Errorf("chunk %s: %w", pc.ID.Short(), err)
-				if ctx.Err() == nil {
-					f.s.ctr.chunkFailed(err)
-					f.s.logChunkFailure(pc.ID, Location{}, err)
-				}
+			if err := fn(ctx, i); err != nil {
 				mu.Lock()
 				if first == nil {
 					first = err
@@ -478,70 +501,5 @@ func (f *File) FetchPiecesInto(ctx context.Context, pcs []Piece, dsts [][]byte) 
 	if first == nil {
 		first = ctxErr(ctx)
 	}
-	if first != nil {
-		return fmt.Errorf("read %s: %w", f.ID.Short(), first)
-	}
-	return nil
-}
-
-// MakeLocal stores here every chunk of [off, off+n) of f that is not stored
-// here: each is brought by the Fetcher (fetchInFlight at once), verified,
-// and written into the shared packs; what arrived is committed before it
-// returns, even on failure. It returns the number of chunks stored. f's own
-// locations are not updated: open the file again to see the new ones. A
-// chunk the Fetcher cannot bring fails with ErrNotLocal (always, alone:
-// LocalOnly).
-func (f *File) MakeLocal(ctx context.Context, off, n int64) (int, error) {
-	p, err := f.Plan(off, n)
-	if err != nil {
-		return 0, err
-	}
-	var miss []Piece
-	seen := map[ID]bool{}
-	for _, pc := range p.Missing() {
-		if !seen[pc.ID] {
-			seen[pc.ID] = true
-			miss = append(miss, pc)
-		}
-	}
-	p.Release()
-	if len(miss) == 0 {
-		return 0, nil
-	}
-	im := f.s.NewImporter()
-	var (
-		mu     sync.Mutex // the importer, stored and firstErr
-		stored int
-		first  error
-		wg     sync.WaitGroup
-		sem    = make(chan struct{}, fetchInFlight)
-	)
-	for _, pc := range miss {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			data, err := f.s.fetch(ctx, ChunkRef{ID: pc.ID, Len: uint32(pc.Len)}, Location{})
-			mu.Lock()
-			defer mu.Unlock()
-			if err == nil {
-				err = im.PutChunk(pc.ID, data)
-			}
-			if err != nil {
-				if first == nil {
-					first = err
-				}
-				return
-			}
-			stored++
-		}()
-	}
-	wg.Wait()
-	if err := im.Close(); err != nil && first == nil {
-		first = err
-	}
-	if first != nil {
-		return stored, fmt.Errorf("make file %s local: %d of %d chunks stored: %w", f.ID.Short(), stored, len(miss), first)
-	}
-	return stored, nil
+	return first
 }

@@ -165,7 +165,7 @@ func (f *File) ReadAtContext(ctx context.Context, p []byte, off int64) (int, err
 		return 0, io.EOF
 	}
 	end := min(off+int64(len(p)), f.M.Size)
-	first, last := f.chunkIndex(off), f.chunkIndex(end-1)
+	first, last := f.ChunkAt(off), f.ChunkAt(end-1)
 	f.readingAhead(first, last)
 	chunks, err := f.s.readChunks(ctx, f.M.Chunks[first:last+1], f.locs[first:last+1], end-off < f.offs[last+1]-f.offs[first])
 	if err != nil {
@@ -199,8 +199,8 @@ func (f *File) ReadSlice(ctx context.Context, off int64, n int) (b []byte, ok bo
 		return nil, true, nil
 	}
 	end := min(off+int64(n), f.M.Size)
-	i := f.chunkIndex(off)
-	if f.chunkIndex(end-1) != i {
+	i := f.ChunkAt(off)
+	if f.ChunkAt(end-1) != i {
 		return nil, false, nil
 	}
 	f.readingAhead(i, i)

@@ -138,14 +138,7 @@ func (n *fileNode) ioctlChunks(size uint32, input, output []byte) syscall.Errno 
 	rep := layout.ChunksReply{NChunks: nc, FileSize: uint64(sf.Size()), FileID: sf.ID}
 	last := min(nc, req.FirstChunk+uint64(req.MaxEntries))
 	if last > req.FirstChunk {
-		var off int64
-		for _, c := range chunks[:req.FirstChunk] {
-			off += int64(c.Len)
-		}
-		end := off
-		for _, c := range chunks[req.FirstChunk:last] {
-			end += int64(c.Len)
-		}
+		off, end := sf.ChunkOffset(int(req.FirstChunk)), sf.ChunkOffset(int(last))
 		plan, err := sf.Plan(off, end-off)
 		if err != nil {
 			return toErrno(err)

@@ -137,30 +137,6 @@ func (n *Node) countReceived(chunks, bytes int64) {
 	n.place.mu.Unlock()
 }
 
-// chunksBelow lists the distinct chunks of the live files at and below
-// path ("" is the whole namespace).
-func (n *Node) chunksBelow(path string) ([]chunkstore.ChunkRef, error) {
-	seen := map[chunkstore.ID]bool{}
-	var refs []chunkstore.ChunkRef
-	err := n.s.Walk(path, func(p string, e chunkstore.Entry) error {
-		if e.Kind != chunkstore.KindFile {
-			return nil
-		}
-		m, err := n.s.FileManifest(e.ID)
-		if err != nil {
-			return fmt.Errorf("%s: %w", p, err)
-		}
-		for _, c := range m.Chunks {
-			if !seen[c.ID] {
-				seen[c.ID] = true
-				refs = append(refs, c)
-			}
-		}
-		return nil
-	})
-	return refs, err
-}
-
 // Holder is one member's share of a file or of the namespace.
 type Holder struct {
 	Member string `json:"member"`
@@ -196,7 +172,7 @@ type Replication struct {
 // below path ("" is the whole namespace) it holds, and sums up.
 func (n *Node) Replication(ctx context.Context, path string) (Replication, error) {
 	res := Replication{Replicas: n.cfg.Replicas}
-	refs, err := n.chunksBelow(path)
+	refs, err := n.s.ChunksBelow(ctx, path)
 	if err != nil {
 		return res, err
 	}
@@ -293,7 +269,7 @@ func (n *Node) rebalance(ctx context.Context, members []peer, extra []chunkstore
 			return fmt.Errorf("rebalance: reading the pinned paths: %w", err)
 		}
 		for _, p := range paths {
-			refs, err := n.chunksBelow(p)
+			refs, err := n.s.ChunksBelow(ctx, p)
 			if err != nil {
 				continue // a pinned path not in the namespace pins nothing
 			}
