@@ -10,8 +10,13 @@ import (
 // a fetch for a caller that stores the chunk itself, and what the peer
 // cache holds.
 
+// Node brings the chunks chunkstore.Store.MakeLocal writes into the packs
+// through FetchToStore.
+var _ chunkstore.StoreFetcher = (*Node)(nil)
+
 // FetchToStore brings chunk id (size bytes) from the members for a caller
-// that writes it into this node's packs (kylix pin): like Fetch, from the
+// that writes it into this node's packs (chunkstore.Store.MakeLocal: kylix
+// pin, KYLIX_IOC_MAKE_LOCAL): like Fetch, from the
 // peer cache, else the chunk's relay, else the holders (owners first), each
 // answer checked against the id; but what it fetches is not kept in the
 // peer cache, since the packs will hold it. A chunk nobody can send fails
