@@ -16,10 +16,10 @@ var _ chunkstore.StoreFetcher = (*Node)(nil)
 
 // FetchToStore brings chunk id (size bytes) from the members for a caller
 // that writes it into this node's packs (chunkstore.Store.MakeLocal: kylix
-// pin, KYLIX_IOC_MAKE_LOCAL): like Fetch, from the
-// peer cache, else the chunk's relay, else the holders (owners first), each
-// answer checked against the id; but what it fetches is not kept in the
-// peer cache, since the packs will hold it. A chunk nobody can send fails
+// pin, KYLIX_IOC_MAKE_LOCAL): like Fetch, from the peer cache, else the
+// chunk's relay, else the holders (owners first), each answer checked
+// against the id; but what it fetches is not kept in the peer cache, since
+// the packs will hold it. A chunk nobody can send fails
 // with an error wrapping chunkstore.ErrNotLocal.
 func (n *Node) FetchToStore(ctx context.Context, id chunkstore.ID, size uint32) ([]byte, error) {
 	return n.fetch(ctx, id, size, false)
