@@ -256,9 +256,7 @@ func Dial(dataDir string) (*Client, error) {
 // Close closes the connection.
 func (c *Client) Close() error { return c.conn.Close() }
 
-// send writes the request. A node that refuses the peer answers and closes
-// without reading it: a failed write still leaves its answer to read, so
-// the error is returned only to be reported if no answer comes.
+// send writes the request (its error: see receive).
 func (c *Client) send(op string, body any) error {
 	b, err := json.Marshal(body)
 	if err != nil {
@@ -277,7 +275,66 @@ func (c *Client) send(op string, body any) error {
 // is cancelled in the node when ctx ends. It closes the client.
 func (c *Client) Call(ctx context.Context, op string, req, reply any, onEvent func(Event)) error {
 	defer c.Close()
-	werr := c.send(op, req)
+	return c.receive(ctx, c.send(op, req), func(kind byte, payload []byte) (bool, error) {
+		switch kind {
+		case frameEvent:
+			var ev Event
+			if json.Unmarshal(payload, &ev) == nil && onEvent != nil {
+				onEvent(ev)
+			}
+		case frameReply:
+			var rep Reply
+			if err := json.Unmarshal(payload, &rep); err != nil {
+				return true, fmt.Errorf("the node at %s sent a bad reply: %w", c.dataDir, err)
+			}
+			if rep.Error != "" {
+				return true, &RemoteError{Msg: rep.Error}
+			}
+			if reply != nil && len(rep.Body) > 0 {
+				if err := json.Unmarshal(rep.Body, reply); err != nil {
+					return true, fmt.Errorf("the node at %s sent a bad reply: %w", c.dataDir, err)
+				}
+			}
+			return true, nil
+		}
+		return false, nil
+	})
+}
+
+// Exec runs a store command's command line in the node, copying its
+// output to stdout and stderr, and returns its exit status. It closes the
+// client.
+func (c *Client) Exec(ctx context.Context, req ExecRequest, stdout, stderr io.Writer) (int, error) {
+	defer c.Close()
+	code := 1
+	err := c.receive(ctx, c.send(OpExec, req), func(kind byte, payload []byte) (bool, error) {
+		switch kind {
+		case frameStdout:
+			stdout.Write(payload)
+		case frameStderr:
+			stderr.Write(payload)
+		case frameReply: // refused before it ran (version, permission)
+			var rep Reply
+			json.Unmarshal(payload, &rep)
+			return true, &RemoteError{Msg: rep.Error}
+		case frameExit:
+			if len(payload) != 4 {
+				return true, fmt.Errorf("the node at %s sent a bad exit frame", c.dataDir)
+			}
+			code = int(int32(binary.BigEndian.Uint32(payload)))
+			return true, nil
+		}
+		return false, nil
+	})
+	return code, err
+}
+
+// receive reads the answer's frames and gives each to handle until it
+// says the answer is complete. werr is the error of sending the request:
+// a node that refused the peer answers without reading it, so it is
+// reported only when no answer comes. ctx ending closes the connection,
+// which cancels the request in the node.
+func (c *Client) receive(ctx context.Context, werr error, handle func(kind byte, payload []byte) (bool, error)) error {
 	stop := context.AfterFunc(ctx, func() { c.conn.Close() })
 	defer stop()
 	r := bufio.NewReader(c.conn)
@@ -292,66 +349,8 @@ func (c *Client) Call(ctx context.Context, op string, req, reply any, onEvent fu
 			}
 			return fmt.Errorf("the node at %s went away: %w", c.dataDir, err)
 		}
-		switch kind {
-		case frameEvent:
-			var ev Event
-			if json.Unmarshal(payload, &ev) == nil && onEvent != nil {
-				onEvent(ev)
-			}
-		case frameReply:
-			var rep Reply
-			if err := json.Unmarshal(payload, &rep); err != nil {
-				return fmt.Errorf("the node at %s sent a bad reply: %w", c.dataDir, err)
-			}
-			if rep.Error != "" {
-				return &RemoteError{Msg: rep.Error}
-			}
-			if reply != nil && len(rep.Body) > 0 {
-				if err := json.Unmarshal(rep.Body, reply); err != nil {
-					return fmt.Errorf("the node at %s sent a bad reply: %w", c.dataDir, err)
-				}
-			}
-			return nil
-		case frameStderr:
-			return &RemoteError{Msg: string(payload)}
-		}
-	}
-}
-
-// Exec runs a store command's command line in the node, copying its
-// output to stdout and stderr, and returns its exit status (130 when ctx
-// ended). It closes the client.
-func (c *Client) Exec(ctx context.Context, req ExecRequest, stdout, stderr io.Writer) (int, error) {
-	defer c.Close()
-	werr := c.send(OpExec, req)
-	stop := context.AfterFunc(ctx, func() { c.conn.Close() })
-	defer stop()
-	r := bufio.NewReader(c.conn)
-	for {
-		kind, payload, err := readFrame(r)
-		if err != nil {
-			if ctx.Err() != nil {
-				return 130, ctx.Err()
-			}
-			if werr != nil {
-				err = werr
-			}
-			return 1, fmt.Errorf("the node at %s went away: %w", c.dataDir, err)
-		}
-		switch kind {
-		case frameStdout:
-			stdout.Write(payload)
-		case frameStderr:
-			stderr.Write(payload)
-		case frameReply: // refused before it ran (version, permission)
-			var rep Reply
-			json.Unmarshal(payload, &rep)
-			return 1, &RemoteError{Msg: rep.Error}
-		case frameExit:
-			if len(payload) != 4 {
-				return 1, fmt.Errorf("the node at %s sent a bad exit frame", c.dataDir)
-			}
-			return int(int32(binary.BigEndian.Uint32(payload))), nil
+		if done, err := handle(kind, payload); done || err != nil {
+			return err
 		}
 	}
 }

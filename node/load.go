@@ -128,14 +128,12 @@ func Load(ctx context.Context, s *chunkstore.Store, req LoadRequest, onPass func
 	defer l.Close()
 	var files []string
 	for _, p := range req.Paths {
-		err := s.Walk(p, func(q string, en chunkstore.Entry) error {
-			if en.Kind == chunkstore.KindFile {
-				files = append(files, q)
-			}
-			return nil
-		})
+		below, err := s.FilesBelow(ctx, p)
 		if err != nil {
-			return err
+			return fmt.Errorf("load %s: %w", p, err)
+		}
+		for _, pf := range below {
+			files = append(files, pf.Path)
 		}
 	}
 	if len(files) == 0 {

@@ -340,7 +340,7 @@ func (n *Node) Run(ctx context.Context, onReady func(Ready)) error {
 		// (pins.go); it stops before the membership does.
 		fetchCtx, stopFetch := context.WithCancel(ctx)
 		fetched := make(chan struct{})
-		go func() { n.pins.fetchMissing(fetchCtx, n.peers); close(fetched) }()
+		go func() { n.pins.fetchMissing(fetchCtx); close(fetched) }()
 		n.onClose(func() { stopFetch(); <-fetched })
 	}
 	if n.client != nil {

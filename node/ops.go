@@ -6,7 +6,6 @@ package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -88,7 +87,7 @@ func (n *Node) Pin(ctx context.Context, path string, progress Progress) (PinRepl
 	}
 	var cl *pinCluster
 	if n.peers != nil {
-		cl = &pinCluster{progress: progress, node: n.peers}
+		cl = &pinCluster{progress: progress}
 	}
 	p, got, err := n.pins.pin(ctx, clean, cl)
 	if err != nil {
@@ -167,41 +166,19 @@ func (n *Node) Evict(ctx context.Context, req EvictRequest) (EvictReply, error) 
 			return out, fmt.Errorf("evict %s: %w", req.Path, err)
 		}
 		out.Path = ShownPath(clean)
-		ids, err := pathChunks(ctx, n.s, clean)
-		if errors.Is(err, chunkstore.ErrNotFound) {
-			return out, fmt.Errorf("evict %s: no such path in the namespace (kylix ls shows what is there)", out.Path)
-		}
+		refs, err := n.s.ChunksBelow(ctx, clean)
 		if err != nil {
 			return out, fmt.Errorf("evict %s: %w", out.Path, err)
+		}
+		ids := make([]chunkstore.ID, len(refs))
+		for i, r := range refs {
+			ids[i] = r.ID
 		}
 		out.Chunks, out.Bytes = n.peers.DropPeerCached(ids, false)
 	}
 	c := n.peers.Swarm().Cache
 	out.CacheBytes, out.CacheChunks = c.Bytes, c.Chunks
 	return out, nil
-}
-
-// pathChunks lists the distinct chunks of the files at and under path.
-func pathChunks(ctx context.Context, s *chunkstore.Store, path string) ([]chunkstore.ID, error) {
-	seen := map[chunkstore.ID]bool{}
-	var ids []chunkstore.ID
-	err := s.Walk(path, func(p string, ent chunkstore.Entry) error {
-		if ent.Kind != chunkstore.KindFile {
-			return ctx.Err()
-		}
-		m, err := s.FileManifest(ent.ID)
-		if err != nil {
-			return fmt.Errorf("%s: %w", p, err)
-		}
-		for _, c := range m.Chunks {
-			if !seen[c.ID] {
-				seen[c.ID] = true
-				ids = append(ids, c.ID)
-			}
-		}
-		return ctx.Err()
-	})
-	return ids, err
 }
 
 // Warm reads path's chunks into the page cache, verified (kylix warm); on

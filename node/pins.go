@@ -25,7 +25,6 @@ import (
 	"github.com/kylix/kylix/gpuio"
 	"github.com/kylix/kylix/internal/pace"
 	"github.com/kylix/kylix/internal/units"
-	"github.com/kylix/kylix/peers"
 )
 
 const (
@@ -112,7 +111,7 @@ func (p *pinHeld) release() error {
 // growing intervals up to a minute, until the node stops; kylix node shows
 // the pin as not held meanwhile. Other failures (the pin budget) end it,
 // and so does the end of ctx.
-func (np *nodePins) fetchMissing(ctx context.Context, node *peers.Node) {
+func (np *nodePins) fetchMissing(ctx context.Context) {
 	select {
 	case <-np.relocked:
 	case <-ctx.Done():
@@ -136,7 +135,7 @@ func (np *nodePins) fetchMissing(ctx context.Context, node *peers.Node) {
 			if cur == nil || !cur.notHere {
 				break // unpinned, or pinned again by kylix pin meanwhile
 			}
-			_, got, err := np.pin(ctx, path, &pinCluster{node: node})
+			_, got, err := np.pin(ctx, path, &pinCluster{})
 			if err == nil {
 				np.log.Info("pinned again after fetching its missing chunks from the members", "path", path, "chunks", got.chunks, "bytes", got.bytes)
 				break
@@ -276,50 +275,53 @@ func (np *nodePins) close() {
 // resolve finds the file versions under path and their pack spans.
 func (np *nodePins) resolve(ctx context.Context, path string) (*pinHeld, error) {
 	p := &pinHeld{path: path, added: time.Now().UTC(), files: map[chunkstore.ID]bool{}}
-	err := np.s.Walk(path, func(fp string, e chunkstore.Entry) error {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if e.Kind != chunkstore.KindFile || p.files[e.ID] {
-			return nil
-		}
-		f, err := np.s.OpenFile(e.ID)
-		if err != nil {
-			return fmt.Errorf("%s: %w", fp, err)
-		}
-		p.files[e.ID] = true
-		p.nfiles++
-		p.bytes += f.Size()
-		// Each span carries its chunks: the pin hashes them from the
-		// locked pages, and loads then need not (docs/design/pin.md).
-		plan, err := f.Plan(0, f.Size())
-		if err != nil {
-			return fmt.Errorf("%s: %w", fp, err)
-		}
-		defer plan.Release()
-		pieces := plan.Pieces
-		for _, x := range f.Extents() {
-			if x.Pack == 0 {
-				return fmt.Errorf("%s: %s at offset %d is %w; only local data can be pinned (in a cluster, kylix pin brings it from the members first)", fp, human(x.Len), x.FileOff, errNotHere)
-			}
-			var chunks []chunkstore.Piece
-			for len(pieces) > 0 && pieces[0].FileOff < x.FileOff+x.Len {
-				if pc := pieces[0]; pc.FileOff >= x.FileOff {
-					chunks = append(chunks, chunkstore.Piece{ID: pc.ID, FileOff: pc.FileOff, Len: pc.Len, Pack: pc.Pack, PackOff: pc.PackOff})
-				}
-				pieces = pieces[1:]
-			}
-			p.spans = append(p.spans, gpuio.PackSpan{Pack: x.Pack, Path: x.PackPath, Off: x.PackOff, Len: x.Len, Chunks: chunks})
-		}
-		return nil
-	})
-	if errors.Is(err, chunkstore.ErrNotFound) {
-		return nil, fmt.Errorf("pin %s: no such path in the namespace (kylix ls shows what is there)", ShownPath(path))
-	}
+	files, err := np.s.FilesBelow(ctx, path)
 	if err != nil {
 		return nil, fmt.Errorf("pin %s: %w", ShownPath(path), err)
 	}
+	for _, pf := range files {
+		if pf.Again {
+			continue
+		}
+		if err := np.addFile(p, pf.Path, pf.Entry.ID); err != nil {
+			return nil, fmt.Errorf("pin %s: %w", ShownPath(path), err)
+		}
+	}
 	return p, nil
+}
+
+// addFile adds file version id (at namespace path fp) to p: its size and
+// the pack spans that hold it, each with its chunks.
+func (np *nodePins) addFile(p *pinHeld, fp string, id chunkstore.ID) error {
+	f, err := np.s.OpenFile(id)
+	if err != nil {
+		return fmt.Errorf("%s: %w", fp, err)
+	}
+	p.files[id] = true
+	p.nfiles++
+	p.bytes += f.Size()
+	// Each span carries its chunks: the pin hashes them from the
+	// locked pages, and loads then need not (docs/design/pin.md).
+	plan, err := f.Plan(0, f.Size())
+	if err != nil {
+		return fmt.Errorf("%s: %w", fp, err)
+	}
+	defer plan.Release()
+	pieces := plan.Pieces
+	for _, x := range f.Extents() {
+		if x.Pack == 0 {
+			return fmt.Errorf("%s: %s at offset %d is %w; only local data can be pinned (in a cluster, kylix pin brings it from the members first)", fp, human(x.Len), x.FileOff, errNotHere)
+		}
+		var chunks []chunkstore.Piece
+		for len(pieces) > 0 && pieces[0].FileOff < x.FileOff+x.Len {
+			if pc := pieces[0]; pc.FileOff >= x.FileOff {
+				chunks = append(chunks, chunkstore.Piece{ID: pc.ID, FileOff: pc.FileOff, Len: pc.Len, Pack: pc.Pack, PackOff: pc.PackOff})
+			}
+			pieces = pieces[1:]
+		}
+		p.spans = append(p.spans, gpuio.PackSpan{Pack: x.Pack, Path: x.PackPath, Off: x.PackOff, Len: x.Len, Chunks: chunks})
+	}
+	return nil
 }
 
 // ShownPath is a namespace path as messages show it ("/" for the root).
@@ -387,7 +389,7 @@ func (np *nodePins) pin(ctx context.Context, path string, cl *pinCluster) (*pinH
 	var p *pinHeld
 	for try := 0; ; try++ {
 		if cl != nil {
-			miss, bytes, err := missingBelow(ctx, np.s, path)
+			miss, bytes, err := np.s.MissingBelow(ctx, path)
 			if err != nil {
 				return nil, got, fmt.Errorf("pin %s: %w", ShownPath(path), err)
 			}
@@ -408,9 +410,10 @@ func (np *nodePins) pin(ctx context.Context, path string, cl *pinCluster) (*pinH
 					pending = true
 				}
 				np.mu.Unlock()
-				c, b, err := bringHere(ctx, cl.progress, np.s, cl.node, "pin "+ShownPath(path)+": fetching", miss)
-				got.chunks += c
-				got.bytes += b
+				label := "pin " + ShownPath(path) + ": fetching"
+				res, err := np.s.MakeLocal(ctx, miss, func(done, total int64) { cl.progress.report(label, done, total) })
+				got.chunks += res.Chunks
+				got.bytes += res.Bytes
 				if err != nil {
 					return nil, got, fmt.Errorf("pin %s: not pinned: %w", ShownPath(path), err)
 				}
@@ -459,11 +462,14 @@ func (np *nodePins) pin(ctx context.Context, path string, cl *pinCluster) (*pinH
 	return p, got, nil
 }
 
-// pinCluster is what a pin needs to bring chunks from the cluster.
+// pinCluster is what a pin in a cluster needs: the store's fetcher (the
+// membership) brings the chunks; progress is told how far it is.
 type pinCluster struct {
 	progress Progress
-	node     *peers.Node
 }
+
+// errNotHere: a chunk of a path to pin is not stored on this node.
+var errNotHere = errors.New("not stored on this node")
 
 func (np *nodePins) unpin(path string) error {
 	np.op.Lock()
