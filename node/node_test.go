@@ -12,8 +12,10 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/clientproto"
 	"github.com/kylix/kylix/internal/testneeds"
 )
 
@@ -104,11 +106,33 @@ func TestNodeInProcess(t *testing.T) {
 	require.NoError(t, err, "the import is in the mount")
 	assert.True(t, bytes.Equal(want, got), "the mount serves the imported bytes")
 
+	// The client socket: STAT of a file the caller opened in the mount.
+	f, err := os.Open(filepath.Join(r.mount, "m/w.bin"))
+	require.NoError(t, err)
+	defer f.Close()
+	cc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: r.ready.ClientSocket, Net: "unixpacket"})
+	require.NoError(t, err)
+	defer cc.Close()
+	_, _, err = cc.WriteMsgUnix(clientproto.Request(clientproto.OpStat, 7, nil), unix.UnixRights(int(f.Fd())), nil)
+	require.NoError(t, err)
+	buf := make([]byte, 4096)
+	nr, err := cc.Read(buf)
+	require.NoError(t, err)
+	h, status, msg, fields, err := clientproto.ParseReply(buf[:nr])
+	require.NoError(t, err)
+	require.Zero(t, status, msg)
+	assert.Equal(t, uint32(7), h.Seq)
+	sr, err := clientproto.ParseStat(fields)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(len(want)), sr.Size)
+	assert.Equal(t, sr.NChunks, sr.LocalChunks)
+
 	var st NodeStatus
 	require.NoError(t, r.call(t, OpNode, NodeRequest{}, &st, nil))
 	assert.Equal(t, os.Getpid(), st.PID)
 	assert.Equal(t, r.mount, st.Mount)
 	require.NotNil(t, st.Clients, "a client socket was asked for")
+	assert.Equal(t, int64(1), st.Clients.Requests, "the STAT")
 	require.NotNil(t, st.Pins)
 	assert.Equal(t, int64(64<<20), st.Pins.BudgetBytes)
 

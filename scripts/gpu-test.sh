@@ -37,6 +37,18 @@ for args in "" "--io direct" "--io buffered" "--io mapped" "--tp-size 2 --tp-ran
 done
 echo "-- strict gds (must fail with a reason where GDS is unavailable)"
 $k load --device cuda:0 --path gds --strict models/base 2>&1 | tail -1
+step "kylix load through a running node (the node's CUDA context, none in the CLI)"
+mkdir -p "$work/mnt"
+$k serve --mount "$work/mnt" --client-socket none > "$out/serve.txt" 2>&1 &
+serve=$!
+for i in $(seq 100); do $k node >/dev/null 2>&1 && break; sleep 0.1; done
+# No GPU is visible to the CLI: the load passes only if the node does it.
+if CUDA_VISIBLE_DEVICES= $k load --device cuda:0 --check --tp-size 2 --tp-rank 0 models/base > "$out/load-node.txt" 2>&1; then
+  grep -E '^(device|total)' "$out/load-node.txt"
+else
+  echo "load through the node FAILED"; cat "$out/load-node.txt"; tail -5 "$out/serve.txt"; fail=1
+fi
+kill -TERM $serve; wait $serve || { echo "serve did not stop cleanly"; tail -5 "$out/serve.txt"; fail=1; }
 rm -rf "$work"
 step "result"; if [ $fail = 0 ]; then echo "GPU SUITE PASSED"; else echo "GPU SUITE FAILED"; fi
 exit $fail

@@ -273,7 +273,10 @@ func TestClusterPinWarmStat(t *testing.T) {
 		t.Fatal("the file made local read through B's mount after A was killed differs from the source")
 	}
 	out, errs, code := kylix(t, "/", "pin", "--data", b.data, "cp/lost.bin")
-	if code != 1 || !strings.Contains(errs, "pin cp/lost.bin: not pinned: cp/lost.bin: ") || !strings.Contains(errs, "no member could send it") {
+	// The message names the pin, the file and the chunk that no member
+	// could send (chunkstore.Store.MakeLocal's wording).
+	if code != 1 || !strings.Contains(errs, "pin cp/lost.bin: not pinned: ") || !strings.Contains(errs, "cp/lost.bin: the chunk at offset ") ||
+		!strings.Contains(errs, "could not be fetched") {
 		t.Fatalf("pin of a file whose chunks no member can send: exit %d\nstdout: %s\nstderr: %s", code, out, errs)
 	}
 	if st := clusterStat(t, b, "cp/lost.bin"); st.Pinned {
