@@ -5,7 +5,7 @@ LDFLAGS  ?=
 GOFLAGS_ := $(if $(LDFLAGS),-ldflags='$(LDFLAGS)')
 BIN      := bin/kylix
 # Packages where the race detector is affordable on a 2-core machine.
-RACE_PKGS := ./chunkstore/... ./cuda/... ./gpuio/... ./fs/...
+RACE_PKGS := ./chunkstore/... ./cuda/... ./gpuio/... ./fs/... ./node/... ./internal/...
 export CGO_ENABLED ?= 0
 
 .PHONY: all build test test-deps test-unit test-race test-c lint bench run clean fuzz tools gpu-build libkylix
