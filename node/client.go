@@ -26,7 +26,6 @@ import (
 	"github.com/kylix/kylix/chunkstore"
 	"github.com/kylix/kylix/clientproto"
 	kfs "github.com/kylix/kylix/fs"
-	"github.com/kylix/kylix/fs/layout"
 	"github.com/kylix/kylix/internal/unixsock"
 )
 
@@ -330,49 +329,4 @@ func (c *clientServer) handle(b []byte, flags int, fds []int, p peer) (clientpro
 	default:
 		return h, c.opFill(sf, body, p)
 	}
-}
-
-func (c *clientServer) opStat(sf *chunkstore.File) reply {
-	r := clientproto.StatReply{Size: uint64(sf.Size()), FileID: sf.ID, NChunks: uint32(len(sf.M.Chunks))}
-	if plan, err := sf.Plan(0, sf.Size()); err == nil {
-		for _, pc := range plan.Pieces {
-			if pc.Local() {
-				r.LocalChunks++
-			}
-		}
-		plan.Release()
-	} else {
-		return refuse(err)
-	}
-	return reply{fields: r.Append(nil)}
-}
-
-// opPacks hands out the file's whole-file pack if it passes the very check
-// passthrough opens pass (chunkstore.Store.OpenPassthrough): such a pack
-// holds nothing but this file's bytes, so the caller, who may read the
-// file, learns nothing else; and its bytes were proven against the
-// manifest since the pack last changed. Any other pack (shared with other
-// files, or failing its check) stays private: n = 0 and the caller reads
-// through the mount, where every chunk is verified.
-func (c *clientServer) opPacks(sf *chunkstore.File) reply {
-	pf, err := c.s.OpenPassthrough(c.ctx, sf)
-	switch {
-	case errors.Is(err, chunkstore.ErrNotWholeFile):
-		return reply{msg: "no whole-file pack: read through the mount", fields: clientproto.AppendPacks(nil, nil)}
-	case errors.Is(err, chunkstore.ErrCorrupt):
-		c.log.Warn("client asked for a pack that failed its check; not handed out", "file", sf.ID.Short(), "err", err)
-		return reply{msg: "the file's pack failed its check; read through the mount, which verifies every chunk", fields: clientproto.AppendPacks(nil, nil)}
-	case err != nil:
-		return refuse(err)
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(int(pf.Fd()), &st); err != nil {
-		pf.Close()
-		return refuse(err)
-	}
-	e := clientproto.PackEntry{PackIndex: 0, Flags: clientproto.PackWholeFile | clientproto.PackChecked,
-		Generation: layout.Generation(st.Dev, st.Ino, st.Size, st.Mtim.Nano(), st.Ctim.Nano()), Size: uint64(st.Size)}
-	c.packFds.Add(1)
-	c.packFdBytes.Add(st.Size)
-	return reply{fields: clientproto.AppendPacks(nil, []clientproto.PackEntry{e}), fds: []*os.File{pf}}
 }
