@@ -358,6 +358,7 @@ func (d *dirNode) Create(ctx context.Context, name string, flags uint32, mode ui
 	n.st = &fileState{tmp: tf}
 	f.markDirty(n, true)
 	h := n.openLocked(true)
+	h.read = flags&syscall.O_ACCMODE != syscall.O_WRONLY
 	n.fillEntry(out)
 	return d.NewInode(ctx, n, gofs.StableAttr{Mode: syscall.S_IFREG}), h, 0, 0
 }

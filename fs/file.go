@@ -494,7 +494,9 @@ func (n *fileNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uin
 				return nil, 0, toErrno(err)
 			}
 		}
-		return n.openLocked(true), fuse.FOPEN_KEEP_CACHE, 0
+		h := n.openLocked(true)
+		h.read = flags&syscall.O_ACCMODE != syscall.O_WRONLY
+		return h, fuse.FOPEN_KEEP_CACHE, 0
 	}
 	// Read-only: the kernel may keep the cached pages (the content of an
 	// inode only changes through the kernel), and close(2) need not ask
@@ -507,7 +509,9 @@ func (n *fileNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uin
 	defer n.mu.Unlock()
 	// The committed version is opened in the store at the first read:
 	// reads the kernel answers from its cache never need it.
-	return n.openLocked(false), roFlags, 0
+	h := n.openLocked(false)
+	h.read = true
+	return h, roFlags, 0
 }
 
 // waitPassthroughClosed gives passthrough handles that were just closed
@@ -717,6 +721,9 @@ func (n *fileNode) Fsync(ctx context.Context, fh gofs.FileHandle, flags uint32) 
 type handle struct {
 	n     *fileNode
 	write bool
+	// read: opened O_RDONLY or O_RDWR, so the kernel checked read
+	// permission (the layout ioctls answer only such handles: ioctl.go).
+	read bool
 	next  atomic.Int64 // where the last read ended
 	// failed: the bytes written through this handle were lost (a write
 	// or the commit failed); its writes, fsync and close answer it.

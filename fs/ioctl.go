@@ -19,11 +19,21 @@ import (
 // Ioctl answers the layout ioctls (package layout, docs/design/ioctl.md).
 // A command of another type than 'K', or an nr Kylix does not define, is
 // ENOTTY; a known nr with the wrong direction or size, or a malformed
-// request, is EINVAL.
+// request, is EINVAL; every command but PROBE on an fd not open for
+// reading is EBADF (readable).
 func (n *fileNode) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, arg uint64, input, output []byte) (int32, syscall.Errno) {
 	c := layout.DecodeCmd(cmd)
 	if c.Type != 'K' {
 		return 0, syscall.ENOTTY
+	}
+	if c.Nr == layout.NrProbe {
+		return 0, n.fsys.ioctlProbe(cmd, output)
+	}
+	if c.Nr >= layout.NrLayout && c.Nr <= layout.NrMakeLocal && !readable(fh) {
+		// Chunk ids, extents and pack paths tell what a file holds (a
+		// guessed content can be confirmed by its ids): they are for an
+		// fd that may read the file, as read(2) is.
+		return 0, syscall.EBADF
 	}
 	switch c.Nr {
 	case layout.NrLayout:
@@ -36,8 +46,6 @@ func (n *fileNode) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, ar
 			return 0, syscall.EINVAL
 		}
 		return 0, n.ioctlPackPath(input, output)
-	case layout.NrProbe:
-		return 0, n.fsys.ioctlProbe(cmd, output)
 	case layout.NrChunks:
 		if !c.Read || !c.Write || len(input) != int(c.Size) || len(output) != int(c.Size) {
 			return 0, syscall.EINVAL
@@ -55,6 +63,22 @@ func (n *fileNode) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, ar
 		return 0, n.ioctlMakeLocal(ctx, input)
 	}
 	return 0, syscall.ENOTTY
+}
+
+// readable reports whether fh was opened for reading (O_RDONLY or O_RDWR).
+// It is the one rule for the layout ioctls that describe a file's content
+// (every one but PROBE): the kernel checked read permission at the open
+// only for such an fd, so an O_WRONLY fd, which a user may hold on a file
+// it may write but not read, is refused with EBADF (what read(2) answers
+// on it).
+func readable(fh gofs.FileHandle) bool {
+	switch h := fh.(type) {
+	case *handle:
+		return h.read
+	case *ptHandle:
+		return true // passthrough opens are read-only
+	}
+	return false
 }
 
 // Ioctl answers KYLIX_IOC_PROBE on directories too, so that a library can
