@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -39,11 +40,12 @@ var configNotSettable = map[string]string{
 // errors naming the file and the key: a typo is never silently ignored.
 // It returns the names of the flags the file set.
 func applyConfig(f *flags, path string) ([]string, error) {
-	if err := checkConfigFile(path); err != nil {
+	text, err := readConfigFile(path)
+	if err != nil {
 		return nil, err
 	}
 	var m map[string]any
-	if _, err := toml.DecodeFile(path, &m); err != nil {
+	if _, err := toml.Decode(string(text), &m); err != nil {
 		var pe toml.ParseError
 		if errors.As(err, &pe) {
 			return nil, fmt.Errorf("config %s: line %d: %s", path, pe.Position.Line, pe.Message)
@@ -158,22 +160,82 @@ func tomlType(v any) string {
 	return fmt.Sprintf("a %T", v)
 }
 
-// checkConfigFile refuses a config file other users may write (it names
-// the node's data directory and cluster key file) and, for a node run as
-// root, one owned by another user.
-func checkConfigFile(path string) error {
-	st, err := os.Stat(path)
+// readConfigFile reads the config file at path after checking who may
+// change it: whoever can write it chooses the node's data directory, mount
+// and key file. It is refused when every user may write it. For a node run
+// as root it is also refused when its group may write it or another user
+// owns it, and when a directory on its path (as given and, through
+// symlinks, as resolved) is writable by group or others without the sticky
+// bit, or owned by another user: such a directory lets its writer rename
+// another file into the config's place. The bytes returned are read from
+// the descriptor that was checked, so a swap after the check is not read.
+func readConfigFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("config file: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("config file: %w", err)
+	}
+	if st.IsDir() {
+		return nil, fmt.Errorf("config file %s is a directory", path)
+	}
+	root := os.Geteuid() == 0
+	perm := st.Mode().Perm()
+	switch {
+	case perm&0o002 != 0:
+		return nil, fmt.Errorf("config file %s is writable by every user (mode %04o): chmod o-w it", path, perm)
+	case root && perm&0o020 != 0:
+		return nil, fmt.Errorf("config file %s is writable by its group (mode %04o), and the node runs as root: chmod go-w it", path, perm)
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok && root && sys.Uid != 0 {
+		return nil, fmt.Errorf("config file %s belongs to uid %d, and the node runs as root: chown root it", path, sys.Uid)
+	}
+	if root {
+		if err := checkConfigDirs(path); err != nil {
+			return nil, err
+		}
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return nil, fmt.Errorf("config file %s: %w", path, err)
+	}
+	return b, nil
+}
+
+// checkConfigDirs checks, for a node run as root, every directory from the
+// config file's up to / on its path as given and on its resolved path.
+func checkConfigDirs(path string) error {
+	abs, err := filepath.Abs(path)
 	if err != nil {
 		return fmt.Errorf("config file: %w", err)
 	}
-	if st.IsDir() {
-		return fmt.Errorf("config file %s is a directory", path)
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return fmt.Errorf("config file: %w", err)
 	}
-	if st.Mode().Perm()&0o002 != 0 {
-		return fmt.Errorf("config file %s is writable by every user (mode %04o): chmod o-w it", path, st.Mode().Perm())
-	}
-	if sys, ok := st.Sys().(*syscall.Stat_t); ok && os.Geteuid() == 0 && sys.Uid != 0 {
-		return fmt.Errorf("config file %s belongs to uid %d, and the node runs as root: chown root it", path, sys.Uid)
+	seen := map[string]bool{}
+	for _, p := range []string{abs, real} {
+		for d := filepath.Dir(p); !seen[d]; d = filepath.Dir(d) {
+			seen[d] = true
+			st, err := os.Stat(d)
+			if err != nil {
+				return fmt.Errorf("config directory: %w", err)
+			}
+			perm := st.Mode() & (os.ModePerm | os.ModeSticky)
+			if perm&0o022 != 0 && perm&os.ModeSticky == 0 {
+				return fmt.Errorf("config directory %s is writable by group or others (mode %04o) and not sticky, and the node runs as root: whoever may write it can replace the config file: chmod go-w it",
+					d, st.Mode().Perm())
+			}
+			if sys, ok := st.Sys().(*syscall.Stat_t); ok && sys.Uid != 0 {
+				return fmt.Errorf("config directory %s belongs to uid %d, and the node runs as root: chown root it", d, sys.Uid)
+			}
+			if d == "/" {
+				break
+			}
+		}
 	}
 	return nil
 }

@@ -179,6 +179,49 @@ func TestConfigFileChecks(t *testing.T) {
 	}
 }
 
+// As root, the file must also not be writable by its group, and no
+// directory on its path may be writable by group or others (unless
+// sticky) or owned by another user: each of them could replace the file.
+// A symlink to the file is followed and the target's path checked too.
+func TestConfigFileChecksRoot(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the root-only checks need root")
+	}
+	p := writeConfig(t, "zone = \"a\"\n")
+	dir := filepath.Dir(p)
+	_, err := applyConfig(serveFlagSet(t), p)
+	require.NoError(t, err, "a root 0644 file in a root 0700 directory under sticky /tmp")
+
+	require.NoError(t, os.Chmod(p, 0o664))
+	_, err = applyConfig(serveFlagSet(t), p)
+	require.ErrorContains(t, err, "config file "+p+" is writable by its group (mode 0664), and the node runs as root: chmod go-w it")
+	require.NoError(t, os.Chmod(p, 0o644))
+
+	require.NoError(t, os.Chmod(dir, 0o775))
+	_, err = applyConfig(serveFlagSet(t), p)
+	require.ErrorContains(t, err, "config directory "+dir+" is writable by group or others (mode 0775)")
+	require.ErrorContains(t, err, "whoever may write it can replace the config file: chmod go-w it")
+	require.NoError(t, os.Chmod(dir, os.ModeSticky|0o777))
+	_, err = applyConfig(serveFlagSet(t), p)
+	require.NoError(t, err, "a sticky directory: others cannot rename or remove root's file")
+	require.NoError(t, os.Chmod(dir, 0o755))
+
+	require.NoError(t, os.Chown(dir, 1000, 1000))
+	_, err = applyConfig(serveFlagSet(t), p)
+	require.ErrorContains(t, err, "config directory "+dir+" belongs to uid 1000, and the node runs as root: chown root it")
+	require.NoError(t, os.Chown(dir, 0, 0))
+
+	// Through a symlink in a safe directory to a file in an unsafe one.
+	bad := t.TempDir()
+	require.NoError(t, os.Chmod(bad, 0o777))
+	target := filepath.Join(bad, "real.toml")
+	require.NoError(t, os.WriteFile(target, []byte("zone = \"b\"\n"), 0o644))
+	link := filepath.Join(dir, "link.toml")
+	require.NoError(t, os.Symlink(target, link))
+	_, err = applyConfig(serveFlagSet(t), link)
+	require.ErrorContains(t, err, "config directory "+bad+" is writable by group or others (mode 0777)")
+}
+
 // $KYLIX_CONFIG names the file when --config is not given; --config ""
 // reads none.
 func TestConfigPath(t *testing.T) {
