@@ -724,7 +724,7 @@ type handle struct {
 	// read: opened O_RDONLY or O_RDWR, so the kernel checked read
 	// permission (the layout ioctls answer only such handles: ioctl.go).
 	read bool
-	next  atomic.Int64 // where the last read ended
+	next atomic.Int64 // where the last read ended
 	// failed: the bytes written through this handle were lost (a write
 	// or the commit failed); its writes, fsync and close answer it.
 	// Guarded by n.mu.
