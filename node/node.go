@@ -194,6 +194,7 @@ func New(cfg Config) (*Node, error) {
 	var fetcher chunkstore.Fetcher = chunkstore.LocalOnly{}
 	if cfg.Cluster != nil {
 		pc := *cfg.Cluster
+		pc.CacheMinFree = units.SizeOrPercent(*cfg.Reserve) // the peer cache leaves the mount's reserve free (peers/cache.go)
 		if pc.Keep == nil {
 			pc.Keep = func() ([]string, error) { return recordedPaths(data) }
 		}

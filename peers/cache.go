@@ -10,7 +10,10 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/internal/units"
 )
 
 // DefaultCacheBytes is the default budget of the peer cache: chunks this
@@ -23,11 +26,16 @@ const DefaultCacheBytes = 8 << 30
 type peerCache struct {
 	dir    string
 	budget int64
+	// minFree is the free space on dir's file system the cache leaves to
+	// others (Config.CacheMinFree); zero: none.
+	minFree units.SizeOrPercent
 
 	mu   sync.Mutex
 	ll   *list.List // front: most recently used; values *cacheEntry
 	idx  map[chunkstore.ID]*list.Element
 	used int64
+	// pending: bytes of chunks admitted under the floor and being written.
+	pending int64
 
 	hits, misses, evictions, stored atomic.Int64
 }
@@ -50,12 +58,13 @@ type CacheStats struct {
 }
 
 // openPeerCache opens (creating) the cache in dir; the chunks already
-// there are kept, the least recently modified evicted first.
-func openPeerCache(dir string, budget int64) (*peerCache, error) {
+// there are kept, the least recently modified evicted first (beyond the
+// budget, or while free space is below minFree).
+func openPeerCache(dir string, budget int64, minFree units.SizeOrPercent) (*peerCache, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("peer cache %s: %w", dir, err)
 	}
-	c := &peerCache{dir: dir, budget: budget, ll: list.New(), idx: map[chunkstore.ID]*list.Element{}}
+	c := &peerCache{dir: dir, budget: budget, minFree: minFree, ll: list.New(), idx: map[chunkstore.ID]*list.Element{}}
 	des, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("peer cache %s: %w", dir, err)
@@ -85,6 +94,7 @@ func openPeerCache(dir string, budget int64) (*peerCache, error) {
 		c.used += f.size
 	}
 	c.evictLocked()
+	c.roomLocked(0)
 	c.mu.Unlock()
 	return c, nil
 }
@@ -101,6 +111,11 @@ func (c *peerCache) get(id chunkstore.ID, size uint32) ([]byte, bool) {
 		c.hits.Add(1)
 	} else {
 		c.misses.Add(1)
+		// A miss is about to fetch over the network, which dwarfs a
+		// statfs: give back space others' writes took below the floor.
+		c.mu.Lock()
+		c.roomLocked(0)
+		c.mu.Unlock()
 	}
 	return b, ok
 }
@@ -132,29 +147,38 @@ func (c *peerCache) put(id chunkstore.ID, data []byte) {
 	if c == nil || int64(len(data)) > c.budget {
 		return
 	}
+	need := int64(len(data))
 	c.mu.Lock()
 	_, ok := c.idx[id]
+	if !ok && !c.roomLocked(need) {
+		ok = true // no room above the floor, even with the cache empty: not kept
+	}
+	if !ok {
+		c.pending += need
+	}
 	c.mu.Unlock()
 	if ok {
 		return
 	}
 	f, err := os.CreateTemp(c.dir, id.String()+".tmp*")
-	if err != nil {
-		return
-	}
-	_, err = f.Write(data)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
 	if err == nil {
-		err = os.Rename(f.Name(), c.path(id))
-	}
-	if err != nil {
-		os.Remove(f.Name())
-		return
+		_, err = f.Write(data)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil {
+			err = os.Rename(f.Name(), c.path(id))
+		}
+		if err != nil {
+			os.Remove(f.Name())
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.pending -= need
+	if err != nil {
+		return
+	}
 	if _, ok := c.idx[id]; ok {
 		return
 	}
@@ -180,17 +204,64 @@ func (c *peerCache) drop(id chunkstore.ID) (size int64, held bool) {
 
 func (c *peerCache) evictLocked() {
 	for c.used > c.budget {
-		e := c.ll.Back()
-		if e == nil {
+		if c.evictOldestLocked() == 0 {
 			return
 		}
-		ce := e.Value.(*cacheEntry)
-		c.ll.Remove(e)
-		delete(c.idx, ce.id)
-		c.used -= ce.size
-		c.evictions.Add(1)
-		os.Remove(c.path(ce.id))
 	}
+}
+
+// evictOldestLocked drops the least recently used chunk and returns its
+// size (0: the cache is empty).
+func (c *peerCache) evictOldestLocked() int64 {
+	e := c.ll.Back()
+	if e == nil {
+		return 0
+	}
+	ce := e.Value.(*cacheEntry)
+	c.ll.Remove(e)
+	delete(c.idx, ce.id)
+	c.used -= ce.size
+	c.evictions.Add(1)
+	os.Remove(c.path(ce.id))
+	return max(ce.size, 1)
+}
+
+// roomLocked makes the cache keep within min(budget, what leaves minFree
+// free on its file system): it evicts the least recently used chunks while
+// the free space, less the chunks being written and need more bytes, is
+// below the floor, and reports whether need bytes then fit above it. The
+// mount's reserve is the floor the node gives (node.New): before it, a
+// member on a small disk filled it with chunks it read from others, and
+// root's own writes through the mount got ENOSPC. An evicted file is
+// counted as freeing its size rounded up to the block size (what tmpfs,
+// ext4 and xfs give back for a file written whole). A statfs failure
+// leaves the budget alone in charge (it only means the floor cannot be
+// checked); concurrent puts are accounted through pending, so they cannot
+// all take the same free bytes.
+func (c *peerCache) roomLocked(need int64) bool {
+	if c.minFree.Bytes <= 0 && c.minFree.Percent <= 0 {
+		return true
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(c.dir, &st); err != nil {
+		return true
+	}
+	bs := st.Frsize
+	if bs <= 0 {
+		bs = st.Bsize
+	}
+	bs = max(bs, 1)
+	free := int64(st.Bavail) * bs
+	floor := c.minFree.Of(int64(st.Blocks) * bs)
+	round := func(n int64) int64 { return (n + bs - 1) / bs * bs }
+	for free-c.pending-round(need) < floor {
+		n := c.evictOldestLocked()
+		if n == 0 {
+			return false
+		}
+		free += round(n)
+	}
+	return true
 }
 
 func (c *peerCache) statsOf() CacheStats {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/kylix/kylix/chunkstore"
 	"github.com/kylix/kylix/internal/pace"
+	"github.com/kylix/kylix/internal/units"
 )
 
 // Config configures a Node.
@@ -92,6 +93,12 @@ type Config struct {
 	// DefaultCacheBytes).
 	CacheDir   string
 	CacheBytes int64
+	// CacheMinFree is free space on the peer cache's file system that the
+	// cache leaves to others (the node sets its mount's reserve): it
+	// stores a chunk only while this much stays free after it, evicting
+	// its least recently used chunks first, and evicts when the free space
+	// falls below it (cache.go). Zero: the budget alone bounds the cache.
+	CacheMinFree units.SizeOrPercent
 	// NoRelay: ask the holders directly, never a chunk's relay (tests and
 	// benchmarks compare the two).
 	NoRelay bool
@@ -222,7 +229,7 @@ func New(cfg Config) (*Node, error) {
 		if cfg.CacheBytes <= 0 {
 			cfg.CacheBytes = DefaultCacheBytes
 		}
-		if n.cache, err = openPeerCache(cfg.CacheDir, cfg.CacheBytes); err != nil {
+		if n.cache, err = openPeerCache(cfg.CacheDir, cfg.CacheBytes, cfg.CacheMinFree); err != nil {
 			return nil, err
 		}
 		n.cfg = cfg

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/internal/units"
 )
 
 // TestPeerCacheLRU: the peer cache keeps chunks under its budget, evicts
@@ -17,7 +18,7 @@ import (
 // across a reopen.
 func TestPeerCacheLRU(t *testing.T) {
 	dir := t.TempDir()
-	c, err := openPeerCache(dir, 3000)
+	c, err := openPeerCache(dir, 3000, units.SizeOrPercent{})
 	require.NoError(t, err)
 	var ids []chunkstore.ID
 	var datas [][]byte
@@ -47,7 +48,7 @@ func TestPeerCacheLRU(t *testing.T) {
 	require.False(t, ok)
 	require.Equal(t, 2, c.statsOf().Chunks)
 
-	c2, err := openPeerCache(dir, 3000)
+	c2, err := openPeerCache(dir, 3000, units.SizeOrPercent{})
 	require.NoError(t, err)
 	b, ok = c2.get(ids[3], 1000)
 	require.True(t, ok)
