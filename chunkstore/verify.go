@@ -22,9 +22,14 @@ type Problem struct {
 
 // VerifyReport is the result of Verify.
 type VerifyReport struct {
-	Files    int       `json:"files"`
-	Chunks   int       `json:"chunks"`
-	Bytes    int64     `json:"bytes"`
+	Files  int   `json:"files"`
+	Chunks int   `json:"chunks"`
+	Bytes  int64 `json:"bytes"`
+	// NotHere counts chunks missing here that other members of the
+	// cluster hold: not problems. Verify itself reports every missing
+	// chunk as a problem; a caller that asked the cluster (kylix verify
+	// in a node) moves those held elsewhere here.
+	NotHere  int       `json:"not_stored_here,omitempty"`
 	Problems []Problem `json:"problems"`
 }
 
