@@ -1,6 +1,7 @@
 package chunkstore
 
 import (
+	"container/list"
 	"fmt"
 	"os"
 	"sync"
@@ -13,22 +14,75 @@ import (
 // fd and deletes the file only when no lease is held. Before it, three
 // tables of open packs existed and GC closed an fd a read still used
 // (issue 7 finding 8).
+//
+// The table keeps at most max descriptors of packs no one leases (idle),
+// closing the least recently released first (issue 18: a node kept one fd
+// per pack it ever read, 1 459 after a load test, with no bound). A leased
+// pack is never closed under its reader, so while more than max packs are
+// leased at once the table holds them all; the cap bounds what is kept
+// open for reuse, not what readers use.
 type packTable struct {
-	s  *Store
-	mu sync.Mutex
-	m  map[uint64]*packEntry
+	s   *Store
+	mu  sync.Mutex
+	m   map[uint64]*packEntry
+	max int
+	// idle lists the entries with no lease, the most recently released
+	// at the front.
+	idle *list.List
 }
+
+// DefaultMaxOpenPacks is the table's cap on open pack descriptors when
+// Store.SetMaxOpenPacks was not called. Reopening a closed pack costs one
+// open(2) (microseconds) against a chunk read of milliseconds, while each
+// descriptor kept counts against RLIMIT_NOFILE, which the node shares
+// with its client connections, passthrough files and the packs it hands
+// out. 256 covers the packs of every file of a large sharded model read
+// at once (one pack per large file; small files share 256 MiB packs).
+const DefaultMaxOpenPacks = 256
 
 type packEntry struct {
 	id      uint64
 	f       *os.File
 	leases  int
-	retired bool // GC removed the pack from the index: delete at the last release
-	closing bool // the store closed: close the fd at the last release
+	retired bool          // GC removed the pack from the index: delete at the last release
+	closing bool          // the store closed: close the fd at the last release
+	elem    *list.Element // in idle while no lease is held
 }
 
 func newPackTable(s *Store) *packTable {
-	return &packTable{s: s, m: map[uint64]*packEntry{}}
+	return &packTable{s: s, m: map[uint64]*packEntry{}, max: DefaultMaxOpenPacks, idle: list.New()}
+}
+
+// SetMaxOpenPacks sets the cap on open pack descriptors (packTable); n < 1
+// means DefaultMaxOpenPacks. Idle packs beyond it are closed now.
+func (s *Store) SetMaxOpenPacks(n int) {
+	if n < 1 {
+		n = DefaultMaxOpenPacks
+	}
+	t := s.packs
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.max = n
+	t.trimLocked()
+}
+
+// trimLocked closes idle packs, least recently released first, while more
+// than max are open.
+func (t *packTable) trimLocked() {
+	for len(t.m) > t.max && t.idle.Len() > 0 {
+		e := t.idle.Remove(t.idle.Back()).(*packEntry)
+		e.elem = nil
+		e.f.Close()
+		delete(t.m, e.id)
+	}
+}
+
+// unidleLocked takes e off the idle list (it is leased or going).
+func (t *packTable) unidleLocked(e *packEntry) {
+	if e.elem != nil {
+		t.idle.Remove(e.elem)
+		e.elem = nil
+	}
 }
 
 // Lease keeps one pack open and on disk until Release. A lease is cheap (a
@@ -77,10 +131,12 @@ func (t *packTable) acquire(id uint64) (*Lease, error) {
 		}
 		e = &packEntry{id: id, f: f}
 		t.m[id] = e
+		t.trimLocked()
 	}
 	if e.retired {
 		return nil, fmt.Errorf("pack %016x was garbage collected: %w", id, ErrNotLocal)
 	}
+	t.unidleLocked(e)
 	e.leases++
 	return &Lease{t: t, e: e}, nil
 }
@@ -91,7 +147,12 @@ func (t *packTable) release(e *packEntry) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e.leases--
-	if e.leases > 0 || !(e.retired || e.closing) {
+	if e.leases > 0 {
+		return
+	}
+	if !(e.retired || e.closing) {
+		e.elem = t.idle.PushFront(e)
+		t.trimLocked()
 		return
 	}
 	e.f.Close()
@@ -118,6 +179,7 @@ func (t *packTable) retire(id uint64) (removed bool, err error) {
 		return false, nil
 	}
 	if ok {
+		t.unidleLocked(e)
 		e.f.Close()
 		delete(t.m, id)
 	}
@@ -165,6 +227,7 @@ func (t *packTable) close() {
 		delete(t.m, id)
 	}
 	t.m = nil
+	t.idle.Init()
 }
 
 // Lease leases pack id directly, for readers that planned with Plan and
