@@ -356,8 +356,11 @@ func (e *exclusiveSink) dup(data []byte) error {
 }
 
 // dropCopies punches holes over the duplicate copies written so far (the
-// 4 KiB blocks wholly inside them): no index entry points there. Where
-// the file system cannot punch holes they stay as dead bytes.
+// 4 KiB blocks wholly inside them) and writes zeros over what is left of
+// them (the partial blocks at their ends, or all of it where the file
+// system cannot punch holes): no index entry points there, and a pack
+// handed out as shared must hold no byte that no live file names there
+// (docs/design/client.md: zeros and holes are no one's bytes).
 func (e *exclusiveSink) dropCopies() error {
 	if e.f == nil || len(e.copies) == 0 {
 		return nil
@@ -365,10 +368,42 @@ func (e *exclusiveSink) dropCopies() error {
 	if err := e.w.flush(); err != nil {
 		return err
 	}
+	// Copies written back to back are one range: fewer partial blocks.
+	var rs [][2]int64 // [start, end)
 	for _, c := range e.copies {
-		start, end := alignUp(c[0]), (c[0]+c[1])&^(packAlign-1)
-		if end > start {
-			unix.Fallocate(int(e.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, start, end-start)
+		if k := len(rs) - 1; k >= 0 && rs[k][1] == c[0] {
+			rs[k][1] = c[0] + c[1]
+			continue
+		}
+		rs = append(rs, [2]int64{c[0], c[0] + c[1]})
+	}
+	var zeros []byte
+	zero := func(a, b int64) error {
+		for a < b {
+			n := min(b-a, 1<<20)
+			if int64(len(zeros)) < n {
+				zeros = make([]byte, n)
+			}
+			if err := writeFull(e.f, zeros[:n], a); err != nil {
+				return err
+			}
+			a += n
+		}
+		return nil
+	}
+	for _, r := range rs {
+		start, end := alignUp(r[0]), r[1]&^(packAlign-1)
+		if end > start && unix.Fallocate(int(e.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, start, end-start) == nil {
+			if err := zero(r[0], start); err != nil {
+				return err
+			}
+			if err := zero(end, r[1]); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := zero(r[0], r[1]); err != nil {
+			return err
 		}
 	}
 	e.copies = nil

@@ -53,6 +53,10 @@ type Options struct {
 	LargeFileMin int64
 	// SharedPackMax bounds the size a shared (small-file) pack grows to.
 	SharedPackMax int64
+	// SealInterval: handing out the current shared pack rotates it (no
+	// append after a hand-out, seal.go) at most once per this interval;
+	// 0 means DefaultSealInterval, negative no bound.
+	SealInterval time.Duration
 	// CacheBytes bounds the in-memory cache of verified chunks (the one
 	// cache every reader shares, docs/design/access.md).
 	CacheBytes int64
@@ -109,6 +113,7 @@ type Store struct {
 	nextPack uint64
 	shared   *sharedPack // current shared pack, nil when none is open
 	sharedMu sync.Mutex  // held by the importer appending to shared
+	seal     sealState   // hand-outs of the shared pack (seal.go); under mu
 
 	pverify packVerifier // passthrough verification record (packverify.go)
 	ctr     counters     // for metrics (counters.go)
@@ -155,6 +160,9 @@ func Open(opts Options) (*Store, error) {
 	}
 	if opts.SharedPackMax <= 0 {
 		opts.SharedPackMax = DefaultSharedPackMax
+	}
+	if opts.SealInterval == 0 {
+		opts.SealInterval = DefaultSealInterval
 	}
 	if opts.CacheBytes <= 0 {
 		opts.CacheBytes = DefaultCacheBytes

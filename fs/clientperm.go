@@ -9,12 +9,15 @@ package fs
 
 import (
 	"bufio"
+	"cmp"
 	"fmt"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kylix/kylix/chunkstore"
 )
@@ -96,6 +99,19 @@ type packReaders struct {
 	mu     sync.Mutex
 	root   chunkstore.ID
 	chains map[uint64][][]perm
+	// spans: per pack, the byte ranges live files of the namespace have
+	// there (their extents), sorted and merged.
+	spans map[uint64][]span
+	// covered: packs whose bytes below a size were found to be all named
+	// by live files, padding, holes or zeros (PackHandableTo), this root.
+	covered map[packSize]bool
+}
+
+type span struct{ off, end int64 }
+
+type packSize struct {
+	pack uint64
+	size int64
 }
 
 // PackTable is the file's pack table (the order of KYLIX_IOC_CHUNKS'
@@ -107,25 +123,40 @@ func PackTable(sf *chunkstore.File) []uint64 { return packTable(sf) }
 // the namespace and each file's chunk locations (cost: one index lookup
 // per chunk of every file); later calls are map lookups.
 func (f *FS) PackReadableBy(pack uint64, c Cred) (bool, error) {
+	r, err := f.packReadersNow()
+	if err != nil {
+		return false, err
+	}
+	defer r.mu.Unlock()
+	return r.readable(pack, c), nil
+}
+
+// packReadersNow returns the cache, brought level with the namespace, locked.
+func (f *FS) packReadersNow() (*packReaders, error) {
 	// A chmod or chown through the mount reaches the store through the
 	// committer: wait for what is queued, so the walk sees it.
 	if err := f.com.wait(f.com.barrier()); err != nil {
-		return false, fmt.Errorf("commit pending changes before deciding who may read a pack: %w", err)
+		return nil, fmt.Errorf("commit pending changes before deciding who may read a pack: %w", err)
 	}
 	r := &f.readers
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	root, _, err := f.s.Root()
 	if err != nil {
-		return false, fmt.Errorf("read the namespace root: %w", err)
+		r.mu.Unlock()
+		return nil, fmt.Errorf("read the namespace root: %w", err)
 	}
 	if r.chains == nil || r.root != root {
-		chains, err := f.packChains()
+		chains, spans, err := f.packChains()
 		if err != nil {
-			return false, err
+			r.mu.Unlock()
+			return nil, err
 		}
-		r.root, r.chains = root, chains
+		r.root, r.chains, r.spans, r.covered = root, chains, spans, map[packSize]bool{}
 	}
+	return r, nil
+}
+
+func (r *packReaders) readable(pack uint64, c Cred) bool {
 	for _, chain := range r.chains[pack] {
 		for i, p := range chain {
 			want := uint32(1) // search a directory
@@ -133,19 +164,114 @@ func (f *FS) PackReadableBy(pack uint64, c Cred) (bool, error) {
 				want = 4 // read the file
 			}
 			if !p.allows(c, want) {
-				return false, nil
+				return false
 			}
 		}
 	}
-	return true, nil
+	return true
+}
+
+// PackHandableTo decides whether pf, a read-only descriptor of pack opened
+// after the pack was sealed (chunkstore.Store.SealForHandout: it never
+// grows again), may be given to a client with identity c. Nil means yes:
+//   - c may read every file of the namespace with bytes in the pack
+//     (PackReadableBy), and
+//   - every byte of the descriptor, from 0 to its size, lies in an extent
+//     of a live file of the namespace, or in alignment padding (less than
+//     4 KiB up to a 4 KiB boundary, where import starts each region), or
+//     in a hole, or is zero. Anything else is someone's bytes that no live
+//     file names here: a deleted file's (until GC), an import not yet
+//     committed or aborted, a chunk kept for a cluster member, a file of
+//     another namespace; the pack is then not handed out.
+//
+// The coverage result is kept per (pack, size) until the namespace changes.
+func (f *FS) PackHandableTo(pack uint64, pf *os.File, c Cred) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(pf.Fd()), &st); err != nil {
+		return err
+	}
+	r, err := f.packReadersNow()
+	if err != nil {
+		return err
+	}
+	defer r.mu.Unlock()
+	if !r.readable(pack, c) {
+		return fmt.Errorf("it holds bytes of a file uid %d may not read", c.UID)
+	}
+	k := packSize{pack, st.Size}
+	if r.covered[k] {
+		return nil
+	}
+	// uncovered seeks (SEEK_DATA) on pf; the client shares its offset.
+	defer unix.Seek(int(pf.Fd()), 0, unix.SEEK_SET)
+	if err := uncovered(pf, r.spans[pack], st.Size); err != nil {
+		return err
+	}
+	r.covered[k] = true
+	return nil
+}
+
+// packAlign is the alignment import and compaction start regions at.
+const packAlign = 4096
+
+// uncovered returns nil if every byte of pf below size is in spans
+// (sorted, merged), alignment padding, a hole or zero; else an error
+// naming the first range that is not.
+func uncovered(pf *os.File, spans []span, size int64) error {
+	var pos int64
+	var buf []byte
+	gap := func(a, b int64) error {
+		if a >= b || (b-a < packAlign && b%packAlign == 0) {
+			return nil
+		}
+		for a < b {
+			// Skip holes: no bytes there.
+			d, err := unix.Seek(int(pf.Fd()), a, unix.SEEK_DATA)
+			if err != nil || d >= b {
+				if err != nil && err != unix.ENXIO {
+					return fmt.Errorf("find data in pack at %d: %w", a, err)
+				}
+				return nil
+			}
+			a = d
+			n := min(b-a, 1<<20)
+			if int64(len(buf)) < n {
+				buf = make([]byte, n)
+			}
+			m, err := pf.ReadAt(buf[:n], a)
+			if err != nil && m < int(n) {
+				return fmt.Errorf("read pack at %d: %w", a, err)
+			}
+			for i, x := range buf[:n] {
+				if x != 0 {
+					return fmt.Errorf("bytes at %d..%d of the pack belong to no live file of the namespace (a deleted file's, an uncommitted import's, or another namespace's)", a+int64(i), b)
+				}
+			}
+			a += n
+		}
+		return nil
+	}
+	for _, sp := range spans {
+		if sp.off >= size {
+			break
+		}
+		if err := gap(pos, sp.off); err != nil {
+			return err
+		}
+		pos = max(pos, sp.end)
+	}
+	return gap(pos, size)
 }
 
 // packChains walks the namespace: for each file, its access chain, filed
 // under every pack that holds some of its bytes.
-func (f *FS) packChains() (map[uint64][][]perm, error) {
+// It also returns, per pack, the ranges live files have there (sorted,
+// merged).
+func (f *FS) packChains() (map[uint64][][]perm, map[uint64][]span, error) {
 	dirs := map[string][]perm{"": nil} // path -> chain of the directories down to it, inclusive
 	packsOf := map[chunkstore.ID][]uint64{}
 	out := map[uint64][][]perm{}
+	spans := map[uint64][]span{}
 	permOf := func(e chunkstore.Entry) perm {
 		uid, gid := f.owner(e.UID, e.GID)
 		return perm{uid: uid, gid: gid, mode: uint32(e.Mode.Perm())}
@@ -175,6 +301,11 @@ func (f *FS) packChains() (map[uint64][][]perm, error) {
 			}
 			packs = packTable(sf)
 			packsOf[e.ID] = packs
+			for _, x := range sf.Extents() {
+				if x.Pack != 0 {
+					spans[x.Pack] = append(spans[x.Pack], span{x.PackOff, x.PackOff + x.Len})
+				}
+			}
 		}
 		chain := append(slices.Clip(up), permOf(e))
 		for _, pk := range packs {
@@ -183,7 +314,19 @@ func (f *FS) packChains() (map[uint64][][]perm, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("find who may read each pack: %w", err)
+		return nil, nil, fmt.Errorf("find who may read each pack: %w", err)
 	}
-	return out, nil
+	for p, ss := range spans {
+		slices.SortFunc(ss, func(a, b span) int { return cmp.Compare(a.off, b.off) })
+		m := ss[:0]
+		for _, x := range ss {
+			if k := len(m) - 1; k >= 0 && x.off <= m[k].end {
+				m[k].end = max(m[k].end, x.end)
+				continue
+			}
+			m = append(m, x)
+		}
+		spans[p] = m
+	}
+	return out, spans, nil
 }

@@ -24,8 +24,11 @@ import (
 // file's table (up to MaxFds), each under its own rule:
 //   - the file's whole-file pack: the passthrough check (opPacks);
 //   - any other pack: only if the caller may read every file with bytes
-//     in it (kfs.PackReadableBy, the caller's uid and groups) and the
-//     file's chunks in it pass their check (OpenCheckedChunks).
+//     in it (kfs.PackReadableBy, the caller's uid and groups), the pack
+//     takes no more appends (Store.SealForHandout), the file's chunks in
+//     it pass their check (OpenCheckedChunks), and every byte of the fd
+//     handed out is a live file's, padding, a hole or zero
+//     (kfs.PackHandableTo, on the fd itself, after the seal).
 //
 // A pack that fails a rule is left out (its chunks are read through the
 // mount); the reply's message says which were left out and why.
@@ -59,18 +62,30 @@ func (c *clientServer) opPacksFlags(sf *chunkstore.File, body []byte, p peer) re
 		// the whole-file check): the rule for shared packs.
 		if errors.Is(err, chunkstore.ErrNotWholeFile) {
 			fl = clientproto.PackShared | clientproto.PackChecked
-			var ok bool
-			switch {
-			case credErr != nil:
-				err = credErr
-			default:
+			err = credErr
+			if err == nil {
+				// Cheap refusal first (a cached map lookup), before any
+				// hashing or sealing for a caller who may not have it.
+				var ok bool
 				ok, err = c.fsys.PackReadableBy(pack, cred)
 				if err == nil && !ok {
-					err = fmt.Errorf("pack %d holds bytes of a file uid %d may not read", i, p.uid)
+					err = fmt.Errorf("it holds bytes of a file uid %d may not read", p.uid)
 				}
 			}
 			if err == nil {
+				// Nothing is appended to a pack once its fd is out:
+				// the fd reads only bytes there now, which the rule
+				// below checks (docs/design/client.md).
+				err = c.s.SealForHandout(pack)
+			}
+			if err == nil {
 				pf, err = c.s.OpenCheckedChunks(c.ctx, sf, pack)
+			}
+			if err == nil {
+				if err = c.fsys.PackHandableTo(pack, pf, cred); err != nil {
+					pf.Close()
+					pf = nil
+				}
 			}
 		}
 		if err != nil {
