@@ -44,6 +44,14 @@ var (
 	// ErrNotWholeFile: no pack holds exactly the file's bytes, so it cannot
 	// be served by FUSE passthrough (the node serves it).
 	ErrNotWholeFile = errors.New("no pack holds exactly the file")
+	// ErrUnsafeSymlink: export, run as root, met a symlink owned by
+	// another user on the way to its destination, and did not follow it:
+	// that user could point it anywhere (docs/design/rootops.md).
+	ErrUnsafeSymlink = errors.New("symlink owned by another user")
+	// ErrSourceChanged: an import source file was replaced between its
+	// fstat and the open that reads it (only where /proc is not mounted and
+	// the file must be opened again by name; docs/design/rootops.md).
+	ErrSourceChanged = errors.New("changed while being imported")
 )
 
 // CorruptError is a chunk whose stored bytes cannot be used: they do not hash

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -33,7 +34,11 @@ type ImportOptions struct {
 	// that stay inside the tree are kept as links, so a tree exported and
 	// imported again is the same tree. Links out of the tree to
 	// directories (following them could loop) and dangling links are kept
-	// as links too, each listed in Notes.
+	// as links too, each listed in Notes. Run as root, a link out of the
+	// tree is followed only to a file of the link's own owner (a user's
+	// link to /etc/shadow is kept as a link, with a note); a followed
+	// file is always stored with its own owner and mode, read from the
+	// descriptor its bytes come from (docs/design/rootops.md).
 	NoDereference bool
 	// OnChunk, if set, is called with every chunk of every file as the
 	// import reads it, in file order, new or already stored (a chunk
@@ -43,8 +48,6 @@ type ImportOptions struct {
 	// during the call. A cluster member streams an import's chunks to
 	// their owners through it (peers.PushStream).
 	OnChunk func(id ID, data []byte)
-
-	root string // the imported tree, absolute (set by Import)
 }
 
 // ImportResult sums up an import.
@@ -82,6 +85,15 @@ func sourceError(src string, err error) error {
 // visible under dest until everything has been stored: the namespace changes
 // in one transaction at the end, so an import interrupted at any point leaves
 // dest as it was.
+//
+// src itself is resolved by the kernel as named (a symlink at src is
+// followed unless opts.NoDereference). Below it, the tree is walked by
+// directory descriptors: each entry is opened relative to its parent's
+// descriptor without following links (O_PATH|O_NOFOLLOW), and its kind,
+// owner, group, mode and bytes all come from that one descriptor, so
+// renaming or swapping entries for symlinks while root imports a user's
+// tree cannot make one file's bytes be stored with another's owner or mode
+// (docs/design/rootops.md).
 func (s *Store) Import(ctx context.Context, src, dest string, opts ImportOptions) (ImportResult, error) {
 	var res ImportResult
 	parts, err := SplitPath(dest)
@@ -91,22 +103,23 @@ func (s *Store) Import(ctx context.Context, src, dest string, opts ImportOptions
 	if len(parts) == 0 {
 		return res, fmt.Errorf("import to %q: name a path inside the namespace, such as models/NAME: %w", dest, ErrInvalidPath)
 	}
-	st, err := os.Lstat(src)
+	flags := unix.O_PATH
+	if opts.NoDereference {
+		flags |= unix.O_NOFOLLOW
+	}
+	// SRC named as a link is followed, as cp and tar follow the operands
+	// they are given.
+	fd, err := openat(unix.AT_FDCWD, src, flags, 0)
 	if err != nil {
 		return res, sourceError(src, err)
 	}
-	if st.Mode()&fs.ModeSymlink != 0 && !opts.NoDereference {
-		// SRC named as a link is followed, as cp and tar follow the
-		// operands they are given.
-		if st, err = os.Stat(src); err != nil {
-			return res, sourceError(src, err)
-		}
-	}
-	if opts.root, err = filepath.Abs(src); err != nil {
-		return res, fmt.Errorf("import %s: %w", src, err)
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return res, sourceError(src, err)
 	}
 	var total int64
-	if err := scanSize(src, !opts.NoDereference, &total); err != nil {
+	if err := scanSize(fd, &st, !opts.NoDereference, &total); err != nil {
 		return res, fmt.Errorf("import %s: %w", src, err)
 	}
 	var done int64
@@ -120,9 +133,13 @@ func (s *Store) Import(ctx context.Context, src, dest string, opts ImportOptions
 	im := s.NewImporter()
 	defer im.Abort()
 	im.onChunk = opts.OnChunk
-	e, err := s.importEntry(ctx, im, src, st, "", &res, opts, progress)
+	w := &importWalk{s: s, im: im, res: &res, opts: opts, progress: progress, src: src, asRoot: os.Geteuid() == 0}
+	e, err := w.opened(ctx, fd, &st, unix.AT_FDCWD, src, filepath.Base(src), "")
 	if err != nil {
 		return res, err
+	}
+	if e.Kind == 0 {
+		return res, fmt.Errorf("import %s: %s is not a regular file, directory or symlink", src, fileMode(st.Mode).Type())
 	}
 	if err := im.Close(); err != nil {
 		return res, err
@@ -138,171 +155,271 @@ func (s *Store) Import(ctx context.Context, src, dest string, opts ImportOptions
 }
 
 // scanSize adds up the bytes the import will read (for its progress), with
-// the files that followed symlinks name.
-func scanSize(src string, follow bool, total *int64) error {
-	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
+// the files that followed symlinks name. It walks by descriptors as the
+// import does, but only stats: the import itself decides what is read.
+func scanSize(fd int, st *unix.Stat_t, follow bool, total *int64) error {
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		*total += st.Size
+		return nil
+	case unix.S_IFDIR:
+	default:
+		return nil
+	}
+	dfd, err := openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return err
+	}
+	d := os.NewFile(uintptr(dfd), ".")
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		var cst unix.Stat_t
+		if err := unix.Fstatat(dfd, name, &cst, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			continue // gone, or not ours to see: the import says so
 		}
-		switch {
-		case d.Type().IsRegular():
-			info, err := d.Info()
+		switch cst.Mode & unix.S_IFMT {
+		case unix.S_IFREG:
+			*total += cst.Size
+		case unix.S_IFLNK:
+			// An estimate for the progress bar: links inside the tree
+			// are counted too, though they are not followed.
+			if follow && unix.Fstatat(dfd, name, &cst, 0) == nil && cst.Mode&unix.S_IFMT == unix.S_IFREG {
+				*total += cst.Size
+			}
+		case unix.S_IFDIR:
+			cfd, err := openBeneath(dfd, name, unix.O_PATH|unix.O_DIRECTORY, 0)
+			if err != nil {
+				continue
+			}
+			err = scanSize(cfd, &cst, follow, total)
+			unix.Close(cfd)
 			if err != nil {
 				return err
 			}
-			*total += info.Size()
-		case d.Type()&fs.ModeSymlink != 0 && follow:
-			// An estimate for the progress bar: links inside the tree
-			// are counted too, though they are not followed.
-			if info, err := os.Stat(p); err == nil && info.Mode().IsRegular() {
-				*total += info.Size()
-			}
 		}
-		return nil
-	})
+	}
+	return nil
 }
 
-func (s *Store) importEntry(ctx context.Context, im *Importer, src string, st fs.FileInfo, rel string, res *ImportResult, opts ImportOptions, progress func(int64)) (Entry, error) {
+// importWalk is one import's walk of its source tree.
+type importWalk struct {
+	s        *Store
+	im       *Importer
+	res      *ImportResult
+	opts     ImportOptions
+	progress func(int64)
+	src      string // SRC as named, for messages
+	asRoot   bool
+}
+
+// path names the entry at rel for messages.
+func (w *importWalk) path(rel string) string {
+	if rel == "" {
+		return w.src
+	}
+	return filepath.Join(w.src, filepath.FromSlash(rel))
+}
+
+// entry imports name, a child of the directory dirfd at rel. A zero Kind
+// means skipped (gone, or neither file, directory nor link).
+func (w *importWalk) entry(ctx context.Context, dirfd int, name, rel string) (Entry, error) {
+	fd, err := openBeneath(dirfd, name, unix.O_PATH, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return Entry{}, nil // removed while we read the directory
+	}
+	if err != nil {
+		return Entry{}, fmt.Errorf("import %s: %w", w.path(rel), err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return Entry{}, fmt.Errorf("import %s: %w", w.path(rel), err)
+	}
+	return w.opened(ctx, fd, &st, dirfd, name, name, rel)
+}
+
+// opened imports the entry open as the O_PATH descriptor fd, whose fstat is
+// st: name in dirfd, stored as entryName. Everything recorded comes from st
+// and everything read from fd's inode.
+func (w *importWalk) opened(ctx context.Context, fd int, st *unix.Stat_t, dirfd int, name, entryName, rel string) (Entry, error) {
 	if err := ctxErr(ctx); err != nil {
 		return Entry{}, err
 	}
 	// The source's owner, group and full mode (setuid, setgid, sticky
 	// included) are recorded as they are, as cp -a would keep them.
-	e := Entry{Name: st.Name(), Mode: st.Mode() & EntryModeMask, UID: OwnerUnknown, GID: OwnerUnknown, MTime: st.ModTime().UnixNano()}
-	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
-		e.UID, e.GID = sys.Uid, sys.Gid
-	}
-	switch {
-	case st.Mode().IsRegular():
-		f, err := os.Open(src)
+	e := Entry{Name: entryName, Mode: fileMode(st.Mode) & EntryModeMask, UID: st.Uid, GID: st.Gid, MTime: st.Mtim.Nano()}
+	p := w.path(rel)
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		f, err := reopen(fd, st, dirfd, name, rel == "" && !w.opts.NoDereference)
 		if err != nil {
-			return e, fmt.Errorf("import %s: %w", src, err)
+			return e, fmt.Errorf("import %s: %w", p, err)
 		}
-		r, err := im.PutFile(ctx, f, st.Name(), progress)
+		err = w.putFile(ctx, f, &e, entryName, rel, p)
 		f.Close()
+		return e, err
+	case unix.S_IFDIR:
+		return e, w.dir(ctx, fd, &e, rel, p)
+	case unix.S_IFLNK:
+		return w.link(ctx, fd, st, dirfd, name, e, rel, p)
+	}
+	if rel != "" {
+		w.res.Skipped = append(w.res.Skipped, fmt.Sprintf("%s: %s is not a regular file, directory or symlink", p, fileMode(st.Mode).Type()))
+	}
+	return Entry{}, nil
+}
+
+// putFile stores the open regular file f as e.
+func (w *importWalk) putFile(ctx context.Context, f *os.File, e *Entry, name, rel, p string) error {
+	r, err := w.im.PutFile(ctx, f, name, w.progress)
+	if err != nil {
+		return err
+	}
+	e.Kind, e.ID, e.Size = KindFile, r.ID, r.Size
+	w.res.Files++
+	w.res.Bytes += r.Size
+	w.res.NewBytes += r.NewBytes
+	w.res.DedupBytes += r.DedupBytes
+	if r.FormatNote != "" {
+		w.res.Notes = append(w.res.Notes, fmt.Sprintf("%s: %s", p, r.FormatNote))
+	}
+	if w.opts.OnFile != nil {
+		w.opts.OnFile(rel, r)
+	}
+	return nil
+}
+
+// dir imports the directory open as the O_PATH descriptor fd, entry by
+// entry relative to it.
+func (w *importWalk) dir(ctx context.Context, fd int, e *Entry, rel, p string) error {
+	dfd, err := openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return fmt.Errorf("import %s: %w", p, err)
+	}
+	d := os.NewFile(uintptr(dfd), p)
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return fmt.Errorf("import %s: %w", p, err)
+	}
+	sort.Strings(names)
+	m := &DirManifest{}
+	for _, name := range names {
+		if err := checkName(name); err != nil {
+			return fmt.Errorf("import %s: %w", p, err)
+		}
+		c, err := w.entry(ctx, dfd, name, joinPath(rel, name))
+		if err != nil {
+			return err
+		}
+		if c.Kind == 0 {
+			continue
+		}
+		c.HLC = w.s.clock.Now()
+		m.Entries = append(m.Entries, c)
+	}
+	e.Kind = KindDir
+	e.ID = w.im.PutObject(m.Encode())
+	w.res.Dirs++
+	return nil
+}
+
+// link imports the symlink open as the O_PATH|O_NOFOLLOW descriptor fd
+// (name in dirfd), e being the link's own entry. It is stored as a link,
+// or, when it leads out of the tree to a regular file and links are
+// followed, as that file (see followTarget).
+func (w *importWalk) link(ctx context.Context, fd int, st *unix.Stat_t, dirfd int, name string, e Entry, rel, p string) (Entry, error) {
+	t, err := readlinkFd(fd)
+	if err != nil {
+		return e, fmt.Errorf("import %s: %w", p, err)
+	}
+	if len(t) == 0 || len(t) > maxSymlink {
+		return e, fmt.Errorf("import %s: symlink target of %d bytes: %w", p, len(t), ErrInvalidPath)
+	}
+	// SRC itself is a link here only with NoDereference: followed, it
+	// was opened as what it names.
+	if !w.opts.NoDereference && rel != "" && leadsOut(rel, t) {
+		f, err := w.followTarget(fd, st, dirfd, name, p)
 		if err != nil {
 			return e, err
 		}
-		e.Kind, e.ID, e.Size = KindFile, r.ID, r.Size
-		res.Files++
-		res.Bytes += r.Size
-		res.NewBytes += r.NewBytes
-		res.DedupBytes += r.DedupBytes
-		if r.FormatNote != "" {
-			res.Notes = append(res.Notes, fmt.Sprintf("%s: %s", src, r.FormatNote))
-		}
-		if opts.OnFile != nil {
-			opts.OnFile(rel, r)
-		}
-	case st.Mode()&fs.ModeSymlink != 0 && !opts.NoDereference && followable(src, opts.root, res):
-		target, err := os.Stat(src)
-		if err != nil {
-			return e, fmt.Errorf("import %s: %w", src, err)
-		}
-		// Stored as the file it names, under the link's name, with the
-		// file's owner and mode (the link's own are meaningless).
-		f, err := s.importEntry(ctx, im, src, namedInfo{target, st.Name()}, rel, res, opts, progress)
-		if err == nil {
-			res.Followed++
-		}
-		return f, err
-	case st.Mode()&fs.ModeSymlink != 0:
-		t, err := os.Readlink(src)
-		if err != nil {
-			return e, fmt.Errorf("import %s: %w", src, err)
-		}
-		if len(t) == 0 || len(t) > maxSymlink {
-			return e, fmt.Errorf("import %s: symlink target of %d bytes: %w", src, len(t), ErrInvalidPath)
-		}
-		e.Kind, e.Target, e.Size = KindSymlink, t, int64(len(t))
-		res.Symlinks++
-	case st.IsDir():
-		ents, err := os.ReadDir(src)
-		if err != nil {
-			return e, fmt.Errorf("import %s: %w", src, err)
-		}
-		sort.Slice(ents, func(i, j int) bool { return ents[i].Name() < ents[j].Name() })
-		m := &DirManifest{}
-		for _, de := range ents {
-			if err := checkName(de.Name()); err != nil {
-				return e, fmt.Errorf("import %s: %w", src, err)
+		if f != nil {
+			// Stored as the file it names, under the link's name, with
+			// the file's owner and mode (the link's own are meaningless).
+			var fst unix.Stat_t
+			if err := unix.Fstat(int(f.Fd()), &fst); err != nil {
+				f.Close()
+				return e, fmt.Errorf("import %s: %w", p, err)
 			}
-			info, err := de.Info()
-			if errors.Is(err, fs.ErrNotExist) {
-				continue // removed while we read the directory
+			fe := Entry{Name: e.Name, Mode: fileMode(fst.Mode) & EntryModeMask, UID: fst.Uid, GID: fst.Gid, MTime: fst.Mtim.Nano()}
+			err = w.putFile(ctx, f, &fe, e.Name, rel, p)
+			f.Close()
+			if err == nil {
+				w.res.Followed++
 			}
-			if err != nil {
-				return e, fmt.Errorf("import %s: %w", src, err)
-			}
-			if !info.Mode().IsRegular() && !info.IsDir() && info.Mode()&fs.ModeSymlink == 0 {
-				res.Skipped = append(res.Skipped, fmt.Sprintf("%s: %s is not a regular file, directory or symlink", filepath.Join(src, de.Name()), info.Mode().Type()))
-				continue
-			}
-			c, err := s.importEntry(ctx, im, filepath.Join(src, de.Name()), info, joinPath(rel, de.Name()), res, opts, progress)
-			if err != nil {
-				return e, err
-			}
-			c.HLC = s.clock.Now()
-			m.Entries = append(m.Entries, c)
+			return fe, err
 		}
-		e.Kind = KindDir
-		e.ID = im.PutObject(m.Encode())
-		res.Dirs++
-	default:
-		return e, fmt.Errorf("import %s: %s is not a regular file, directory or symlink", src, st.Mode().Type())
 	}
+	e.Kind, e.Target, e.Size = KindSymlink, t, int64(len(t))
+	w.res.Symlinks++
 	return e, nil
 }
 
-// followable reports whether the symlink at src is to be followed: it
-// leads out of the imported tree (root) to a regular file. A link to a
-// directory outside the tree or a dangling one is noted in res and kept as
-// a link; a link inside the tree is kept without a note.
-//
-// Inside or out is decided on the link's own target, as rsync decides which
-// links are "unsafe": an absolute target, or a relative one that climbs out
-// of the tree, leads out. A link inside the tree to a file that is itself a
-// link out (config.json -> ../../blobs/X, cfg -> config.json) is kept: its
-// target is imported in its own right.
-func followable(src, root string, res *ImportResult) bool {
-	t, err := os.Readlink(src)
+// followTarget opens, for reading, the regular file the link name in dirfd
+// (owned per lst) leads to, or returns nil (noted in the result) when the
+// link is to be kept as a link: its target is missing, a directory (which
+// could loop), not a regular file, or, when importing as root, a file of
+// another owner than the link's. That last rule is the kernel's
+// protected_symlinks applied everywhere: a user's link to /etc/shadow is
+// not root's to follow. Whatever the link is swapped for meanwhile, the file
+// returned is the one whose fstat was checked.
+func (w *importWalk) followTarget(lfd int, lst *unix.Stat_t, dirfd int, name, p string) (*os.File, error) {
+	keep := func(why string) (*os.File, error) {
+		w.res.Notes = append(w.res.Notes, fmt.Sprintf("%s: kept as a symlink: %s", p, why))
+		return nil, nil
+	}
+	tfd, err := openFollow(dirfd, name, unix.O_PATH)
 	if err != nil {
-		res.Notes = append(res.Notes, fmt.Sprintf("%s: kept as a symlink: %v", src, err))
-		return false
+		return keep(fmt.Sprintf("its target cannot be read (%v)", err))
 	}
-	if !filepath.IsAbs(t) {
-		dir, err := filepath.Abs(filepath.Dir(src))
-		if err != nil {
-			res.Notes = append(res.Notes, fmt.Sprintf("%s: kept as a symlink: %v", src, err))
-			return false
-		}
-		t = filepath.Join(dir, t)
-		if t == root || strings.HasPrefix(t, root+string(filepath.Separator)) {
-			return false // inside the tree: the link is part of it
-		}
+	defer unix.Close(tfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(tfd, &st); err != nil {
+		return keep(fmt.Sprintf("its target cannot be read (%v)", err))
 	}
-	info, err := os.Stat(src)
 	switch {
-	case err != nil:
-		res.Notes = append(res.Notes, fmt.Sprintf("%s: kept as a symlink: its target cannot be read (%v)", src, err))
-		return false
-	case info.IsDir():
-		res.Notes = append(res.Notes, fmt.Sprintf("%s: kept as a symlink: it names a directory outside the tree, which is not followed", src))
-		return false
-	case !info.Mode().IsRegular():
-		res.Notes = append(res.Notes, fmt.Sprintf("%s: kept as a symlink: it names a %s", src, info.Mode().Type()))
-		return false
+	case st.Mode&unix.S_IFMT == unix.S_IFDIR:
+		return keep("it names a directory outside the tree, which is not followed")
+	case st.Mode&unix.S_IFMT != unix.S_IFREG:
+		return keep(fmt.Sprintf("it names a %s", fileMode(st.Mode).Type()))
+	case w.asRoot && st.Uid != lst.Uid:
+		return keep(fmt.Sprintf("it leads out of the tree to a file of uid %d, and the link is uid %d's; run as root, import follows a link only to a file of the link's own owner", st.Uid, lst.Uid))
 	}
-	return true
+	f, err := reopen(tfd, &st, dirfd, name, true)
+	if err != nil {
+		return nil, fmt.Errorf("import %s: %w", p, err)
+	}
+	return f, nil
 }
 
-// namedInfo is a file's FileInfo under another name (a followed link's).
-type namedInfo struct {
-	fs.FileInfo
-	name string
+// leadsOut reports whether the symlink at rel (a slash-separated path
+// inside the tree) with target t leads out of the tree. It is decided on
+// the link's own target, as rsync decides which links are "unsafe": an
+// absolute target, or a relative one that climbs out of the tree, leads
+// out. A link inside the tree to a file that is itself a link out
+// (config.json -> ../../blobs/X, cfg -> config.json) is kept: its target
+// is imported in its own right.
+func leadsOut(rel, t string) bool {
+	if path.IsAbs(t) {
+		return true
+	}
+	j := path.Join(path.Dir(rel), t)
+	return j == ".." || strings.HasPrefix(j, "../")
 }
-
-func (n namedInfo) Name() string { return n.name }
 
 // ExportOptions configure Store.Export.
 type ExportOptions struct {
@@ -319,6 +436,15 @@ type ExportOptions struct {
 // byte for byte, verifying every chunk. Each file is written to a temporary
 // name and renamed into place once complete, so a failed export never leaves
 // a file with wrong or missing bytes under its real name.
+//
+// dest's parent directory is opened once (run as root, through no symlink
+// another user owns: ErrUnsafeSymlink); everything below it is created and
+// opened relative to its parent's descriptor without following symlinks,
+// and owners, modes and times are set on the descriptors. So a user who
+// owns a directory on the way and swaps entries for symlinks mid-export can
+// make it fail, never write anywhere but beneath that directory
+// (docs/design/rootops.md). If src is a file and dest an existing
+// directory (not a symlink to one), the file is written into it.
 func (s *Store) Export(ctx context.Context, src, dest string, opts ExportOptions) (files int, bytes int64, err error) {
 	e, err := s.Lookup(src)
 	if err != nil {
@@ -342,66 +468,106 @@ func (s *Store) Export(ctx context.Context, src, dest string, opts ExportOptions
 			opts.Progress(done, total)
 		}
 	}
-	err = s.exportEntry(ctx, e, dest, opts, progress, &files, &bytes)
+	dir, name := filepath.Split(filepath.Clean(dest))
+	if name == "" || name == string(filepath.Separator) {
+		return 0, 0, fmt.Errorf("export to %s: name a directory below it: %w", dest, fs.ErrExist)
+	}
+	dirfd, err := openDestDir(dir)
+	if err != nil {
+		return 0, 0, fmt.Errorf("export to %s: %w", dest, err)
+	}
+	defer func() { unix.Close(dirfd) }()
+	if e.Kind == KindFile && e.Name != "" {
+		var st unix.Stat_t
+		if unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			sub, err := openBeneath(dirfd, name, unix.O_PATH|unix.O_DIRECTORY, 0)
+			if err != nil {
+				return 0, 0, fmt.Errorf("export to %s: %w", dest, err)
+			}
+			unix.Close(dirfd)
+			dirfd, name, dest = sub, e.Name, filepath.Join(dest, e.Name)
+		}
+	}
+	err = s.exportEntry(ctx, e, dirfd, name, dest, opts, progress, &files, &bytes)
 	return files, bytes, err
 }
 
-func (s *Store) exportEntry(ctx context.Context, e Entry, dest string, opts ExportOptions, progress func(int64), files *int, bytes *int64) error {
+// exportEntry writes e as name in the directory dirfd (dest, for messages).
+func (s *Store) exportEntry(ctx context.Context, e Entry, dirfd int, name, dest string, opts ExportOptions, progress func(int64), files *int, bytes *int64) error {
 	if err := ctxErr(ctx); err != nil {
 		return err
 	}
 	switch e.Kind {
 	case KindDir:
-		if err := os.Mkdir(dest, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-			return fmt.Errorf("export: %w", err)
+		if err := unix.Mkdirat(dirfd, name, 0o755); err != nil && err != unix.EEXIST {
+			return fmt.Errorf("export %s: %w", dest, err)
 		}
 		// Never write through a symlink planted where a directory goes
-		// (a root export into a shared directory would follow it anywhere).
-		if st, err := os.Lstat(dest); err != nil {
-			return fmt.Errorf("export: %w", err)
-		} else if !st.IsDir() {
+		// (a root export into a shared directory would follow it
+		// anywhere): the directory is opened once, without following,
+		// and filled through that descriptor.
+		fd, err := openBeneath(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		if err == unix.ELOOP || err == unix.ENOTDIR {
 			return fmt.Errorf("export %s: exists and is not a directory (symlinks are not followed): %w", dest, fs.ErrExist)
 		}
+		if err != nil {
+			return fmt.Errorf("export %s: %w", dest, err)
+		}
+		dir := os.NewFile(uintptr(fd), dest)
+		defer dir.Close()
 		d, err := s.dirAt(e.ID)
 		if err != nil {
 			return err
 		}
 		for _, c := range d.Live() {
-			if err := s.exportEntry(ctx, c, filepath.Join(dest, c.Name), opts, progress, files, bytes); err != nil {
+			if err := checkName(c.Name); err != nil {
+				return fmt.Errorf("export %s: %w", dest, err)
+			}
+			if err := s.exportEntry(ctx, c, fd, c.Name, filepath.Join(dest, c.Name), opts, progress, files, bytes); err != nil {
 				return err
 			}
 		}
 		if e.Mode != 0 {
 			// Restored after the entries, so that a read-only directory
 			// could still be filled.
-			dir, err := os.OpenFile(dest, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
-			if err != nil {
-				return fmt.Errorf("export: %w", err)
-			}
-			err = restoreMeta(dir, e, dest, opts)
-			dir.Close()
-			if err != nil {
+			if err := restoreMeta(dir, e, dest, opts); err != nil {
 				return err
 			}
 		}
 	case KindSymlink:
 		if opts.Overwrite {
-			// Removes a symlink itself, never its target.
-			if err := os.Remove(dest); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return fmt.Errorf("export: %w", err)
+			// Removes a symlink or file itself, never a link's target.
+			if err := unix.Unlinkat(dirfd, name, 0); err != nil && err != unix.ENOENT {
+				return fmt.Errorf("export %s: %w", dest, err)
 			}
 		}
-		if err := os.Symlink(e.Target, dest); err != nil {
-			return fmt.Errorf("export: %w", err)
+		if err := unix.Symlinkat(e.Target, dirfd, name); err != nil {
+			return fmt.Errorf("export %s: %w", dest, err)
 		}
 		if os.Geteuid() == 0 && e.UID != OwnerUnknown {
-			if err := os.Lchown(dest, int(e.UID), int(e.GID)); err != nil {
+			// Through a descriptor of the link itself (O_PATH|O_NOFOLLOW),
+			// checked to be a symlink: never whatever was renamed there.
+			fd, err := openBeneath(dirfd, name, unix.O_PATH, 0)
+			if err != nil {
+				return fmt.Errorf("export %s: owner: %w", dest, err)
+			}
+			var st unix.Stat_t
+			err = unix.Fstat(fd, &st)
+			if err == nil && st.Mode&unix.S_IFMT != unix.S_IFLNK {
+				err = fmt.Errorf("replaced while being exported: %w", fs.ErrExist)
+			}
+			if err == nil {
+				err = unix.Fchownat(fd, "", int(e.UID), int(e.GID), unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW)
+			}
+			unix.Close(fd)
+			if err != nil {
 				return fmt.Errorf("export %s: owner: %w", dest, err)
 			}
 		}
 	case KindFile:
 		if !opts.Overwrite {
-			if _, err := os.Lstat(dest); err == nil {
+			var st unix.Stat_t
+			if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil {
 				return fmt.Errorf("export %s: %w", dest, fs.ErrExist)
 			}
 		}
@@ -409,9 +575,9 @@ func (s *Store) exportEntry(ctx context.Context, e Entry, dest string, opts Expo
 		if err != nil {
 			return fmt.Errorf("export %s: %w", dest, err)
 		}
-		out, tmp, err := createTemp(dest)
+		out, tmp, err := createTemp(dirfd, name)
 		if err != nil {
-			return fmt.Errorf("export: %w", err)
+			return fmt.Errorf("export %s: %w", dest, err)
 		}
 		n, err := f.WriteTo(ctx, out, progress)
 		if err == nil {
@@ -424,10 +590,12 @@ func (s *Store) exportEntry(ctx context.Context, e Entry, dest string, opts Expo
 			err = cerr
 		}
 		if err == nil {
-			err = os.Rename(tmp, dest)
+			// Within the one directory descriptor: rename replaces a
+			// symlink at name, it does not write through it.
+			err = unix.Renameat(dirfd, tmp, dirfd, name)
 		}
 		if err != nil {
-			_ = os.Remove(tmp) // ours: created with O_EXCL under a random name
+			_ = unix.Unlinkat(dirfd, tmp, 0) // ours: created with O_EXCL under a random name
 			if errors.Is(err, syscall.ENOSPC) {
 				return fmt.Errorf("export %s: disk full: %w", dest, err)
 			}
@@ -466,26 +634,30 @@ func restoreMeta(f *os.File, e Entry, dest string, opts ExportOptions) error {
 	return nil
 }
 
-// createTemp creates a new file next to dest under a random name, with
-// O_EXCL|O_NOFOLLOW: a symlink planted at any name (predictable or not) is
-// never followed, and an existing file is never reused. The file is renamed
-// over dest when complete; rename replaces a symlink at dest, it does not
-// write through it.
-func createTemp(dest string) (*os.File, string, error) {
-	dir, base := filepath.Split(dest)
+// createTemp creates a new file in the directory dirfd, next to name,
+// under a random name, with O_EXCL|O_NOFOLLOW: a symlink planted at any
+// name (predictable or not) is never followed, and an existing file is
+// never reused. The file is renamed over name, within dirfd, when complete.
+func createTemp(dirfd int, name string) (*os.File, string, error) {
 	for range 100 {
 		var r [8]byte
 		if _, err := rand.Read(r[:]); err != nil {
 			return nil, "", err
 		}
-		tmp := filepath.Join(dir, "."+base+".kylix-"+hex.EncodeToString(r[:]))
-		f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
-		if errors.Is(err, fs.ErrExist) {
+		tmp := "." + name + ".kylix-" + hex.EncodeToString(r[:])
+		if len(tmp) > 255 {
+			tmp = ".kylix-" + hex.EncodeToString(r[:])
+		}
+		fd, err := openBeneath(dirfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o600)
+		if err == unix.EEXIST {
 			continue
 		}
-		return f, tmp, err
+		if err != nil {
+			return nil, "", fmt.Errorf("create a temporary file next to %s: %w", name, err)
+		}
+		return os.NewFile(uintptr(fd), tmp), tmp, nil
 	}
-	return nil, "", fmt.Errorf("create a temporary file next to %s: %w", dest, fs.ErrExist)
+	return nil, "", fmt.Errorf("create a temporary file next to %s: %w", name, fs.ErrExist)
 }
 
 // futimens sets f's access and modification times through its descriptor,

@@ -23,7 +23,9 @@ real name. Existing files are not replaced unless --force is given. If SRC is a
 file and DEST an existing directory, the file is written into it. Run as root,
 export restores each entry's recorded owner, group and mode (setuid, setgid and
 sticky included); run as another user, files belong to that user and setuid and
-setgid bits are dropped, each one named in a note.`)
+setgid bits are dropped, each one named in a note. DEST's parent directory is
+opened once and everything below it is created without following symlinks;
+run as root, a symlink on the way to DEST is followed only if root owns it.`)
 	force := f.Bool("force", false, "replace existing files at DEST")
 	if err := f.parse(args, 2, 2); err != nil {
 		return err

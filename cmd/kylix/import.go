@@ -28,8 +28,10 @@ stored under the link's name. So a Hugging Face cache snapshot
 (~/.cache/huggingface/hub/models--ORG--NAME/snapshots/REV), whose entries are
 links into ../../blobs, imports as the model's files. Links inside SRC are
 kept as links (a tree exported and imported again stays the same); links out
-of SRC to directories, and dangling links, are kept too, with a note.
---no-dereference keeps every link as a link.
+of SRC to directories, and dangling links, are kept too, with a note. Run as
+root, a link out of SRC is followed only to a file of the link's own owner
+(a user's link to a root-only file is kept as a link, with a note); a followed
+file keeps its own owner and mode. --no-dereference keeps every link as a link.
 
 With --hf-cache, SRC is a model id as on the Hugging Face Hub,
 ORG/NAME[@REVISION] (a branch or tag, default main, or a commit hash), and
