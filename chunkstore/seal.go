@@ -43,6 +43,17 @@ type sealState struct {
 // sharedMu is taken, so an append in progress ends before the decision
 // and the next one goes to a new pack.
 func (s *Store) SealForHandout(pack uint64) error {
+	// Most packs handed out are not the current shared pack: answer those
+	// without waiting for an append in progress (sharedMu), which starved
+	// shim readers under write load. A pack that is not current now never
+	// becomes current (ids are never reused, and a pack holds bytes only
+	// once it was made current), so the answer stays true.
+	s.mu.Lock()
+	cur := s.shared
+	s.mu.Unlock()
+	if cur == nil || cur.id != pack {
+		return nil
+	}
 	s.sharedMu.Lock()
 	defer s.sharedMu.Unlock()
 	s.mu.Lock()
