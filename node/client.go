@@ -16,18 +16,44 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/kylix/kylix/chunkstore"
 	"github.com/kylix/kylix/clientproto"
 	kfs "github.com/kylix/kylix/fs"
+	"github.com/kylix/kylix/internal/connlimit"
 	"github.com/kylix/kylix/internal/unixsock"
 )
+
+// maxClientConnsPerUID caps the client socket's connections of one
+// unprivileged uid (docs/design/client.md, "Limits"): a loader holds one
+// per process (libkylix, kylix.torch), a tensor-parallel job one per rank,
+// so 256 is far above use. Lowered to a sixteenth of RLIMIT_NOFILE where
+// that is smaller; unprivileged uids together hold at most a quarter of
+// it, and root and the node's own uid another quarter of their own, so
+// one user's flood neither reaches root's clients nor takes the
+// descriptors the mount and the admin socket need. A connection over a
+// cap is closed at once and counted (ClientStats.RefusedConns).
+const maxClientConnsPerUID = 256
+
+// clientCaps are the caps for unprivileged uids (per uid, all together);
+// privilegedCaps those of root and the node's uid, together.
+func clientCaps() (perUID, total int) {
+	n := connlimit.NoFile()
+	return connlimit.PerPeer(n, maxClientConnsPerUID), connlimit.Share(n)
+}
+
+func privilegedCaps() (perUID, total int) {
+	s := connlimit.Share(connlimit.NoFile())
+	return s, s
+}
 
 func defaultClientSocket(mount string, getenv func(string) string) string {
 	dir := "/run/kylix"
@@ -49,15 +75,18 @@ func defaultClientSocket(mount string, getenv func(string) string) string {
 
 // ClientStats are what `kylix node` reports about clients.
 type ClientStats struct {
-	Socket    string    `json:"socket"`
-	Connected int64     `json:"connected"`
-	Accepted  int64     `json:"accepted"`
-	Requests  int64     `json:"requests"`
-	Refused   int64     `json:"refused"`
-	PackFds   int64     `json:"pack_fds"`
-	Fills     int64     `json:"fills"`
-	FillBytes int64     `json:"fill_bytes"`
-	GPU       []GPUHeld `json:"gpu,omitempty"`
+	Socket    string `json:"socket"`
+	Connected int64  `json:"connected"`
+	Accepted  int64  `json:"accepted"`
+	Requests  int64  `json:"requests"`
+	Refused   int64  `json:"refused"`
+	// RefusedConns: connections closed at once, over a cap
+	// (maxClientConnsPerUID).
+	RefusedConns int64     `json:"refused_connections"`
+	PackFds      int64     `json:"pack_fds"`
+	Fills        int64     `json:"fills"`
+	FillBytes    int64     `json:"fill_bytes"`
+	GPU          []GPUHeld `json:"gpu,omitempty"`
 	// ByProcess is the fills of the latest client processes (at most
 	// maxFillProcs), oldest first: the ranks of a tensor-parallel job
 	// each show the bytes they were given and the bytes read for them.
@@ -76,10 +105,15 @@ type clientServer struct {
 	fill  *fillService
 	mu    sync.Mutex
 	conns map[*net.UnixConn]struct{}
+	// users caps unprivileged uids' connections, privileged root's and
+	// the node's uid's (maxClientConnsPerUID).
+	users, privileged *connlimit.Limiter
+	refusedLog        connlimit.Every
 
 	closeOnce sync.Once
 
 	connected, accepted, requests, refused, packFds, fills, fillBytes atomic.Int64
+	refusedConns                                                      atomic.Int64
 	packFdBytes                                                       atomic.Int64
 	fillPaths                                                         labeledCounts // GPU fills by I/O path (metrics.go)
 	fillFailures                                                      labeledCounts // failed GPU fills by the chunk failure met (metrics.go)
@@ -131,7 +165,8 @@ func listenClient(path, dataDir string, log *slog.Logger) (*clientServer, error)
 		log.Warn("replacing a stale client socket left by a node that did not stop cleanly", "socket", path)
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	return &clientServer{path: path, ln: ln, log: log, ctx: ctx, stop: stop, conns: map[*net.UnixConn]struct{}{}}, nil
+	return &clientServer{path: path, ln: ln, log: log, ctx: ctx, stop: stop, conns: map[*net.UnixConn]struct{}{},
+		users: connlimit.New(clientCaps), privileged: connlimit.New(privilegedCaps), refusedLog: connlimit.Every{Period: 10 * time.Second}}, nil
 }
 
 // serve starts answering on the socket (connections made before wait in
@@ -143,14 +178,28 @@ func (c *clientServer) serve(s *chunkstore.Store, fsys *kfs.FS, fill *fillServic
 }
 
 // acceptLoop accepts until close. Accept errors for want of descriptors
-// back off and retry: a connection flood must not end it for good.
+// back off and retry: a connection flood must not end it for good. A
+// connection over its uid's cap is closed at once.
 func (c *clientServer) acceptLoop() {
 	defer c.wg.Done()
 	err := unixsock.Serve(c.ln, func(conn *net.UnixConn) {
+		p := peerOf(conn)
+		release, ok := c.admit(p)
+		if !ok {
+			c.refusedConns.Add(1)
+			if c.refusedLog.Allow() {
+				perUID, total := clientCaps()
+				c.log.Warn("client socket: too many connections; closing new ones at once", "client_uid", p.uid, "client_pid", p.pid,
+					"per_uid", perUID, "total", total, "refused_since_start", c.refusedConns.Load())
+			}
+			conn.Close()
+			return
+		}
 		c.mu.Lock()
 		if c.conns == nil { // closing
 			c.mu.Unlock()
 			conn.Close()
+			release()
 			return
 		}
 		c.conns[conn] = struct{}{}
@@ -158,11 +207,26 @@ func (c *clientServer) acceptLoop() {
 		c.accepted.Add(1)
 		c.connected.Add(1)
 		c.wg.Add(1)
-		go c.serveConn(conn)
+		go c.serveConn(conn, p, release)
 	}, c.log)
 	if err != nil {
 		c.log.Error("client socket: no longer accepting", "err", err)
 	}
+}
+
+// admit takes a slot for a connection of p: root's and the node's own
+// uid's from their quarter, anyone else's from the others' within the
+// per-uid cap. A connection whose credentials could not be read counts as
+// uid -1, an unprivileged one.
+func (c *clientServer) admit(p peer) (release func(), ok bool) {
+	if p.ok && (p.uid == 0 || int(p.uid) == os.Geteuid()) {
+		return c.privileged.Acquire(strconv.FormatUint(uint64(p.uid), 10))
+	}
+	key := "-1"
+	if p.ok {
+		key = strconv.FormatUint(uint64(p.uid), 10)
+	}
+	return c.users.Acquire(key)
 }
 
 // close stops accepting, ends every connection, waits for their
@@ -185,7 +249,7 @@ func (c *clientServer) doClose() {
 
 func (c *clientServer) stats() *ClientStats {
 	st := &ClientStats{Socket: c.path, Connected: c.connected.Load(), Accepted: c.accepted.Load(), Requests: c.requests.Load(),
-		Refused: c.refused.Load(), PackFds: c.packFds.Load(), Fills: c.fills.Load(), FillBytes: c.fillBytes.Load()}
+		Refused: c.refused.Load(), RefusedConns: c.refusedConns.Load(), PackFds: c.packFds.Load(), Fills: c.fills.Load(), FillBytes: c.fillBytes.Load()}
 	if c.fill != nil {
 		st.GPU = c.fill.held()
 	}
@@ -198,6 +262,7 @@ func (c *clientServer) stats() *ClientStats {
 type peer struct {
 	pid      int32
 	uid, gid uint32
+	ok       bool // SO_PEERCRED answered
 }
 
 func peerOf(conn *net.UnixConn) peer {
@@ -205,7 +270,7 @@ func peerOf(conn *net.UnixConn) peer {
 	if rc, err := conn.SyscallConn(); err == nil {
 		rc.Control(func(fd uintptr) {
 			if cr, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
-				p = peer{pid: cr.Pid, uid: cr.Uid, gid: cr.Gid}
+				p = peer{pid: cr.Pid, uid: cr.Uid, gid: cr.Gid, ok: true}
 			}
 		})
 	}
@@ -224,7 +289,7 @@ func refuse(err error) reply {
 	return reply{errno: clientproto.Errno(err), msg: err.Error()}
 }
 
-func (c *clientServer) serveConn(conn *net.UnixConn) {
+func (c *clientServer) serveConn(conn *net.UnixConn, p peer, release func()) {
 	defer c.wg.Done()
 	defer c.connected.Add(-1)
 	defer func() {
@@ -234,8 +299,8 @@ func (c *clientServer) serveConn(conn *net.UnixConn) {
 		}
 		c.mu.Unlock()
 		conn.Close()
+		release()
 	}()
-	p := peerOf(conn)
 	log := c.log.With("client_pid", p.pid, "client_uid", p.uid)
 	// One byte more than the largest request, to tell an oversize datagram
 	// even where the kernel does not flag MSG_TRUNC.

@@ -25,7 +25,26 @@ import (
 
 	"github.com/kylix/kylix/chunkstore"
 	kfs "github.com/kylix/kylix/fs"
+	"github.com/kylix/kylix/internal/connlimit"
 )
+
+// The metrics server's limits (docs/design/metrics.md, "Limits"): anyone
+// who can reach --metrics can connect, so its connections are few and
+// short. A scrape is one request on one connection (Prometheus keeps it
+// alive between scrapes, 15 s or more apart: it dials again, which costs
+// nothing). Connections over a cap are closed at once.
+const (
+	metricsConnsPerAddr = 8
+	metricsConns        = 32 // all addresses (at most a quarter of RLIMIT_NOFILE)
+	metricsReadTimeout  = 10 * time.Second
+	metricsWriteTimeout = 30 * time.Second
+	metricsIdleTimeout  = 5 * time.Second
+)
+
+func metricsCaps() (perAddr, total int) {
+	n := connlimit.NoFile()
+	return min(metricsConnsPerAddr, connlimit.PerPeer(n, metricsConnsPerAddr)), min(metricsConns, connlimit.Share(n))
+}
 
 // nodeMetrics is a node's registry and, with --metrics, its HTTP server.
 type nodeMetrics struct {
@@ -64,12 +83,20 @@ func startMetrics(addr string, s *chunkstore.Store, fsys *kfs.FS, client *client
 		}
 		fmt.Fprintln(w, "kylix node: metrics at /metrics")
 	})
-	m.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	m.srv = &http.Server{Handler: mux, ReadHeaderTimeout: metricsReadTimeout, ReadTimeout: metricsReadTimeout,
+		WriteTimeout: metricsWriteTimeout, IdleTimeout: metricsIdleTimeout,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	m.addr = ln.Addr().String()
+	refusedLog := &connlimit.Every{Period: 10 * time.Second}
+	lim := &connlimit.Listener{Listener: ln, Limits: connlimit.New(metricsCaps), OnRefuse: func(c net.Conn) {
+		if refusedLog.Allow() {
+			log.Warn("metrics: too many connections; closing new ones at once", "remote", c.RemoteAddr().String())
+		}
+	}}
 	m.done = make(chan struct{})
 	go func() {
 		defer close(m.done)
-		if err := m.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		if err := m.srv.Serve(lim); !errors.Is(err, http.ErrServerClosed) {
 			log.Error("metrics server stopped", "addr", m.addr, "err", err)
 		}
 	}()
@@ -169,6 +196,7 @@ var (
 	mClientAccepted = desc("client_connections_total", "Connections accepted on the client socket.")
 	mClientRequests = desc("client_requests_total", "Requests on the client socket.")
 	mClientRefused  = desc("client_requests_refused_total", "Requests on the client socket answered with an error.")
+	mClientConnsRef = desc("client_connections_refused_total", "Connections to the client socket closed at once: their uid held its cap.")
 	mClientPackFds  = desc("client_pack_fds_total", "Verified whole-file pack fds handed to clients (libkylix reads them itself).")
 	mClientPackByte = desc("client_pack_fd_bytes_total", "Sizes of the pack fds handed to clients, added up; the client reads them without the node.")
 	mGPUFills       = desc("gpu_fills_total", "GPU fills for clients, by the I/O path they took.", "io_path")
@@ -187,7 +215,7 @@ func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{mFSOpens, mFSPTRefused, mFSPTOpenBytes, mFSReads, mFSReadBytes, mFSOpenFiles,
 		mFSCommits, mFSBatches, mCacheHits, mCacheMisses, mChunkErrors, mPackChecks, mPackCheckBytes, mScrubPasses,
 		mScrubBytes, mScrubFailed, mImportBytes, mExportBytes, mClientConns, mClientAccepted, mClientRequests,
-		mClientRefused, mClientPackFds, mClientPackByte, mGPUFills, mGPUFillBytes, mGPUFillErrors} {
+		mClientRefused, mClientConnsRef, mClientPackFds, mClientPackByte, mGPUFills, mGPUFillBytes, mGPUFillErrors} {
 		ch <- d
 	}
 }
@@ -236,6 +264,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(mClientAccepted, cl.accepted.Load())
 	counter(mClientRequests, cl.requests.Load())
 	counter(mClientRefused, cl.refused.Load())
+	counter(mClientConnsRef, cl.refusedConns.Load())
 	counter(mClientPackFds, cl.packFds.Load())
 	counter(mClientPackByte, cl.packFdBytes.Load())
 	paths := cl.fillPaths.snapshot()

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kylix/kylix/chunkstore"
 	kfs "github.com/kylix/kylix/fs"
+	"github.com/kylix/kylix/internal/connlimit"
 	"github.com/kylix/kylix/internal/units"
 	"github.com/kylix/kylix/peers"
 )
@@ -176,6 +177,14 @@ func New(cfg Config) (*Node, error) {
 	cfg.DataDir, cfg.Mount = data, mountDir
 	if err := checkMountOutsideData(data, mountDir); err != nil {
 		return nil, err
+	}
+	// Every descriptor the limit allows, so that the caps on what others
+	// may hold (a quarter each: connlimit.Share) leave a reserve for the
+	// mount and the admin socket (docs/design/client.md, "Limits").
+	if lim, err := connlimit.RaiseNoFile(); err != nil {
+		cfg.Logger.Warn("raising RLIMIT_NOFILE to its hard limit failed", "soft", lim, "err", err)
+	} else {
+		cfg.Logger.Debug("descriptors", "rlimit_nofile", lim)
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger, mount: mountDir}
 	ok := false

@@ -102,6 +102,12 @@ type Config struct {
 	// NoRelay: ask the holders directly, never a chunk's relay (tests and
 	// benchmarks compare the two).
 	NoRelay bool
+	// HandshakeTimeout: a data plane connection that has not completed
+	// its handshake by then is closed (default DefaultHandshakeTimeout).
+	// IdleTimeout: one idle that long is closed (default
+	// DefaultIdleTimeout; server.go). Tests set them shorter.
+	HandshakeTimeout time.Duration
+	IdleTimeout      time.Duration
 	// GossipLog passes every line of serf and memberlist to Logger (at
 	// Info), not only their warnings and errors: which member learned of
 	// which join, state exchanges, probes. For diagnosis.
@@ -260,7 +266,8 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 	if n.cfg.ServeRate > 0 || n.cfg.ServeDelay > 0 {
 		ln = &slowListener{Listener: ln, rate: float64(n.cfg.ServeRate), delay: n.cfg.ServeDelay}
 	}
-	n.srv = newServer(s, ln, n.sec, n.log, n.statsFor(n.self), n.cfg.CorruptServed, n.countReceived, n.ownsFn)
+	n.srv = newServer(s, ln, n.sec, n.log, n.statsFor(n.self), n.cfg.CorruptServed, n.countReceived, n.ownsFn,
+		serverLimits{handshake: n.cfg.HandshakeTimeout, idle: n.cfg.IdleTimeout})
 	n.srv.swarm.Store(&swarmHooks{cache: n.cache, relay: n.serveRelay})
 	dpTag := ln.Addr().String()
 	if h, p, _ := net.SplitHostPort(dpTag); net.ParseIP(h).IsUnspecified() {
@@ -523,7 +530,7 @@ func (n *Node) poolFor(addr string) *pool {
 	defer n.mu.Unlock()
 	p, ok := n.pools[addr]
 	if !ok {
-		p = &pool{addr: addr, sec: n.sec}
+		p = &pool{addr: addr, sec: n.sec, idle: n.cfg.IdleTimeout}
 		n.pools[addr] = p
 	}
 	return p

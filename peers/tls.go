@@ -123,10 +123,9 @@ func plainClient(c net.Conn, k []byte, deadline time.Time) error {
 	return err
 }
 
-// plainServer runs the server's half of the handshake on c.
+// plainServer runs the server's half of the handshake on c, under the
+// deadline the server set (server.serveConn: DefaultHandshakeTimeout).
 func plainServer(c net.Conn, k []byte) error {
-	c.SetDeadline(time.Now().Add(dialTimeout))
-	defer c.SetDeadline(time.Time{})
 	hello := make([]byte, len(plainMagic)+plainNonce)
 	if _, err := io.ReadFull(c, hello); err != nil {
 		return err

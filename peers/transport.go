@@ -34,6 +34,20 @@ type clientConn struct {
 	pending map[uint32]*call
 	err     error // set once the connection is dead
 	plain   bool  // the plaintext data plane (no TLS)
+	// used is when a request was last sent or an answer last read
+	// (UnixNano), for pool.get's idle check.
+	used atomic.Int64
+}
+
+// idleFor is how long the connection has had no request in flight and
+// none sent or answered; 0 while one is in flight.
+func (cc *clientConn) idleFor(now time.Time) time.Duration {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if len(cc.pending) > 0 {
+		return 0
+	}
+	return now.Sub(time.Unix(0, cc.used.Load()))
 }
 
 type call struct {
@@ -62,6 +76,7 @@ func dialPeer(ctx context.Context, addr string, sec security) (*clientConn, erro
 		return nil, fmt.Errorf("data plane %s: %w", addr, err)
 	}
 	cc := &clientConn{c: c, bw: bufio.NewWriterSize(c, 64<<10), pending: map[uint32]*call{}, plain: sec.plain != nil}
+	cc.used.Store(time.Now().UnixNano())
 	cc.bw.WriteString(wireMagic)
 	go cc.readLoop()
 	return cc, nil
@@ -158,6 +173,7 @@ func (cc *clientConn) readLoop() {
 			return
 		}
 		cl.status, cl.data = kind, buf
+		cc.used.Store(time.Now().UnixNano())
 		close(cl.done)
 	}
 }
@@ -213,6 +229,7 @@ func (cc *clientConn) roundTrip(ctx context.Context, rq request, max uint32) (by
 	id := cc.next
 	cc.pending[id] = cl
 	cc.mu.Unlock()
+	cc.used.Store(time.Now().UnixNano())
 
 	cc.wmu.Lock()
 	_, err := cc.bw.Write(appendFrame(make([]byte, 0, frameHeader+36), rq.op, id, encodeRequest(rq)))
@@ -254,18 +271,31 @@ func (cc *clientConn) roundTrip(ctx context.Context, rq request, max uint32) (by
 type pool struct {
 	addr string
 	sec  security
+	// idle is the peer's idle timeout as this node knows it (its own,
+	// Config.IdleTimeout; 0: DefaultIdleTimeout): a connection idle for
+	// half of it is dialed again rather than used, so that a request
+	// seldom meets the server closing it (Node.request retries once when
+	// it does).
+	idle time.Duration
 	mu   sync.Mutex
 	cs   [connsPerPeer]*clientConn
 	rr   atomic.Uint32
+	// dialing serializes the dials of one slot: however many callers
+	// find it empty at once, one connection is made (the peer caps the
+	// connections from an address: maxConnsPerAddr).
+	dialing [connsPerPeer]sync.Mutex
 }
 
-// get returns a live connection, dialing one when its slot is empty or dead.
+// get returns a live connection, dialing one when its slot is empty,
+// dead or idle too long.
 func (p *pool) get(ctx context.Context) (*clientConn, error) {
 	i := int(p.rr.Add(1) % connsPerPeer)
-	p.mu.Lock()
-	cc := p.cs[i]
-	p.mu.Unlock()
-	if cc != nil && !cc.dead() {
+	if cc := p.live(i); cc != nil {
+		return cc, nil
+	}
+	p.dialing[i].Lock()
+	defer p.dialing[i].Unlock()
+	if cc := p.live(i); cc != nil { // dialed by another caller meanwhile
 		return cc, nil
 	}
 	cc, err := dialPeer(ctx, p.addr, p.sec)
@@ -274,15 +304,31 @@ func (p *pool) get(ctx context.Context) (*clientConn, error) {
 	}
 	p.mu.Lock()
 	old := p.cs[i]
-	if old != nil && old != cc && !old.dead() {
-		// Another caller dialed this slot meanwhile: use theirs.
-		p.mu.Unlock()
-		cc.close(errors.New("not needed"))
-		return old, nil
-	}
 	p.cs[i] = cc
 	p.mu.Unlock()
+	if old != nil {
+		old.close(errors.New("data plane connection idle: replaced"))
+	}
 	return cc, nil
+}
+
+// live is slot i's connection if it is alive and not idle for half the
+// peer's idle timeout, else nil.
+func (p *pool) live(i int) *clientConn {
+	p.mu.Lock()
+	cc := p.cs[i]
+	p.mu.Unlock()
+	if cc == nil || cc.dead() {
+		return nil
+	}
+	idle := p.idle
+	if idle <= 0 {
+		idle = DefaultIdleTimeout
+	}
+	if cc.idleFor(time.Now()) > idle/2 {
+		return nil
+	}
+	return cc
 }
 
 func (p *pool) close() {

@@ -107,7 +107,8 @@ func (pf *peerFlags) config(data string, log *slog.Logger) (*peers.Config, error
 		Capacity: capacity, Zone: *pf.zone, Replicas: *pf.replicas, Version: "dev", Logger: log,
 		Plaintext: *pf.dataPlane == "plaintext", GossipLog: *pf.logGossip, Reader: *pf.role == "reader",
 		RepairRate: orNone(*pf.repairRate), FailureGrace: time.Duration(orNone(int64(*pf.failureGrace))),
-		CorruptServed: os.Getenv("KYLIX_TEST_PEER_CORRUPT") == "1", ServeDelay: testServeDelay()}, nil
+		CorruptServed: os.Getenv("KYLIX_TEST_PEER_CORRUPT") == "1", ServeDelay: testServeDelay(),
+		HandshakeTimeout: testDuration("KYLIX_TEST_PEER_HANDSHAKE"), IdleTimeout: testDuration("KYLIX_TEST_PEER_IDLE")}, nil
 }
 
 // readAheadChunks is the store's Options.ReadAheadChunks from --read-ahead.
@@ -118,7 +119,15 @@ func (pf *peerFlags) readAheadChunks() int {
 // testServeDelay is KYLIX_TEST_PEER_DELAY (a duration): a test hook that
 // delays what this member's data plane sends (a distant member).
 func testServeDelay() time.Duration {
-	d, _ := time.ParseDuration(os.Getenv("KYLIX_TEST_PEER_DELAY"))
+	return testDuration("KYLIX_TEST_PEER_DELAY")
+}
+
+// testDuration is the duration in the environment variable name, 0 when
+// unset or not one: test hooks (KYLIX_TEST_PEER_HANDSHAKE and
+// KYLIX_TEST_PEER_IDLE shorten the data plane's handshake and idle
+// deadlines, docs/design/peers.md).
+func testDuration(name string) time.Duration {
+	d, _ := time.ParseDuration(os.Getenv(name))
 	return d
 }
 

@@ -167,13 +167,19 @@ const (
 // ran out of descriptors serves again once some are freed. Serve returns
 // nil when ln is closed, or the first other error.
 func Serve(ln Acceptor, handle func(*net.UnixConn), log *slog.Logger) error {
-	return serve(ln, handle, log, time.Sleep)
+	return serve(ln.AcceptUnix, handle, log, time.Sleep)
 }
 
-func serve(ln Acceptor, handle func(*net.UnixConn), log *slog.Logger, sleep func(time.Duration)) error {
+// ServeListener is Serve for any net.Listener (the data plane's TCP
+// listener): the same back-off on the same errors.
+func ServeListener(ln net.Listener, handle func(net.Conn), log *slog.Logger) error {
+	return serve(ln.Accept, handle, log, time.Sleep)
+}
+
+func serve[C any](accept func() (C, error), handle func(C), log *slog.Logger, sleep func(time.Duration)) error {
 	var delay time.Duration
 	for {
-		conn, err := ln.AcceptUnix()
+		conn, err := accept()
 		if err == nil {
 			delay = 0
 			handle(conn)
@@ -182,7 +188,7 @@ func serve(ln Acceptor, handle func(*net.UnixConn), log *slog.Logger, sleep func
 		if errors.Is(err, net.ErrClosed) {
 			return nil
 		}
-		if !temporary(err) {
+		if !Temporary(err) {
 			return err
 		}
 		delay = min(max(2*delay, firstDelay), maxDelay)
@@ -193,9 +199,9 @@ func serve(ln Acceptor, handle func(*net.UnixConn), log *slog.Logger, sleep func
 	}
 }
 
-// temporary says whether an accept error passes by itself: the process or
+// Temporary says whether an accept error passes by itself: the process or
 // the system is out of descriptors or buffers, or the peer went away.
-func temporary(err error) bool {
+func Temporary(err error) bool {
 	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM,
 		syscall.ECONNABORTED, syscall.EINTR, syscall.EAGAIN, syscall.EPROTO} {
 		if errors.Is(err, e) {

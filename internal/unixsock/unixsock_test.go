@@ -214,7 +214,7 @@ func TestServeBacksOff(t *testing.T) {
 	f := &fakeAcceptor{errs: errs, conns: []*net.UnixConn{c1, c2}}
 	var slept []time.Duration
 	var got int
-	err := serve(f, func(*net.UnixConn) { got++ }, nil, func(d time.Duration) { slept = append(slept, d) })
+	err := serve(f.AcceptUnix, func(*net.UnixConn) { got++ }, nil, func(d time.Duration) { slept = append(slept, d) })
 	if err != nil {
 		t.Fatalf("serve: %v, want nil once closed", err)
 	}
@@ -234,15 +234,15 @@ func TestServeBacksOff(t *testing.T) {
 	c3, _ := pipeConn(t)
 	f = &fakeAcceptor{errs: []error{acceptErr(syscall.EMFILE), acceptErr(syscall.EMFILE)}, conns: []*net.UnixConn{c3}}
 	slept = nil
-	serve(f, func(*net.UnixConn) {}, nil, func(d time.Duration) { slept = append(slept, d) })
+	serve(f.AcceptUnix, func(*net.UnixConn) {}, nil, func(d time.Duration) { slept = append(slept, d) })
 	f = &fakeAcceptor{errs: []error{acceptErr(syscall.EMFILE)}}
-	serve(f, func(*net.UnixConn) {}, nil, func(d time.Duration) { slept = append(slept, d) })
+	serve(f.AcceptUnix, func(*net.UnixConn) {}, nil, func(d time.Duration) { slept = append(slept, d) })
 	if len(slept) != 3 || slept[2] != 5*time.Millisecond {
 		t.Fatalf("slept %v: want 5ms, 10ms, then 5ms again", slept)
 	}
 	// A permanent error ends Serve with it.
 	f = &fakeAcceptor{errs: []error{acceptErr(syscall.EINVAL)}}
-	if err := serve(f, func(*net.UnixConn) {}, nil, func(time.Duration) { t.Fatal("slept on EINVAL") }); !errors.Is(err, syscall.EINVAL) {
+	if err := serve(f.AcceptUnix, func(*net.UnixConn) {}, nil, func(time.Duration) { t.Fatal("slept on EINVAL") }); !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("serve: %v, want EINVAL", err)
 	}
 }
@@ -375,7 +375,7 @@ func emfileChild() {
 	fmt.Println("listening")
 	done := make(chan struct{})
 	go func() {
-		serve(ln, func(c *net.UnixConn) {
+		serve(ln.AcceptUnix, func(c *net.UnixConn) {
 			mu.Lock()
 			defer mu.Unlock()
 			accepted++
