@@ -279,6 +279,73 @@ func kindMode(k chunkstore.Kind) uint32 {
 	return syscall.S_IFREG
 }
 
+// OpendirHandle lets the kernel keep the listing it read (FOPEN_CACHE_DIR)
+// across opens of the directory (FOPEN_KEEP_CACHE), so a second walk of a
+// tree sends no READDIR(PLUS) and no lookups: without it every opendir at
+// offset 0 asked for a READDIRPLUS, which runs a Lookup per entry in the
+// node (docs/bench.md, "Small files and listings through the mount"). The
+// kernel drops the listing itself when the directory changes through the
+// mount (create, unlink, rename, mkdir, rmdir bump its version) or its
+// mtime changes; a change behind the mount's back (import, rm, a cluster
+// merge) is dropped by Reconcile (NotifyContent on the directory), and a
+// name lost with its failed first commit by finishFailure.
+func (d *dirNode) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	return &dirHandle{d: d}, fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE, 0
+}
+
+// dirHandle is an open directory: the listing is read at the first
+// READDIR (as go-fuse's own handle for a NodeReaddirer does).
+type dirHandle struct {
+	d  *dirNode
+	ds gofs.DirStream
+}
+
+var (
+	_ = (gofs.NodeOpendirHandler)((*dirNode)(nil))
+	_ = (gofs.FileReaddirenter)((*dirHandle)(nil))
+	_ = (gofs.FileSeekdirer)((*dirHandle)(nil))
+	_ = (gofs.FileReleasedirer)((*dirHandle)(nil))
+)
+
+func (h *dirHandle) stream(ctx context.Context) syscall.Errno {
+	if h.ds != nil {
+		return 0
+	}
+	ds, errno := h.d.Readdir(ctx)
+	if errno != 0 {
+		return errno
+	}
+	h.ds = ds
+	return 0
+}
+
+func (h *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	if errno := h.stream(ctx); errno != 0 {
+		return nil, errno
+	}
+	if !h.ds.HasNext() {
+		return nil, 0
+	}
+	e, errno := h.ds.Next()
+	return &e, errno
+}
+
+func (h *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	if errno := h.stream(ctx); errno != 0 {
+		return errno
+	}
+	if sd, ok := h.ds.(gofs.FileSeekdirer); ok {
+		return sd.Seekdir(ctx, off)
+	}
+	return syscall.ENOTSUP
+}
+
+func (h *dirHandle) Releasedir(ctx context.Context, flags uint32) {
+	if h.ds != nil {
+		h.ds.Close()
+	}
+}
+
 func (d *dirNode) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
 	f := d.fsys
 	f.nsMu.RLock()

@@ -454,6 +454,7 @@ func (n *fileNode) finishFailure(mine int, idle bool) {
 	}
 	if parent != nil {
 		parent.NotifyEntry(name)
+		parent.NotifyContent(0, 0) // its cached listing (dir.go, OpendirHandle)
 	}
 }
 

@@ -410,13 +410,15 @@ func (f *FS) update(fn func(tx *chunkstore.NSTx) error) error {
 // Reconcile makes the kernel drop what it caches about names whose entries
 // changed in the store behind the mount's back (an import or rm through
 // the admin socket, later a peer). Directories whose manifest did not
-// change are skipped whole: the namespace is a Merkle tree.
+// change are skipped whole: the namespace is a Merkle tree. A directory
+// whose manifest changed also has its cached listing dropped.
 func (f *FS) Reconcile() {
 	type inval struct {
 		parent *gofs.Inode
 		name   string
 	}
 	var todo []inval
+	var dirs []*gofs.Inode
 	f.nsMu.RLock()
 	var walk func(d *dirNode, path string)
 	walk = func(d *dirNode, path string) {
@@ -431,6 +433,10 @@ func (f *FS) Reconcile() {
 		if same {
 			return
 		}
+		// Its listing changed: the kernel may keep the old one
+		// (FOPEN_CACHE_DIR, dir.go) while the directory's attributes,
+		// which would reset it, are cached.
+		dirs = append(dirs, &d.Inode)
 		m, err := f.cache.get(e.ID)
 		if err != nil {
 			return
@@ -466,6 +472,9 @@ func (f *FS) Reconcile() {
 	// which a lookup waiting for nsMu may hold.
 	for _, t := range todo {
 		t.parent.NotifyEntry(t.name)
+	}
+	for _, d := range dirs {
+		d.NotifyContent(0, 0)
 	}
 }
 
