@@ -23,12 +23,18 @@ type committer struct {
 	queued map[*fileNode]bool
 	issued uint64 // tickets handed out by enqueue
 	done   uint64 // every ticket <= done is committed (or failed)
-	closed bool
-	exited chan struct{}
+	// perm: the last ticket whose commit may change who may read bytes
+	// the namespace already names (clientperm.go): an enqueue of a node
+	// that has a store entry, or whose first commit is being written.
+	// Only the first commit of a new file is left out: it adds a name.
+	perm     uint64
+	inflight map[*fileNode]bool // the batch being written
+	closed   bool
+	exited   chan struct{}
 }
 
 func newCommitter(f *FS) *committer {
-	c := &committer{f: f, queued: map[*fileNode]bool{}, exited: make(chan struct{})}
+	c := &committer{f: f, queued: map[*fileNode]bool{}, inflight: map[*fileNode]bool{}, exited: make(chan struct{})}
 	c.cond = sync.NewCond(&c.mu)
 	go c.loop()
 	return c
@@ -39,12 +45,26 @@ func (c *committer) enqueue(n *fileNode) uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.issued++
+	n.mu.Lock()
+	named := n.inStore
+	n.mu.Unlock()
+	if named || c.inflight[n] {
+		c.perm = c.issued
+	}
 	if !c.queued[n] {
 		c.queued[n] = true
 		c.queue = append(c.queue, n)
 	}
 	c.cond.Broadcast()
 	return c.issued
+}
+
+// permBarrier returns a ticket that is done when every enqueued change
+// that may change who may read a named file's bytes is (see perm).
+func (c *committer) permBarrier() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.perm
 }
 
 // barrier returns a ticket that is done when everything enqueued so far is.
@@ -103,12 +123,16 @@ func (c *committer) loop() {
 		batch := c.queue
 		c.queue = nil
 		clear(c.queued)
+		for _, n := range batch {
+			c.inflight[n] = true
+		}
 		upto := c.issued
 		c.mu.Unlock()
 
 		c.commit(batch)
 
 		c.mu.Lock()
+		clear(c.inflight)
 		c.done = upto
 		c.cond.Broadcast()
 		c.mu.Unlock()
