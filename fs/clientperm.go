@@ -92,27 +92,44 @@ func (p perm) allows(c Cred, want uint32) bool {
 	return p.mode&want == want
 }
 
-// packReaders caches, per namespace root (any change makes a new root),
-// the files with bytes in each pack, as their access chains: the
-// directories above each file, then the file.
+// packReaders is, for one namespace root, every live file with bytes in
+// some pack, with its access chain (the directories above it, then the
+// file) and its extents per pack. It is kept level with the namespace by
+// diffing the old root's tree against the new one (the namespace is a
+// Merkle tree: a directory whose manifest did not change is skipped
+// whole), so a commit that adds files costs the directories it changed,
+// not a walk of the namespace; see packReadersNow for why it is exact.
 type packReaders struct {
-	mu     sync.Mutex
-	root   chunkstore.ID
-	chains map[uint64][][]perm
+	mu    sync.Mutex
+	built bool // false: the next use builds from nothing
+	root  chunkstore.ID
+	files map[string]*permFile
+	// byPack: per pack, the live files with bytes there.
+	byPack map[uint64]map[string]struct{}
 	// spans: per pack, the byte ranges live files of the namespace have
-	// there (their extents), sorted and merged.
+	// there (their extents), sorted and merged; recomputed from byPack
+	// for packs in stale.
 	spans map[uint64][]span
-	// covered: packs whose bytes below a size were found to be all named
-	// by live files, padding, holes or zeros (PackHandableTo), this root.
-	covered map[packSize]bool
+	stale map[uint64]bool
+	// covered: per pack, the sizes below which the pack's bytes were
+	// found to be all named by live files, padding, holes or zeros
+	// (PackHandableTo). Dropped for a pack whose files change.
+	covered map[uint64]map[int64]bool
+	// rebuiltFor: per pack that made the map build from nothing (it
+	// knew no file there, or the pack's bytes were not covered), the
+	// root it was built for: once per pack and root.
+	rebuiltFor map[uint64]chunkstore.ID
+	// Counters for tests and docs: full builds and incremental updates.
+	builds, diffs int
+}
+
+// permFile is one live file of the namespace as the pack rule sees it.
+type permFile struct {
+	chain []perm
+	ext   map[uint64][]span // per pack, the file's extents there
 }
 
 type span struct{ off, end int64 }
-
-type packSize struct {
-	pack uint64
-	size int64
-}
 
 // PackTable is the file's pack table (the order of KYLIX_IOC_CHUNKS'
 // pack_index and of KYLIX_IOC_PACK).
@@ -123,7 +140,7 @@ func PackTable(sf *chunkstore.File) []uint64 { return packTable(sf) }
 // the namespace and each file's chunk locations (cost: one index lookup
 // per chunk of every file); later calls are map lookups.
 func (f *FS) PackReadableBy(pack uint64, c Cred) (bool, error) {
-	r, err := f.packReadersNow()
+	r, err := f.packReadersNow(pack)
 	if err != nil {
 		return false, err
 	}
@@ -132,11 +149,39 @@ func (f *FS) PackReadableBy(pack uint64, c Cred) (bool, error) {
 }
 
 // packReadersNow returns the cache, brought level with the namespace, locked.
-func (f *FS) packReadersNow() (*packReaders, error) {
-	// A chmod or chown through the mount reaches the store through the
-	// committer: wait for what is queued, so the walk sees it.
-	if err := f.com.wait(f.com.barrier()); err != nil {
-		return nil, fmt.Errorf("commit pending changes before deciding who may read a pack: %w", err)
+//
+// Why the answer is exact (docs/design/client.md: the caller may read
+// every live file with bytes in the pack, as of the request):
+//
+//   - Changes through the mount that change who may read bytes the
+//     namespace already names are either synchronous store updates (rename,
+//     unlink, rmdir, a directory's chmod or chown: done when the syscall
+//     returns) or queued to the committer: a file's chmod or chown, and
+//     any new version of a file that has a store entry. Those are what the
+//     committer's perm ticket counts; we wait for it, so every such change
+//     that returned before this request is in the root read below. What
+//     is not waited for is the first commit of a file created through the
+//     mount: until it is written the namespace has no entry for that file
+//     (a rename over an existing name removes the replaced entry at once,
+//     dir.go), so it names no bytes and takes no reader's right away; the
+//     request is served as of a root before it. A pack the map does not
+//     know has no live file in the map, so its bytes are uncovered (an
+//     unknown pack is refused by PackHandableTo, never answered from a
+//     stale map), and bytes a later commit appends to a known pack are
+//     beyond the spans the map has: uncovered too.
+//   - Store updates behind the mount's back (import, rm, a peer's merge)
+//     change the root at once.
+//   - The map is brought to the current root by a diff that handles
+//     removal, changed entries and changed directory permissions exactly
+//     (remove the old entry's files, add the new entry's), so it always
+//     equals what a full walk of that root gives.
+//
+// A pack the map has no file in (its chunks moved there by compaction,
+// with the namespace unchanged, or a pack of no live file) makes the map
+// build from nothing, once per pack and root.
+func (f *FS) packReadersNow(pack uint64) (*packReaders, error) {
+	if err := f.com.wait(f.com.permBarrier()); err != nil {
+		return nil, fmt.Errorf("commit pending permission changes before deciding who may read a pack: %w", err)
 	}
 	r := &f.readers
 	r.mu.Lock()
@@ -145,19 +190,53 @@ func (f *FS) packReadersNow() (*packReaders, error) {
 		r.mu.Unlock()
 		return nil, fmt.Errorf("read the namespace root: %w", err)
 	}
-	if r.chains == nil || r.root != root {
-		chains, spans, err := f.packChains()
-		if err != nil {
-			r.mu.Unlock()
-			return nil, err
+	switch {
+	case !r.built:
+		err = f.rebuildReaders(r, root, 0)
+	case r.root != root:
+		u := &permUpdate{f: f, r: r, infos: map[chunkstore.ID]*fileInfo{}}
+		r.diffs++
+		if err = u.diffDir("", nil, r.root, root); err != nil {
+			r.built = false // half updated: build from nothing next time
+			err = fmt.Errorf("find who may read each pack: %w", err)
+		} else {
+			r.root = root
 		}
-		r.root, r.chains, r.spans, r.covered = root, chains, spans, map[packSize]bool{}
+	}
+	if err == nil && pack != 0 && r.byPack[pack] == nil && r.rebuiltFor[pack] != root {
+		err = f.rebuildReaders(r, root, pack)
+	}
+	if err != nil {
+		r.mu.Unlock()
+		return nil, err
 	}
 	return r, nil
 }
 
+// rebuildReaders builds r from nothing for root (r.mu held); pack, if
+// not 0, is the pack that asked for it.
+func (f *FS) rebuildReaders(r *packReaders, root chunkstore.ID, pack uint64) error {
+	if r.rebuiltFor == nil {
+		r.rebuiltFor = map[uint64]chunkstore.ID{}
+	}
+	if pack != 0 {
+		r.rebuiltFor[pack] = root
+	}
+	u := &permUpdate{f: f, r: r, infos: map[chunkstore.ID]*fileInfo{}}
+	r.files, r.byPack = map[string]*permFile{}, map[uint64]map[string]struct{}{}
+	r.spans, r.stale, r.covered = map[uint64][]span{}, map[uint64]bool{}, map[uint64]map[int64]bool{}
+	r.builds++
+	if err := u.addDir("", nil, root); err != nil {
+		r.built = false
+		return fmt.Errorf("find who may read each pack: %w", err)
+	}
+	r.built, r.root = true, root
+	return nil
+}
+
 func (r *packReaders) readable(pack uint64, c Cred) bool {
-	for _, chain := range r.chains[pack] {
+	for path := range r.byPack[pack] {
+		chain := r.files[path].chain
 		for i, p := range chain {
 			want := uint32(1) // search a directory
 			if i == len(chain)-1 {
@@ -184,30 +263,45 @@ func (r *packReaders) readable(pack uint64, c Cred) bool {
 //     committed or aborted, a chunk kept for a cluster member, a file of
 //     another namespace; the pack is then not handed out.
 //
-// The coverage result is kept per (pack, size) until the namespace changes.
+// The coverage result is kept per (pack, size) until the files with bytes
+// in the pack change.
 func (f *FS) PackHandableTo(pack uint64, pf *os.File, c Cred) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(pf.Fd()), &st); err != nil {
 		return err
 	}
-	r, err := f.packReadersNow()
+	r, err := f.packReadersNow(pack)
 	if err != nil {
 		return err
 	}
 	defer r.mu.Unlock()
-	if !r.readable(pack, c) {
-		return fmt.Errorf("it holds bytes of a file uid %d may not read", c.UID)
+	for {
+		if !r.readable(pack, c) {
+			return fmt.Errorf("it holds bytes of a file uid %d may not read", c.UID)
+		}
+		if r.covered[pack][st.Size] {
+			return nil
+		}
+		// uncovered seeks (SEEK_DATA) on pf; the client shares its offset.
+		defer unix.Seek(int(pf.Fd()), 0, unix.SEEK_SET)
+		err := uncovered(pf, r.spansOf(pack), st.Size)
+		if err == nil {
+			break
+		}
+		// Chunks can move between packs with the namespace unchanged
+		// (compaction): the extents the map has may be stale. Build
+		// the map from nothing once per pack and root before refusing.
+		if r.rebuiltFor[pack] == r.root {
+			return err
+		}
+		if err := f.rebuildReaders(r, r.root, pack); err != nil {
+			return err
+		}
 	}
-	k := packSize{pack, st.Size}
-	if r.covered[k] {
-		return nil
+	if r.covered[pack] == nil {
+		r.covered[pack] = map[int64]bool{}
 	}
-	// uncovered seeks (SEEK_DATA) on pf; the client shares its offset.
-	defer unix.Seek(int(pf.Fd()), 0, unix.SEEK_SET)
-	if err := uncovered(pf, r.spans[pack], st.Size); err != nil {
-		return err
-	}
-	r.covered[k] = true
+	r.covered[pack][st.Size] = true
 	return nil
 }
 
@@ -263,70 +357,211 @@ func uncovered(pf *os.File, spans []span, size int64) error {
 	return gap(pos, size)
 }
 
-// packChains walks the namespace: for each file, its access chain, filed
-// under every pack that holds some of its bytes.
-// It also returns, per pack, the ranges live files have there (sorted,
-// merged).
-func (f *FS) packChains() (map[uint64][][]perm, map[uint64][]span, error) {
-	dirs := map[string][]perm{"": nil} // path -> chain of the directories down to it, inclusive
-	packsOf := map[chunkstore.ID][]uint64{}
-	out := map[uint64][][]perm{}
-	spans := map[uint64][]span{}
-	permOf := func(e chunkstore.Entry) perm {
-		uid, gid := f.owner(e.UID, e.GID)
-		return perm{uid: uid, gid: gid, mode: uint32(e.Mode.Perm())}
+// spansOf returns the pack's merged spans, recomputing them if its files
+// changed.
+func (r *packReaders) spansOf(pack uint64) []span {
+	if !r.stale[pack] {
+		return r.spans[pack]
 	}
-	err := f.s.Walk("", func(p string, e chunkstore.Entry) error {
-		if p == "" {
-			return nil // the mount's root: its own mode is the mount point's
+	var ss []span
+	for path := range r.byPack[pack] {
+		ss = append(ss, r.files[path].ext[pack]...)
+	}
+	slices.SortFunc(ss, func(a, b span) int { return cmp.Compare(a.off, b.off) })
+	m := ss[:0]
+	for _, x := range ss {
+		if k := len(m) - 1; k >= 0 && x.off <= m[k].end {
+			m[k].end = max(m[k].end, x.end)
+			continue
 		}
-		parent := ""
-		if i := strings.LastIndexByte(p, '/'); i >= 0 {
-			parent = p[:i]
+		m = append(m, x)
+	}
+	if len(m) == 0 {
+		delete(r.spans, pack)
+	} else {
+		r.spans[pack] = m
+	}
+	delete(r.stale, pack)
+	return m
+}
+
+// fileInfo is a file version's extents per pack.
+type fileInfo struct {
+	ext map[uint64][]span
+}
+
+// permUpdate brings a packReaders from one root to another.
+type permUpdate struct {
+	f     *FS
+	r     *packReaders
+	infos map[chunkstore.ID]*fileInfo // file versions opened in this update
+}
+
+func (u *permUpdate) permOf(e chunkstore.Entry) perm {
+	uid, gid := u.f.owner(e.UID, e.GID)
+	return perm{uid: uid, gid: gid, mode: uint32(e.Mode.Perm())}
+}
+
+func (u *permUpdate) dir(id chunkstore.ID) ([]chunkstore.Entry, error) {
+	m, err := u.f.cache.get(id)
+	if err != nil {
+		return nil, err
+	}
+	return m.Live(), nil
+}
+
+// addDir adds every file below the directory id at p, whose chain (the
+// directories from the mount's root down to it, inclusive; the mount's
+// root itself excluded: its mode is the mount point's) is up.
+func (u *permUpdate) addDir(p string, up []perm, id chunkstore.ID) error {
+	es, err := u.dir(id)
+	if err != nil {
+		return fmt.Errorf("list %q: %w", p, err)
+	}
+	for _, e := range es {
+		if err := u.add(childPath(p, e.Name), up, e); err != nil {
+			return err
 		}
-		up := dirs[parent]
-		switch e.Kind {
-		case chunkstore.KindDir:
-			dirs[p] = append(slices.Clip(up), permOf(e))
-			return nil
-		case chunkstore.KindFile:
-		default:
-			return nil
+	}
+	return nil
+}
+
+// add adds the entry e at p (a file, or a directory and all below it).
+func (u *permUpdate) add(p string, up []perm, e chunkstore.Entry) error {
+	switch e.Kind {
+	case chunkstore.KindDir:
+		return u.addDir(p, append(slices.Clip(up), u.permOf(e)), e.ID)
+	case chunkstore.KindFile:
+	default:
+		return nil
+	}
+	info := u.infos[e.ID]
+	if info == nil {
+		sf, err := u.f.s.OpenFile(e.ID)
+		if err != nil {
+			return fmt.Errorf("open %s to list its packs: %w", p, err)
 		}
-		packs, seen := packsOf[e.ID]
-		if !seen {
-			sf, err := f.s.OpenFile(e.ID)
-			if err != nil {
-				return fmt.Errorf("open %s to list its packs: %w", p, err)
+		info = &fileInfo{ext: map[uint64][]span{}}
+		for _, x := range sf.Extents() {
+			if x.Pack != 0 {
+				info.ext[x.Pack] = append(info.ext[x.Pack], span{x.PackOff, x.PackOff + x.Len})
 			}
-			packs = packTable(sf)
-			packsOf[e.ID] = packs
-			for _, x := range sf.Extents() {
-				if x.Pack != 0 {
-					spans[x.Pack] = append(spans[x.Pack], span{x.PackOff, x.PackOff + x.Len})
+		}
+		u.infos[e.ID] = info
+	}
+	r := u.r
+	u.removeFile(p)
+	r.files[p] = &permFile{chain: append(slices.Clip(up), u.permOf(e)), ext: info.ext}
+	for pk := range info.ext {
+		if r.byPack[pk] == nil {
+			r.byPack[pk] = map[string]struct{}{}
+		}
+		r.byPack[pk][p] = struct{}{}
+		u.touch(pk)
+	}
+	return nil
+}
+
+// touch marks a pack whose files changed.
+func (u *permUpdate) touch(pk uint64) {
+	u.r.stale[pk] = true
+	delete(u.r.covered, pk)
+}
+
+func (u *permUpdate) removeFile(p string) {
+	r := u.r
+	pf := r.files[p]
+	if pf == nil {
+		return
+	}
+	for pk := range pf.ext {
+		delete(r.byPack[pk], p)
+		if len(r.byPack[pk]) == 0 {
+			delete(r.byPack, pk)
+		}
+		u.touch(pk)
+	}
+	delete(r.files, p)
+}
+
+// remove removes the entry e at p of the old tree (a file, or a directory
+// and all below it).
+func (u *permUpdate) remove(p string, e chunkstore.Entry) error {
+	switch e.Kind {
+	case chunkstore.KindFile:
+		u.removeFile(p)
+	case chunkstore.KindDir:
+		es, err := u.dir(e.ID)
+		if err != nil {
+			return fmt.Errorf("list %q: %w", p, err)
+		}
+		for _, c := range es {
+			if err := u.remove(childPath(p, c.Name), c); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// diffDir brings the files below p (chain up) from the directory manifest
+// from to the manifest to.
+func (u *permUpdate) diffDir(p string, up []perm, from, to chunkstore.ID) error {
+	if from == to {
+		return nil
+	}
+	olds, err := u.dir(from)
+	if err != nil {
+		return fmt.Errorf("list %q: %w", p, err)
+	}
+	news, err := u.dir(to)
+	if err != nil {
+		return fmt.Errorf("list %q: %w", p, err)
+	}
+	i, j := 0, 0
+	for i < len(olds) || j < len(news) {
+		var c int
+		switch {
+		case i == len(olds):
+			c = 1
+		case j == len(news):
+			c = -1
+		default:
+			c = strings.Compare(olds[i].Name, news[j].Name)
+		}
+		switch {
+		case c < 0:
+			err = u.remove(childPath(p, olds[i].Name), olds[i])
+			i++
+		case c > 0:
+			err = u.add(childPath(p, news[j].Name), up, news[j])
+			j++
+		default:
+			o, n := olds[i], news[j]
+			i, j = i+1, j+1
+			cp := childPath(p, n.Name)
+			samePerm := o.Kind == n.Kind && u.permOf(o) == u.permOf(n)
+			switch {
+			case samePerm && n.Kind == chunkstore.KindDir:
+				err = u.diffDir(cp, append(slices.Clip(up), u.permOf(n)), o.ID, n.ID)
+			case samePerm && o.ID == n.ID:
+				// same file version, same permissions: nothing changed
+			default:
+				if err = u.remove(cp, o); err == nil {
+					err = u.add(cp, up, n)
 				}
 			}
 		}
-		chain := append(slices.Clip(up), permOf(e))
-		for _, pk := range packs {
-			out[pk] = append(out[pk], chain)
+		if err != nil {
+			return err
 		}
-		return nil
-	})
-	if err != nil {
-		return nil, nil, fmt.Errorf("find who may read each pack: %w", err)
 	}
-	for p, ss := range spans {
-		slices.SortFunc(ss, func(a, b span) int { return cmp.Compare(a.off, b.off) })
-		m := ss[:0]
-		for _, x := range ss {
-			if k := len(m) - 1; k >= 0 && x.off <= m[k].end {
-				m[k].end = max(m[k].end, x.end)
-				continue
-			}
-			m = append(m, x)
-		}
-		spans[p] = m
+	return nil
+}
+
+func childPath(dir, name string) string {
+	if dir == "" {
+		return name
 	}
-	return out, spans, nil
+	return dir + "/" + name
 }
