@@ -129,6 +129,13 @@ func TestShimReadersUnderWriteLoad(t *testing.T) {
 			t.Fatalf("fsync %s: %v", drain, err)
 		}
 		df.Close()
+		if name == "shim" && reads.Load() > 0 {
+			n := time.Duration(reads.Load())
+			t.Logf("BENCH shim readers, mean per request: open %v, STAT %v, PACKS %v",
+				(time.Duration(shimOpen.Load()) / n).Round(time.Microsecond),
+				(time.Duration(shimStat.Load()) / n).Round(time.Microsecond),
+				(time.Duration(shimPacks.Load()) / n).Round(time.Microsecond))
+		}
 		t.Logf("BENCH %s readers: %d requests in %v = %.0f/s (max %v, still waiting at the end: %d; pack fds handed out: %d); writers: %d files = %.0f/s",
 			name, reads.Load(), el.Round(time.Millisecond), float64(reads.Load())/el.Seconds(), maxLat.Round(time.Microsecond),
 			timedOut.Load(), handed.Load(), wrote.Load(), float64(wrote.Load())/el.Seconds())
@@ -142,13 +149,21 @@ func TestShimReadersUnderWriteLoad(t *testing.T) {
 		return 0
 	})
 	phase("shim", func(c *clientConn, p string) int {
+		t0 := time.Now()
 		f, err := os.Open(p)
 		if err != nil {
 			t.Errorf("open %s: %v", p, err)
 			return 0
 		}
 		defer f.Close()
+		t1 := time.Now()
 		r, err := shimReq(c, clientproto.OpStat, nil, f)
+		t2 := time.Now()
+		defer func() {
+			shimOpen.Add(int64(t1.Sub(t0)))
+			shimStat.Add(int64(t2.Sub(t1)))
+			shimPacks.Add(int64(time.Since(t2)))
+		}()
 		if err != nil {
 			return -1
 		}
@@ -168,6 +183,9 @@ func TestShimReadersUnderWriteLoad(t *testing.T) {
 		return len(r.fds)
 	})
 }
+
+// Time the shim readers spent in open, STAT and PACKS.
+var shimOpen, shimStat, shimPacks atomic.Int64
 
 // shimDeadline: when set (Unix ns), shimReq gives up waiting at once.
 var shimDeadline atomic.Int64
