@@ -227,7 +227,15 @@ func (f *FS) MountOptions() *gofs.Options {
 		// The kernel checks permissions from the attributes we return.
 		Options:              []string{"default_permissions"},
 		IgnoreSecurityLabels: true,
-		MaxBackground:        64,
+		// POSIX ACLs on: the kernel then asks for an inode's ACL
+		// (system.posix_acl_access, which `ls -l` reads for every
+		// entry) once and caches the answer, instead of a GETXATTR
+		// round trip per call (docs/design/fs.md, "FUSE settings for
+		// many small files"). No ACL is ever stored (setxattr answers
+		// ENOTSUP), so the cached "none" cannot go stale; the kernel
+		// checks permissions from the mode as before.
+		EnableAcl:     true,
+		MaxBackground: 64,
 		// Replies are byte slices; splicing them only adds a pipe copy.
 		DisableSplice: true,
 	}
