@@ -197,8 +197,9 @@ func (f *FS) packReadersNow(pack uint64) (*packReaders, error) {
 		u := &permUpdate{f: f, r: r, infos: map[chunkstore.ID]*fileInfo{}}
 		r.diffs++
 		if err = u.diffDir("", nil, r.root, root); err != nil {
-			r.built = false // half updated: build from nothing next time
-			err = fmt.Errorf("find who may read each pack: %w", err)
+			// Half updated (or the old root's manifests are gone,
+			// collected): build from nothing.
+			err = f.rebuildReaders(r, root, 0)
 		} else {
 			r.root = root
 		}
