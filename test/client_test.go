@@ -351,17 +351,7 @@ func TestClientSocketRefusesUserWhoMayNotRead(t *testing.T) {
 	if err := os.Chmod(filepath.Join(mnt, "m/public"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	binDir := t.TempDir()
-	os.Chmod(binDir, 0o755)
-	self, _ := os.Executable()
-	bin := filepath.Join(binDir, "client.test")
-	b, err := os.ReadFile(self)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bin, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	bin := selfForOtherUser(t, t.TempDir())
 	cmd := exec.Command("setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
 		bin, "-test.run", "^TestClientHelperProcess$", "-test.v")
 	cmd.Env = append(os.Environ(), "KYLIX_CLIENT_HELPER=1", "KYLIX_BIN="+kylixBin, "KYLIX_HELPER_SOCK="+sock,

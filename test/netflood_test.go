@@ -138,18 +138,7 @@ func TestClientSocketFloodByOtherUser(t *testing.T) {
 	sock := filepath.Join(binDir, "client.sock")
 	n := launchNode(t, data, mnt, nil, func() bool { return clientAnswers(sock) }, "--client-socket", sock)
 	limit := lowerNoFile(t, n.cmd.Process.Pid, 200)
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	attacker := filepath.Join(binDir, "attacker")
-	b, err := os.ReadFile(self)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(attacker, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	attacker := selfForOtherUser(t, binDir)
 	const flood = 2000
 	cmd := exec.Command(attacker, "-test.run=^TestNetFloodAttacker$", "-test.v")
 	cmd.Dir = "/"

@@ -38,17 +38,7 @@ type leakHelperOut struct {
 func packsAsNobody(t *testing.T, sock, path string, shared bool) ([]*os.File, leakHelperOut) {
 	t.Helper()
 	testneeds.Command(t, "setpriv", "util-linux")
-	binDir := t.TempDir()
-	os.Chmod(binDir, 0o755)
-	self, _ := os.Executable()
-	bin := filepath.Join(binDir, "client.test")
-	b, err := os.ReadFile(self)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bin, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	bin := selfForOtherUser(t, t.TempDir())
 	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)

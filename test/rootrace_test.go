@@ -79,32 +79,6 @@ func flagArgs() []string {
 	return nil
 }
 
-// attackerBin copies this test binary where uid 65534 can run it.
-func attackerBin(t *testing.T, dir string) string {
-	t.Helper()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	in, err := os.Open(self)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	p := filepath.Join(dir, "attacker")
-	out, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		t.Fatal(err)
-	}
-	if err := out.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
 func attackerCmd(bin, mode string, args ...string) *exec.Cmd {
 	cmd := exec.Command(bin, append([]string{"-test.run=^TestRootRaceAttacker$", "--"}, args...)...)
 	// KYLIX_BIN set: TestMain does not build kylix again.
@@ -180,7 +154,7 @@ func TestRootExportRaceStaysInDestination(t *testing.T) {
 		t.Skip("needs root: the attacker runs as uid 65534")
 	}
 	base := openTempDir(t)
-	bin := attackerBin(t, base)
+	bin := selfForOtherUser(t, base)
 	data := filepath.Join(base, "data")
 	src := filepath.Join(base, "src")
 	for d := range 6 {
@@ -244,7 +218,7 @@ func TestRootExportRaceStaysInDestination(t *testing.T) {
 func TestRootImportRaceKeepsOwners(t *testing.T) {
 	requireFUSE(t)
 	base := openTempDir(t)
-	bin := attackerBin(t, base)
+	bin := selfForOtherUser(t, base)
 	data, mnt := filepath.Join(base, "data"), filepath.Join(base, "mnt")
 	const marker = "ROOT-ONLY-SECRET"
 	secret := filepath.Join(base, "secret")
