@@ -55,7 +55,11 @@ func privilegedCaps() (perUID, total int) {
 	return s, s
 }
 
-func defaultClientSocket(mount string, getenv func(string) string) string {
+// DefaultClientSocket is where a node serving mount listens by default:
+// under /run/kylix as root, else the user's runtime directory
+// ($XDG_RUNTIME_DIR/kylix, or /tmp/kylix-UID), named after the mount path
+// with '/' turned into '_'. getenv reads the environment.
+func DefaultClientSocket(mount string, getenv func(string) string) string {
 	dir := "/run/kylix"
 	if os.Geteuid() != 0 {
 		if d := getenv("XDG_RUNTIME_DIR"); d != "" {

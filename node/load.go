@@ -97,7 +97,7 @@ func Load(ctx context.Context, s *chunkstore.Store, req LoadRequest, onPass func
 	if req.TPSize < 1 || req.TPRank < 0 || req.TPRank >= req.TPSize {
 		return fmt.Errorf("load: --tp-rank %d must be in [0, --tp-size %d)", req.TPRank, req.TPSize)
 	}
-	dev, err := OpenDevice(req.Device)
+	dev, err := openDevice(req.Device)
 	if err != nil {
 		return err
 	}
@@ -161,9 +161,9 @@ func processCPU() float64 {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }
 
-// OpenDevice opens "cuda:N" or "host". No GPU is an error, never a silent
+// openDevice opens "cuda:N" or "host". No GPU is an error, never a silent
 // switch to the host device.
-func OpenDevice(name string) (gpuio.Device, error) {
+func openDevice(name string) (gpuio.Device, error) {
 	if name == "host" {
 		// Freed memory is reused, as GPU allocators do, so --repeat
 		// measures loads into memory touched before (gpuio.HostDevice).

@@ -387,14 +387,6 @@ func (n *Node) Run(ctx context.Context, onReady func(Ready)) error {
 	return n.fsys.Unmount()
 }
 
-// DefaultClientSocket is where a node serving mount listens by default:
-// under /run/kylix as root, else the user's runtime directory
-// ($XDG_RUNTIME_DIR/kylix, or /tmp/kylix-UID), named after the mount path
-// with '/' turned into '_'. getenv reads the environment.
-func DefaultClientSocket(mount string, getenv func(string) string) string {
-	return defaultClientSocket(mount, getenv)
-}
-
 // stopWatchdog ends the process if the shutdown has not finished (stopped
 // closed) within timeout, or at once on a second SIGINT/SIGTERM. The orderly
 // shutdown waits for commits, admin requests and the kernel; none of them

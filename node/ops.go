@@ -11,7 +11,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/kylix/kylix/chunkstore"
 	"github.com/kylix/kylix/peers"
@@ -231,6 +230,3 @@ func (n *Node) Import(ctx context.Context, req ImportRequest, progress Progress)
 	}
 	return out, nil
 }
-
-// Started is when the node mounted.
-func (n *Node) Started() time.Time { return n.start }
