@@ -19,7 +19,7 @@ import (
 
 // changesNamespace names the forwarded commands after which the mount is
 // told of a namespace change (the others only read).
-var changesNamespace = map[string]bool{"rm": true, "gc": true, "import": true}
+var changesNamespace = map[string]bool{"rm": true, "gc": true, "import": true, "shards": true}
 
 // forwardToNode runs the command line in a node serving dataDir, if one
 // answers on its socket, and returns the node's exit status.
