@@ -3,6 +3,11 @@
 GO       ?= go
 LDFLAGS  ?=
 GOFLAGS_ := $(if $(LDFLAGS),-ldflags='$(LDFLAGS)')
+# The version and commit kylix --version prints (scripts/version.sh: from git,
+# or from what git archive wrote into a tarball; nothing without either),
+# for the binaries make builds; LDFLAGS given on the command line comes after.
+VERSION_LDFLAGS := $(shell bash scripts/version.sh 2>/dev/null)
+BUILDFLAGS_ := -ldflags='$(strip $(VERSION_LDFLAGS) $(LDFLAGS))'
 BIN      := bin/kylix
 # Packages where the race detector is affordable on a 2-core machine.
 RACE_PKGS := ./chunkstore/... ./cuda/... ./gpuio/... ./fs/... ./node/... ./internal/...
@@ -13,7 +18,7 @@ export CGO_ENABLED ?= 0
 all: build
 
 build: libkylix
-	$(GO) build $(GOFLAGS_) -o $(BIN) ./cmd/kylix
+	$(GO) build $(BUILDFLAGS_) -o $(BIN) ./cmd/kylix
 
 # libkylix (contrib/libkylix, C11): bin/libkylix.so and its test binaries.
 # Skipped, saying so, where no C compiler is installed (.ci/run installs one).
@@ -74,7 +79,7 @@ run: build
 # then run scripts/gpu-test.sh or scripts/gpu-bench.sh there, carrying .gpu.
 gpu-build:
 	mkdir -p .gpu
-	CGO_ENABLED=0 $(GO) build $(GOFLAGS_) -o .gpu/kylix ./cmd/kylix
+	CGO_ENABLED=0 $(GO) build $(BUILDFLAGS_) -o .gpu/kylix ./cmd/kylix
 	CGO_ENABLED=0 $(GO) test -c $(GOFLAGS_) -o .gpu/cuda.test ./cuda
 	CGO_ENABLED=0 $(GO) test -c $(GOFLAGS_) -o .gpu/gpuio.test ./gpuio
 	CGO_ENABLED=0 $(GO) test -c $(GOFLAGS_) -o .gpu/chunkstore.test ./chunkstore

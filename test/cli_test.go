@@ -41,14 +41,25 @@ func TestCLIConventions(t *testing.T) {
 	out, errs, code = kylix(t, work, "frobnicate", "--data", data)
 	assert.Equal(t, 2, code)
 	assert.Empty(t, out)
-	assert.Contains(t, errs, `kylix: unknown command "frobnicate"`)
-	assert.Contains(t, errs, "Commands:")
+	assert.Equal(t, "kylix: unknown command \"frobnicate\"\nRun 'kylix --help' for the commands and global flags.\n", errs)
 
 	out, errs, code = kylix(t, work, "ls", "--data", data, "-data", data)
 	assert.Equal(t, 2, code)
 	assert.Empty(t, out)
 	assert.Contains(t, errs, "long flags take two dashes: --data")
-	assert.Contains(t, errs, "Usage: kylix ls")
+
+	// A mistyped flag: the mistake, the flag meant, where the usage is;
+	// not 83 lines of usage scrolling the mistake away (issue 23, C.4).
+	out, errs, code = kylix(t, work, "serve", "--moutn", "/x", "--data", data)
+	assert.Equal(t, 2, code)
+	assert.Empty(t, out)
+	assert.Equal(t, "kylix serve: unknown flag: --moutn (did you mean --mount?)\nRun 'kylix serve --help' for its flags and arguments.\n", errs)
+	_, errs, code = kylix(t, work, "--jsn", "ls", "--data", data)
+	assert.Equal(t, 2, code)
+	assert.Equal(t, "kylix: unknown flag: --jsn (did you mean --json?)\nRun 'kylix --help' for the commands and global flags.\n", errs)
+	_, errs, code = kylix(t, work, "lss")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, errs, `kylix: unknown command "lss" (did you mean ls?)`)
 
 	out, _, code = kylix(t, work, "--version")
 	assert.Equal(t, 0, code)

@@ -156,12 +156,16 @@ func TestHelpStreamsAndExitCodes(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{"frobnicate"}, []string{`kylix: unknown command "frobnicate"`, "Commands:"}},
-		{[]string{"lss"}, []string{"Did you mean this?", "ls"}},
-		{[]string{"ls", "--nope"}, []string{"kylix ls: unknown flag: --nope", "Usage: kylix ls"}},
+		{[]string{"frobnicate"}, []string{`kylix: unknown command "frobnicate"` + "\n", "Run 'kylix --help' for the commands"}},
+		{[]string{"lss"}, []string{`kylix: unknown command "lss" (did you mean ls?)`}},
+		{[]string{"ls", "--nope"}, []string{"kylix ls: unknown flag: --nope\n", "Run 'kylix ls --help' for its flags and arguments."}},
+		{[]string{"ls", "--jsn"}, []string{"kylix ls: unknown flag: --jsn (did you mean --json?)"}},
+		{[]string{"ls", "--rec"}, []string{"kylix ls: unknown flag: --rec (did you mean --recursive?)"}},
+		{[]string{"stat", "--chunk=1", "x"}, []string{"kylix stat: unknown flag: --chunk (did you mean --chunks?)"}},
 		{[]string{"--nope", "ls"}, []string{"unknown flag: --nope"}},
+		{[]string{"--jsn", "ls"}, []string{"kylix: unknown flag: --jsn (did you mean --json?)"}},
 		{[]string{"ls", "-data", data}, []string{"unknown shorthand flag: 'd' in -data (long flags take two dashes: --data)"}},
-		{[]string{"ls", "a", "b"}, []string{"kylix ls: wrong number of arguments: got 2, want 0 to 1", "Usage: kylix ls"}},
+		{[]string{"ls", "a", "b"}, []string{"kylix ls: wrong number of arguments: got 2, want 0 to 1 (kylix ls [--data DIR]", "Run 'kylix ls --help'"}},
 		{[]string{"import", "x"}, []string{"kylix import: wrong number of arguments: got 1, want 2"}},
 		{[]string{"load"}, []string{"want at least 1"}},
 		{[]string{"df", "--data"}, []string{"flag needs an argument: --data"}},
@@ -174,6 +178,10 @@ func TestHelpStreamsAndExitCodes(t *testing.T) {
 		r := runIn(t, data, c.args...)
 		assert.Equal(t, 2, r.code, "kylix %v", c.args)
 		assert.Empty(t, r.stdout, "kylix %v", c.args)
+		// The mistake and where the usage is, not a page of usage that
+		// scrolls the mistake away.
+		assert.LessOrEqual(t, strings.Count(r.stderr, "\n"), 2, "kylix %v: %s", c.args, r.stderr)
+		assert.NotContains(t, r.stderr, "Usage:", "kylix %v", c.args)
 		for _, w := range c.want {
 			assert.Contains(t, r.stderr, w, "kylix %v", c.args)
 		}

@@ -241,16 +241,11 @@ func checkConfigDirs(path string) error {
 }
 
 // suggestKey returns `; did you mean "K"?` for the flag of f whose name
-// is nearest to k, if one is near enough.
+// is nearest to k (nearestFlag), if one is near enough.
 func suggestKey(f *flags, k string) string {
-	best, bestD := "", 3 // at most two edits
-	f.VisitAll(func(fl *pflag.Flag) {
-		if _, no := configNotSettable[fl.Name]; no {
-			return
-		}
-		if d := editDistance(strings.ToLower(k), fl.Name); d < bestD {
-			best, bestD = fl.Name, d
-		}
+	best := nearestFlag(f.FlagSet, k, func(fl *pflag.Flag) bool {
+		_, no := configNotSettable[fl.Name]
+		return no
 	})
 	if best == "" {
 		return ""

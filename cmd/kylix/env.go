@@ -178,8 +178,12 @@ func (f *flags) parse(args []string, minArgs, maxArgs int) error {
 		return errHelp
 	}
 	if err != nil {
-		fmt.Fprintf(f.e.stderr, "kylix %s: %v%s\n\n", f.Name(), err, f.dashHint(args))
-		f.Usage()
+		hint := f.dashHint(args)
+		if hint == "" {
+			hint = flagSuggestion(f.FlagSet, err)
+		}
+		fmt.Fprintf(f.e.stderr, "kylix %s: %v%s\n", f.Name(), err, hint)
+		f.helpPointer()
 		return errUsage
 	}
 	if n := f.NArg(); n < minArgs || (maxArgs >= 0 && n > maxArgs) {
@@ -190,11 +194,59 @@ func (f *flags) parse(args []string, minArgs, maxArgs int) error {
 		case maxArgs != minArgs:
 			want = fmt.Sprintf("%d to %d", minArgs, maxArgs)
 		}
-		fmt.Fprintf(f.e.stderr, "kylix %s: wrong number of arguments: got %d, want %s (%s)\n\n", f.Name(), n, want, f.synopsis)
-		f.Usage()
+		fmt.Fprintf(f.e.stderr, "kylix %s: wrong number of arguments: got %d, want %s (kylix %s %s)\n", f.Name(), n, want, f.Name(), f.synopsis)
+		f.helpPointer()
 		return errUsage
 	}
 	return nil
+}
+
+// helpPointer is the line after a usage error: where the usage is, rather
+// than the usage itself (a page of flags would scroll the error away).
+func (f *flags) helpPointer() {
+	fmt.Fprintf(f.e.stderr, "Run 'kylix %s --help' for its flags and arguments.\n", f.Name())
+}
+
+// flagSuggestion returns " (did you mean --NAME?)" for an unknown long
+// flag that is near a flag of fs (nearestFlag), else "".
+func flagSuggestion(fs *pflag.FlagSet, err error) string {
+	var ne *pflag.NotExistError
+	if !errors.As(err, &ne) || ne.GetSpecifiedShortnames() != "" {
+		return ""
+	}
+	if name := nearestFlag(fs, ne.GetSpecifiedName(), nil); name != "" {
+		return fmt.Sprintf(" (did you mean --%s?)", name)
+	}
+	return ""
+}
+
+// nearestFlag returns the name of the visible flag of fs nearest to name:
+// at most two edits away (editDistance; one for names of up to three
+// letters), or, failing that, the one flag name begins with; "" if none.
+// skip, if set, leaves flags out.
+func nearestFlag(fs *pflag.FlagSet, name string, skip func(*pflag.Flag) bool) string {
+	name = strings.ToLower(name)
+	limit := 2
+	if len(name) <= 3 {
+		limit = 1
+	}
+	best, bestD := "", limit+1
+	var prefixed []string
+	fs.VisitAll(func(fl *pflag.Flag) {
+		if fl.Hidden || skip != nil && skip(fl) {
+			return
+		}
+		if d := editDistance(name, fl.Name); d < bestD || d == bestD && fl.Name < best {
+			best, bestD = fl.Name, d
+		}
+		if len(name) >= 2 && strings.HasPrefix(fl.Name, name) {
+			prefixed = append(prefixed, fl.Name)
+		}
+	})
+	if best == "" && len(prefixed) == 1 {
+		best = prefixed[0]
+	}
+	return best
 }
 
 // flagUsages lists the flags of fs as pflag does, without pflag's
@@ -321,17 +373,26 @@ type progress struct {
 	start time.Time
 	last  time.Time
 	shown bool
+	now   func() time.Time // time.Now; tests set it
 }
 
 func newProgress(e *env, label string) *progress {
-	return &progress{e: e, label: label, start: time.Now()}
+	return &progress{e: e, label: label, start: time.Now(), now: time.Now}
+}
+
+// rateKnown says whether done bytes after el are enough to tell a rate (and
+// so an ETA) worth showing: a second, or 5% of the bytes. Before that the
+// rate is mostly the time spent starting (a half-second import once showed
+// an ETA of 21 minutes).
+func rateKnown(done, total int64, el time.Duration) bool {
+	return done > 0 && (el >= time.Second || total > 0 && done*20 >= total)
 }
 
 func (p *progress) update(done, total int64) {
 	if !p.e.tty {
 		return
 	}
-	now := time.Now()
+	now := p.now()
 	if now.Sub(p.last) < 100*time.Millisecond && done < total {
 		return
 	}
@@ -344,16 +405,16 @@ func (p *progress) update(done, total int64) {
 	const width = 30
 	n := int(frac * width)
 	bar := strings.Repeat("=", n) + strings.Repeat(" ", width-n)
-	el := now.Sub(p.start).Seconds()
-	rate := 0.0
-	if el > 0 {
-		rate = float64(done) / el
+	el := now.Sub(p.start)
+	speed := ""
+	if rateKnown(done, total, el) && el > 0 {
+		rate := float64(done) / el.Seconds()
+		speed = " " + human(int64(rate)) + "/s"
+		if total > done {
+			speed += fmt.Sprintf(" ETA %s", time.Duration(float64(total-done)/rate*float64(time.Second)).Round(time.Second))
+		}
 	}
-	eta := ""
-	if rate > 0 && total > done {
-		eta = fmt.Sprintf(" ETA %s", time.Duration(float64(total-done)/rate*float64(time.Second)).Round(time.Second))
-	}
-	fmt.Fprintf(p.e.stderr, "\r%s [%s] %3.0f%% %s/%s %s/s%s   ", p.label, bar, frac*100, human(done), human(total), human(int64(rate)), eta)
+	fmt.Fprintf(p.e.stderr, "\r%s [%s] %3.0f%% %s/%s%s\033[K", p.label, bar, frac*100, human(done), human(total), speed)
 }
 
 func (p *progress) finish() {

@@ -103,6 +103,11 @@ if it is a file.`).withJSON()
 		return f.printJSON(out)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 8, 1, ' ', tabwriter.AlignRight)
+	if len(out) > 0 {
+		// IN MEMORY: the share of the file in the page cache, and
+		// "pinned" when a pin of the node holds it (residentColumn).
+		fmt.Fprintf(tw, "%s\t %s\t %s\t%s\t %s\t%s\t %s\n", "MODE", "UID", "GID", "SIZE", "MODIFIED", " IN MEMORY", "NAME")
+	}
 	for _, le := range out {
 		name := le.Name
 		if le.Kind == "dir" {
@@ -148,6 +153,14 @@ func modeString(c chunkstore.Entry) string {
 		b[0] = 'd'
 	case chunkstore.KindSymlink:
 		b[0] = 'l'
+	case chunkstore.KindFifo:
+		b[0] = 'p'
+	case chunkstore.KindSocket:
+		b[0] = 's'
+	case chunkstore.KindCharDev:
+		b[0] = 'c'
+	case chunkstore.KindBlockDev:
+		b[0] = 'b'
 	}
 	u := chunkstore.UnixMode(c.Mode)
 	for i := range 9 {

@@ -19,6 +19,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"regexp"
 	"sort"
 	"strings"
 	"syscall"
@@ -40,7 +41,7 @@ const exitStatusDoc = `Exit status:
   1    failure: the message on stderr says what went wrong and what to do;
        verify and fsck: problems found (listed on stdout)
   2    usage error: unknown command or flag, wrong number of arguments
-       (the message and the usage go to stderr)
+       (the message on stderr, and which --help to read)
   130  interrupted (Ctrl-C or SIGTERM)
 `
 
@@ -98,12 +99,17 @@ func run(ctx context.Context, e *env, args []string) int {
 	}
 	// cobra's own: an unknown command or flag, or arguments a built-in
 	// command (help, completion) does not take.
-	fmt.Fprintf(e.stderr, "kylix: %s\n", strings.TrimRight(err.Error(), "\n"))
-	if cmd == nil || cmd == root {
-		fmt.Fprintln(e.stderr)
-		rootHelp(e.stderr)
+	// One line saying what is wrong (cobra's suggestions of commands
+	// after it), one saying where the usage is: a page of usage would
+	// scroll the mistake away.
+	if cmd == nil {
+		cmd = root
+	}
+	fmt.Fprintf(e.stderr, "kylix: %s\n", cobraUsageError(root, cmd, err))
+	if cmd == root {
+		fmt.Fprintln(e.stderr, "Run 'kylix --help' for the commands and global flags.")
 	} else {
-		fmt.Fprint(e.stderr, "\n"+cmd.UsageString())
+		fmt.Fprintf(e.stderr, "Run '%s --help' for its usage.\n", cmd.CommandPath())
 	}
 	return exitUsage
 }
@@ -212,6 +218,23 @@ func newRoot(ctx context.Context, e *env) *cobra.Command {
 	}
 	return root
 }
+
+// cobraUsageError words one of cobra's usage errors on one line: an unknown
+// command with the commands near it (cobra's suggestions, which it puts on
+// lines of their own), an unknown flag with the flag near it.
+func cobraUsageError(root, cmd *cobra.Command, err error) string {
+	msg := strings.TrimRight(err.Error(), "\n")
+	if m := unknownCommand.FindStringSubmatch(msg); m != nil {
+		msg = fmt.Sprintf("unknown command %q", m[1])
+		if sug := root.SuggestionsFor(m[1]); len(sug) > 0 {
+			msg += fmt.Sprintf(" (did you mean %s?)", strings.Join(sug, " or "))
+		}
+		return msg
+	}
+	return msg + flagSuggestion(cmd.Flags(), err)
+}
+
+var unknownCommand = regexp.MustCompile(`^unknown command "(.*)" for "kylix"`)
 
 // stripArgs drops flags from args (for help CMD SUBCMD: the words left).
 func stripArgs(args []string) []string {

@@ -31,13 +31,15 @@ type statOut struct {
 	Extent  []chunkstore.Extent `json:"extents,omitempty"`
 	// Contiguous: the whole file is one extent of one pack.
 	Contiguous bool `json:"contiguous"`
-	// WholeFilePack: a pack holding exactly this file from offset 0 (what
-	// FUSE passthrough and the bypass library can read directly).
+	// WholeFilePack: a pack the index alone shows holding exactly this
+	// file from offset 0 (one extent; the layout ioctl's whole-file flag).
 	WholeFilePack string `json:"whole_file_pack,omitempty"`
-	// PassthroughPack: the pack that may hold exactly this file (also one
-	// with duplicates stored in place), handed out for passthrough only
-	// after it passed its check; PassthroughCheck says what checks the
-	// bytes a reader of this file gets.
+	// PassthroughPack: the pack that holds exactly this file, also one
+	// with its repeated chunks stored in place (then WholeFilePack is
+	// empty): what FUSE passthrough and the client socket's PACKS hand
+	// out, only after it passed its check; PassthroughCheck says what
+	// checks the bytes a reader of this file gets. The text output names
+	// it on the one "whole-file pack:" line.
 	PassthroughPack  string `json:"passthrough_pack,omitempty"`
 	PassthroughCheck string `json:"passthrough_check,omitempty"`
 	Entries          int    `json:"entries,omitempty"`
@@ -173,14 +175,7 @@ members hold its chunks in their packs, as the alive members answer.`).withJSON(
 		fmt.Fprintf(w, "here:     %s of %s in this node's packs\n", human(*out.LocalBytes), human(out.Size))
 	}
 	fmt.Fprintf(w, "format:   %s\nchunks:   %d\ncontiguous: %v\n", out.Format, out.NChunk, out.Contiguous)
-	if out.WholeFilePack != "" {
-		fmt.Fprintf(w, "whole-file pack: %s (passthrough-eligible)\n", out.WholeFilePack)
-	} else {
-		fmt.Fprintf(w, "whole-file pack: none (served by the daemon, not passthrough)\n")
-	}
-	if out.PassthroughPack != "" && out.PassthroughPack != out.WholeFilePack {
-		fmt.Fprintf(w, "passthrough pack: %s (duplicates stored in place)\n", out.PassthroughPack)
-	}
+	fmt.Fprintf(w, "whole-file pack: %s\n", wholeFilePackLine(out))
 	fmt.Fprintf(w, "reads checked by: %s\n", out.PassthroughCheck)
 	if out.Cluster != nil {
 		printReplication(w, out.Cluster)
@@ -197,6 +192,22 @@ members hold its chunks in their packs, as the alive members answer.`).withJSON(
 		fmt.Fprintf(w, "  chunk %s @ %d +%d\n", c.ID, c.Off, c.Len)
 	}
 	return nil
+}
+
+// wholeFilePackLine says, once, which pack holds exactly the file. The
+// passthrough pack is the one passthrough and the client socket's PACKS use
+// (chunkstore.File.PassthroughCandidate, after its check); the index may
+// also point each chunk into it (WholeFilePack), or, for a file stored with
+// its duplicates in place, point some chunks elsewhere (the pack still
+// holds them, proven by the check).
+func wholeFilePackLine(out statOut) string {
+	switch {
+	case out.PassthroughPack == "":
+		return "none: the node serves every read (no passthrough)"
+	case out.WholeFilePack == "":
+		return out.PassthroughPack + " (exactly the file, its repeated chunks stored in place; the index, and so the extents below, name their first copy)"
+	}
+	return out.PassthroughPack + " (exactly the file)"
 }
 
 // passthroughCheck returns the file's passthrough pack, if any, and what
