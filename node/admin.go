@@ -270,6 +270,14 @@ func (n *Node) dispatch(ctx context.Context, req Request, c *adminConn) (any, er
 			return nil, err
 		}
 		return n.Import(ctx, r, c.progress())
+	case OpKVStats:
+		return n.KVStats(), nil
+	case OpKVClear:
+		var r KVClearRequest
+		if err := decode(req.Body, &r); err != nil {
+			return nil, err
+		}
+		return n.KVClear(r)
 	case OpLoad:
 		var r LoadRequest
 		if err := decode(req.Body, &r); err != nil {

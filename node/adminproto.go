@@ -56,6 +56,10 @@ const (
 	OpLoad    = "load"
 	OpImport  = "import"
 	OpExec    = "exec"
+	// OpKVStats and OpKVClear: the KV store (kv.go: KVStatsReply,
+	// KVClearRequest, KVClearReply).
+	OpKVStats = "kv-stats"
+	OpKVClear = "kv-clear"
 )
 
 // Request is one admin request.

@@ -30,6 +30,7 @@ import (
 	kfs "github.com/kylix/kylix/fs"
 	"github.com/kylix/kylix/internal/connlimit"
 	"github.com/kylix/kylix/internal/unixsock"
+	"github.com/kylix/kylix/node/kvstore"
 )
 
 // maxClientConnsPerUID caps the client socket's connections of one
@@ -107,6 +108,7 @@ type clientServer struct {
 	stop  context.CancelFunc
 	wg    sync.WaitGroup
 	fill  *fillService
+	kv    *kvstore.Store // nil: KV requests refused (kv.go)
 	mu    sync.Mutex
 	conns map[*net.UnixConn]struct{}
 	// users caps unprivileged uids' connections, privileged root's and
@@ -374,6 +376,9 @@ func (c *clientServer) handle(b []byte, flags int, fds []int, p peer) (clientpro
 	}
 	if err != nil {
 		return h, refuse(err)
+	}
+	if clientproto.IsKV(h.Op) { // no fd of the mount: the caller's uid names its blocks (kv.go)
+		return h, c.kvRequest(h.Op, body, fds, p)
 	}
 	switch h.Op {
 	case clientproto.OpPacks, clientproto.OpStat, clientproto.OpFill:

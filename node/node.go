@@ -19,6 +19,7 @@ import (
 	kfs "github.com/kylix/kylix/fs"
 	"github.com/kylix/kylix/internal/connlimit"
 	"github.com/kylix/kylix/internal/units"
+	"github.com/kylix/kylix/node/kvstore"
 	"github.com/kylix/kylix/peers"
 )
 
@@ -83,6 +84,8 @@ type Config struct {
 	// ReadAheadChunks is chunkstore.Options.ReadAheadChunks (0: default,
 	// negative: none).
 	ReadAheadChunks int
+	// KV is the KV-cache store (docs/design/kv.md; zero: none).
+	KV KVConfig
 	// Exec runs a store command (kylix import, ls, ...) forwarded through
 	// the admin socket as a command line (ExecRequest), against this node;
 	// nil: such requests are refused. cmd/kylix sets it.
@@ -121,6 +124,7 @@ type Node struct {
 	client     *clientServer
 	clientNote string
 	fill       *fillService
+	kv         *kvstore.Store // nil without Config.KV
 	metrics    *nodeMetrics
 	mount      string
 	start      time.Time
@@ -227,6 +231,12 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.onClose(n.pins.close)
+	if n.kv, err = openKV(cfg.KV, data, cfg.Logger); err != nil {
+		return nil, err
+	}
+	if n.kv != nil {
+		n.onClose(n.kv.Close)
+	}
 	if err := n.listenClient(); err != nil {
 		return nil, err
 	}
@@ -247,6 +257,9 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.onClose(n.metrics.close)
+	if n.kv != nil {
+		n.metrics.reg.MustRegister(&kvCollector{n.kv})
+	}
 	ok = true
 	return n, nil
 }
@@ -357,6 +370,7 @@ func (n *Node) Run(ctx context.Context, onReady func(Ready)) error {
 		n.fill = newFillService(n.s, n.pins.hostOrNil(), n.cfg.GPUIdle, n.log)
 		// The connections end first: no FILL runs when the loaders close.
 		n.onClose(func() { n.client.close(); n.fill.close() })
+		n.client.kv = n.kv
 		n.client.serve(n.s, n.fsys, n.fill)
 	}
 	unmounted := make(chan struct{})

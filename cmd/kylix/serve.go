@@ -102,6 +102,7 @@ names. Example and details: docs/examples/kylix.toml, docs/design/peers.md.`)
 	pinBudget := f.String("pin-budget", node.DefaultPinBudget, "most memory pins may lock (kylix pin): a size (64GiB) or a share of physical memory (50%); 0: no pins")
 	metricsAddr := f.String("metrics", "", "serve Prometheus metrics over HTTP at this address, e.g. 127.0.0.1:9477 (port 0: any free port; default: off). They name no paths, but anyone who can reach the address can read them")
 	pf := addPeerFlags(f)
+	kvf := addKVFlags(f)
 	if err := f.parse(args, 0, 0); err != nil {
 		return err
 	}
@@ -119,6 +120,10 @@ names. Example and details: docs/examples/kylix.toml, docs/design/peers.md.`)
 	budget, err := node.ParsePinBudget(*pinBudget)
 	if err != nil {
 		return fmt.Errorf("serve: --%w", err)
+	}
+	kv, err := kvf.config()
+	if err != nil {
+		return err
 	}
 	if e.node != nil {
 		return fmt.Errorf("serve: a node already runs for this data directory")
@@ -142,7 +147,7 @@ names. Example and details: docs/examples/kylix.toml, docs/design/peers.md.`)
 		DataDir: f.data, Mount: *mnt, ClientSocket: *clientSock, GPUIdle: *gpuIdle,
 		NoPassthrough: *noPT, Debug: *debug, Reserve: &reserve, ScrubRate: orNone(*scrubRate),
 		PinBudget: orNone(budget), Metrics: *metricsAddr, StopTimeout: *stopTimeout,
-		Cluster: cluster, ReadAheadChunks: pf.readAheadChunks(), Exec: execInNode,
+		Cluster: cluster, ReadAheadChunks: pf.readAheadChunks(), Exec: execInNode, KV: kv,
 		Logger: log, Version: buildVersion().String(),
 	}
 	n, err := node.New(cfg)

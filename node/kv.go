@@ -1,0 +1,262 @@
+package node
+
+// The KV-cache tier (docs/design/kv.md): a kvstore.Store the node opens
+// when Config.KV gives it a host-memory budget, served on the client socket
+// (KV_PUT, KV_GET, KV_CONTAINS, KV_STATS, KV_CLEAR of package clientproto;
+// the namespace is the caller's uid) and to the node's user on the admin
+// socket (OpKVStats, OpKVClear).
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kylix/kylix/clientproto"
+	"github.com/kylix/kylix/node/kvstore"
+)
+
+// Defaults and limits of KVConfig.
+const (
+	// DefaultKVBlockSize is the block size when KVConfig.BlockSize is 0.
+	DefaultKVBlockSize = 2 << 20
+	// MaxKVBlockSize bounds a block (one read of a buffer per block).
+	MaxKVBlockSize = 1 << 30
+	// KVDirName is the disk tier's directory in the data directory, apart
+	// from the packs: model GC and KV eviction never meet.
+	KVDirName = "kv"
+)
+
+// KVConfig is the KV-cache store of a node (Config.KV).
+type KVConfig struct {
+	// BlockSize is the size of every block; 0: DefaultKVBlockSize.
+	BlockSize int
+	// MemBudget is the host tier's bytes; 0: no KV store at all (every
+	// KV request is refused, saying so).
+	MemBudget int64
+	// DiskBudget is the disk tier's bytes (DATA/kv); 0: none.
+	DiskBudget int64
+}
+
+// KVStatsReply is the reply of OpKVStats.
+type KVStatsReply struct {
+	// Enabled: the node has a KV store; else Note says why not.
+	Enabled bool           `json:"enabled"`
+	Note    string         `json:"note,omitempty"`
+	Stats   *kvstore.Stats `json:"stats,omitempty"`
+}
+
+// KVClearRequest is OpKVClear: the blocks of one uid, or All.
+type KVClearRequest struct {
+	UID uint32 `json:"uid"`
+	All bool   `json:"all"`
+}
+
+// KVClearReply is the reply of OpKVClear.
+type KVClearReply struct {
+	Blocks int `json:"blocks"`
+}
+
+// errNoKV: a KV request to a node without a KV store.
+var errNoKV = fmt.Errorf("this node has no KV store (start it with kylix serve --kv-mem SIZE): %w", syscall.EOPNOTSUPP)
+
+// openKV opens the node's KV store (nil when cfg has no memory budget).
+func openKV(cfg KVConfig, dataDir string, log *slog.Logger) (*kvstore.Store, error) {
+	if cfg.MemBudget <= 0 {
+		return nil, nil
+	}
+	if cfg.BlockSize == 0 {
+		cfg.BlockSize = DefaultKVBlockSize
+	}
+	if cfg.BlockSize < 0 || cfg.BlockSize > MaxKVBlockSize {
+		return nil, fmt.Errorf("serve: KV block size %d: it must be between 1 byte and %s", cfg.BlockSize, human(MaxKVBlockSize))
+	}
+	s, err := kvstore.Open(kvstore.Options{BlockSize: cfg.BlockSize, MemBudget: cfg.MemBudget, DiskBudget: cfg.DiskBudget,
+		Dir: filepath.Join(dataDir, KVDirName), Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	return s, nil
+}
+
+// KVStats is OpKVStats.
+func (n *Node) KVStats() KVStatsReply {
+	if n.kv == nil {
+		return KVStatsReply{Note: errNoKV.Error()}
+	}
+	st := n.kv.Stats()
+	return KVStatsReply{Enabled: true, Stats: &st}
+}
+
+// KVClear is OpKVClear.
+func (n *Node) KVClear(r KVClearRequest) (KVClearReply, error) {
+	if n.kv == nil {
+		return KVClearReply{}, errNoKV
+	}
+	return KVClearReply{Blocks: n.kv.Clear(r.UID, r.All)}, nil
+}
+
+// kvRequest answers a KV op of the client socket. The namespace is the
+// caller's uid: a request can only name the caller's own blocks.
+func (c *clientServer) kvRequest(op uint16, body []byte, fds []int, p peer) reply {
+	kv := c.kv
+	if kv == nil {
+		return refuse(errNoKV)
+	}
+	if !p.ok {
+		return refuse(fmt.Errorf("the caller's uid could not be read (SO_PEERCRED), and KV blocks are kept per uid: %w", syscall.EPERM))
+	}
+	wantFds := 0
+	if op == clientproto.OpKVPut || op == clientproto.OpKVGet {
+		wantFds = 1
+	}
+	if len(fds) != wantFds {
+		return refuse(fmt.Errorf("KV op %d carries %d fds (SCM_RIGHTS), got %d: %w", op, wantFds, len(fds), syscall.EBADF))
+	}
+	bs := uint32(kv.BlockSize())
+	switch op {
+	case clientproto.OpKVStats, clientproto.OpKVClear:
+		if len(body) != 0 {
+			return refuse(fmt.Errorf("op %d takes an empty body: %w", op, syscall.EINVAL))
+		}
+		var cleared int
+		if op == clientproto.OpKVClear {
+			cleared = kv.Clear(p.uid, false)
+		}
+		st := kv.Stats()
+		mine, mineDisk := kv.NSStats(p.uid)
+		r := clientproto.KVStatsReply{BlockSize: bs, MemBudget: uint64(st.Memory.Budget), MemBytes: uint64(st.Memory.Bytes),
+			DiskBudget: uint64(st.Disk.Budget), DiskBytes: uint64(st.Disk.Bytes), MyMemBlocks: uint64(mine), MyDiskBlocks: uint64(mineDisk), Cleared: uint64(cleared)}
+		if st.Disk.Budget > 0 {
+			r.Flags |= clientproto.KVStatsDisk
+		}
+		return reply{fields: r.Append(nil)}
+	case clientproto.OpKVContains:
+		keys, err := clientproto.ParseKVKeys(body)
+		if err != nil {
+			return refuse(err)
+		}
+		tiers := make([]byte, len(keys))
+		for i, k := range keys {
+			tiers[i] = byte(kv.Contains(kvstore.Key{NS: p.uid, ID: k}))
+		}
+		return reply{fields: clientproto.AppendKVTiers(nil, bs, tiers)}
+	}
+	r, err := clientproto.ParseKVBlocks(body)
+	if err != nil {
+		return refuse(err)
+	}
+	if r.Device != clientproto.KVDeviceHost {
+		return refuse(fmt.Errorf("KV blocks in GPU memory (device %d) are not supported by this node yet: send a host buffer (device 0x%x): %w", r.Device, uint32(clientproto.KVDeviceHost), syscall.EOPNOTSUPP))
+	}
+	fd := fds[0]
+	if err := checkKVBuffer(fd, op == clientproto.OpKVGet, r.BufOffset, uint64(len(r.Keys))*uint64(bs)); err != nil {
+		return refuse(err)
+	}
+	if op == clientproto.OpKVPut {
+		status := make([]int32, len(r.Keys))
+		for i, k := range r.Keys {
+			b := make([]byte, bs)
+			if err := preadFull(fd, b, int64(r.BufOffset)+int64(i)*int64(bs)); err != nil {
+				return refuse(fmt.Errorf("reading block %d from the caller's buffer: %w", i, err))
+			}
+			if err := kv.Put(kvstore.Key{NS: p.uid, ID: k}, b); err != nil {
+				status[i] = -int32(kvErrno(err))
+			}
+		}
+		return reply{fields: clientproto.AppendKVPut(nil, bs, status)}
+	}
+	tiers := make([]byte, len(r.Keys))
+	for i, k := range r.Keys {
+		off := int64(r.BufOffset) + int64(i)*int64(bs)
+		t, err := kv.Get(kvstore.Key{NS: p.uid, ID: k}, func(b []byte) error { return pwriteFull(fd, b, off) })
+		if err != nil {
+			return refuse(fmt.Errorf("writing block %d into the caller's buffer: %w", i, err))
+		}
+		tiers[i] = byte(t)
+	}
+	return reply{fields: clientproto.AppendKVTiers(nil, bs, tiers)}
+}
+
+// kvErrno is the per-key status of a refused put.
+func kvErrno(err error) syscall.Errno {
+	switch {
+	case errors.Is(err, kvstore.ErrFull):
+		return syscall.ENOSPC
+	case errors.Is(err, kvstore.ErrSize):
+		return syscall.EINVAL
+	case errors.Is(err, kvstore.ErrClosed):
+		return syscall.ESHUTDOWN
+	}
+	return syscall.EIO
+}
+
+// checkKVBuffer checks the caller's buffer fd: a regular file on tmpfs
+// (memfd_create or /dev/shm: never a pipe, socket or FUSE file that could
+// stall the node), opened for reading (put) or writing (get; the fd's own
+// access mode is what lets the node write, never the node's rights), and
+// at least off+n bytes long (the node does not grow it).
+func checkKVBuffer(fd int, write bool, off, n uint64) error {
+	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	if err != nil {
+		return fmt.Errorf("KV buffer fd: %w", err)
+	}
+	acc := fl & unix.O_ACCMODE
+	switch {
+	case fl&unix.O_PATH != 0:
+		return fmt.Errorf("KV buffer fd is an O_PATH fd: %w", syscall.EBADF)
+	case write && acc == unix.O_RDONLY:
+		return fmt.Errorf("KV_GET writes into the buffer: its fd must be open for writing: %w", syscall.EBADF)
+	case !write && acc == unix.O_WRONLY:
+		return fmt.Errorf("KV_PUT reads the buffer: its fd must be open for reading: %w", syscall.EBADF)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("KV buffer fd: %w", err)
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &sfs); err != nil {
+		return fmt.Errorf("KV buffer fd: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || sfs.Type != unix.TMPFS_MAGIC {
+		return fmt.Errorf("KV buffer must be a regular file in memory (memfd_create or /dev/shm): %w", syscall.EINVAL)
+	}
+	if size := uint64(st.Size); off > size || n > size-off {
+		return fmt.Errorf("KV blocks at %d..+%d lie past the buffer's %d bytes: %w", off, n, size, syscall.EFAULT)
+	}
+	return nil
+}
+
+func preadFull(fd int, b []byte, off int64) error {
+	for len(b) > 0 {
+		n, err := unix.Pread(fd, b, off)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return fmt.Errorf("the buffer ended early: %w", syscall.EFAULT)
+		}
+		b, off = b[n:], off+int64(n)
+	}
+	return nil
+}
+
+func pwriteFull(fd int, b []byte, off int64) error {
+	for len(b) > 0 {
+		n, err := unix.Pwrite(fd, b, off)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		b, off = b[n:], off+int64(n)
+	}
+	return nil
+}

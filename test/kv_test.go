@@ -1,0 +1,369 @@
+package test
+
+// The KV-cache store through the real node (docs/design/kv.md): kylix
+// serve with --kv-mem/--kv-disk, the client socket's KV ops with a memfd
+// buffer, another uid's namespace, a restart, a flipped byte on disk, the
+// CLI (kylix kv stats/clear) and the metrics.
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/kylix/kylix/clientproto"
+	"github.com/kylix/kylix/internal/testneeds"
+)
+
+const kvBlock = 64 << 10
+
+// kvKey is the test's key i; kvBlockOf its block (a function of the key
+// and of who put it, so a block read back names its writer).
+func kvKey(i int) [32]byte {
+	var k [32]byte
+	copy(k[:], fmt.Sprintf("prefix-%d", i))
+	return k
+}
+
+func kvBlockOf(i int, who string) []byte {
+	return randomBytes(kvBlock, uint64(i)*1000+uint64(len(who))*7+uint64(who[0]))
+}
+
+// memBuf is a memfd of n blocks.
+func memBuf(t testing.TB, n int) int {
+	t.Helper()
+	fd, err := unix.MemfdCreate("kv-test", unix.MFD_CLOEXEC)
+	require.NoError(t, err)
+	t.Cleanup(func() { unix.Close(fd) })
+	require.NoError(t, unix.Ftruncate(fd, int64(n*kvBlock)))
+	return fd
+}
+
+func kvBody(keys ...[32]byte) []byte {
+	return clientproto.KVBlocksRequest{Device: clientproto.KVDeviceHost, Keys: keys}.Append(nil)
+}
+
+// kvPut puts blocks (of blockOf) under keys ids; the per-key statuses.
+func (c *clientConn) kvPut(fd int, who string, ids ...int) []int32 {
+	c.t.Helper()
+	keys := make([][32]byte, len(ids))
+	for j, i := range ids {
+		keys[j] = kvKey(i)
+		_, err := unix.Pwrite(fd, kvBlockOf(i, who), int64(j*kvBlock))
+		require.NoError(c.t, err)
+	}
+	r := c.req(clientproto.OpKVPut, kvBody(keys...), fd)
+	require.Zero(c.t, r.status, r.msg)
+	bs, st, err := clientproto.ParseKVPut(r.fields)
+	require.NoError(c.t, err)
+	require.Equal(c.t, uint32(kvBlock), bs)
+	return st
+}
+
+// kvGet gets keys ids and checks every hit is who's block; the tiers.
+func (c *clientConn) kvGet(fd int, who string, ids ...int) []byte {
+	c.t.Helper()
+	keys := make([][32]byte, len(ids))
+	for j, i := range ids {
+		keys[j] = kvKey(i)
+	}
+	zero := make([]byte, len(ids)*kvBlock)
+	_, err := unix.Pwrite(fd, zero, 0)
+	require.NoError(c.t, err)
+	r := c.req(clientproto.OpKVGet, kvBody(keys...), fd)
+	require.Zero(c.t, r.status, r.msg)
+	_, tiers, err := clientproto.ParseKVTiers(r.fields)
+	require.NoError(c.t, err)
+	require.Len(c.t, tiers, len(ids))
+	for j, i := range ids {
+		got := make([]byte, kvBlock)
+		_, err := unix.Pread(fd, got, int64(j*kvBlock))
+		require.NoError(c.t, err)
+		if tiers[j] == clientproto.KVMiss {
+			require.True(c.t, bytes.Equal(got, make([]byte, kvBlock)), "a miss writes nothing (key %d)", i)
+		} else {
+			require.True(c.t, bytes.Equal(got, kvBlockOf(i, who)), "key %d from tier %d is not %s's block", i, tiers[j], who)
+		}
+	}
+	return tiers
+}
+
+func (c *clientConn) kvContains(ids ...int) []byte {
+	c.t.Helper()
+	keys := make([][32]byte, len(ids))
+	for j, i := range ids {
+		keys[j] = kvKey(i)
+	}
+	r := c.req(clientproto.OpKVContains, clientproto.AppendKVKeys(nil, keys))
+	require.Zero(c.t, r.status, r.msg)
+	_, tiers, err := clientproto.ParseKVTiers(r.fields)
+	require.NoError(c.t, err)
+	return tiers
+}
+
+func startKVNode(t *testing.T, data, mnt string, extra ...string) (*node, string) {
+	t.Helper()
+	sockDir := t.TempDir()
+	os.Chmod(sockDir, 0o755)
+	sock := filepath.Join(sockDir, "client.sock")
+	args := append([]string{"--client-socket", sock, "--kv-block", "64KiB", "--kv-mem", "256KiB", "--kv-disk", "1MiB"}, extra...)
+	n := launchNode(t, data, mnt, nil, func() bool { return clientAnswers(sock) }, args...)
+	killOnFailure(t, n)
+	return n, sock
+}
+
+type kvCLIStats struct {
+	Enabled bool `json:"enabled"`
+	Stats   struct {
+		BlockSize int `json:"block_size"`
+		Memory    struct {
+			Blocks, Hits int64
+		} `json:"memory"`
+		Disk struct {
+			Blocks, Hits int64
+		} `json:"disk"`
+		Puts, Refused, Misses, Dirty int64
+		VerifyFailures               int64 `json:"verify_failures"`
+	} `json:"stats"`
+}
+
+func kvStatsCLI(t *testing.T, data string) kvCLIStats {
+	t.Helper()
+	var st kvCLIStats
+	require.NoError(t, json.Unmarshal([]byte(mustKylix(t, "", "kv", "stats", "--data", data, "--json")), &st))
+	return st
+}
+
+// TestKVThroughClientSocket: blocks put through the client socket come
+// back byte-equal from memory and from disk, in LRU order; they survive a
+// restart; a flipped byte on disk is a miss; the refusals; the CLI and
+// the metrics count it all.
+func TestKVThroughClientSocket(t *testing.T) {
+	requireFUSE(t)
+	data, mnt := dirs(t)
+	addr := freeAddr(t)
+	n, sock := startKVNode(t, data, mnt, "--metrics", addr)
+	c := dialClient(t, sock)
+	fd := memBuf(t, 16)
+
+	// 4 blocks fit the host tier, 15 the disk tier (1 MiB / 68 KiB files).
+	require.Equal(t, []int32{0, 0, 0, 0}, c.kvPut(fd, "root", 0, 1, 2, 3))
+	assert.Equal(t, []byte{1, 1, 1, 1}, c.kvGet(fd, "root", 0, 1, 2, 3), "all in memory")
+	assert.Equal(t, []byte{0}, c.kvGet(fd, "root", 99), "never put: a miss")
+	// Later puts push the least recently used out of memory once they are
+	// on disk; a put refused for room is retried as a scheduler would.
+	for i := 4; i < 8; i++ {
+		for attempt := 0; ; attempt++ {
+			st := c.kvPut(fd, "root", i)
+			if st[0] == 0 {
+				break
+			}
+			require.Equal(t, -int32(syscall.ENOSPC), st[0], "a put is stored or refused for room")
+			require.Less(t, attempt, 10000, "the host tier never made room")
+		}
+	}
+	mustKylix(t, "", "kv", "stats", "--data", data) // text form runs
+	tiers := c.kvGet(fd, "root", 0, 1, 2, 3, 4, 5, 6, 7)
+	for i, tr := range tiers {
+		assert.NotEqual(t, byte(0), tr, "key %d", i)
+	}
+	assert.Contains(t, tiers, byte(clientproto.KVDisk), "some blocks came from disk: %v", tiers)
+
+	// Refusals, each answered and the node serving on.
+	other := memBuf(t, 1)
+	for _, x := range []struct {
+		name string
+		op   uint16
+		body []byte
+		fds  []int
+		want syscall.Errno
+	}{
+		{"GPU device", clientproto.OpKVGet, clientproto.KVBlocksRequest{Device: 0, Keys: [][32]byte{kvKey(0)}}.Append(nil), []int{fd}, syscall.EOPNOTSUPP},
+		{"no buffer", clientproto.OpKVGet, kvBody(kvKey(0)), nil, syscall.EBADF},
+		{"buffer too short", clientproto.OpKVGet, kvBody(kvKey(0), kvKey(1)), []int{other}, syscall.EFAULT},
+		{"read-only buffer for a get", clientproto.OpKVGet, kvBody(kvKey(0)), []int{roFd(t, fd)}, syscall.EBADF},
+		{"buffer not in memory", clientproto.OpKVPut, kvBody(kvKey(0)), []int{diskFile(t)}, syscall.EINVAL},
+		{"a pipe", clientproto.OpKVPut, kvBody(kvKey(0)), []int{pipeFd(t)}, syscall.EINVAL},
+		{"no keys", clientproto.OpKVPut, kvBody(), []int{fd}, syscall.EINVAL},
+		{"contains with an fd", clientproto.OpKVContains, clientproto.AppendKVKeys(nil, [][32]byte{kvKey(0)}), []int{fd}, syscall.EBADF},
+		{"stats with a body", clientproto.OpKVStats, []byte{0}, nil, syscall.EINVAL},
+	} {
+		r := c.req(x.op, x.body, x.fds...)
+		assert.Equal(t, -int32(x.want), r.status, "%s: %s", x.name, r.msg)
+	}
+	big := kvBody(kvKey(0))
+	le32 := func(b []byte, v uint32) { b[0], b[1], b[2], b[3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24) }
+	le32(big[8:], clientproto.MaxKVKeys+1)
+	assert.Equal(t, -int32(syscall.E2BIG), c.req(clientproto.OpKVGet, big, fd).status)
+
+	st := kvStatsCLI(t, data)
+	require.True(t, st.Enabled)
+	assert.Equal(t, kvBlock, st.Stats.BlockSize)
+	assert.Positive(t, st.Stats.Disk.Hits)
+	assert.Positive(t, st.Stats.Memory.Hits)
+	m := metrics(t, "http://"+addr+"/metrics")
+	assert.Equal(t, float64(st.Stats.Disk.Hits), m[`kylix_kv_hits_total{tier="disk"}`])
+	assert.Equal(t, float64(st.Stats.Memory.Hits), m[`kylix_kv_hits_total{tier="memory"}`])
+	assert.Equal(t, float64(st.Stats.Misses), m[`kylix_kv_misses_total`])
+
+	// Restart: the blocks are on disk (SIGTERM writes what is queued).
+	n.stop()
+	p := filepath.Join(data, "kv", "00000000", fmt.Sprintf("%x.kvb", kvKey(5)))
+	b, err := os.ReadFile(p)
+	require.NoError(t, err, "block 5's file")
+	b[100] ^= 1
+	require.NoError(t, os.WriteFile(p, b, 0o600))
+	_, sock = startKVNode(t, data, mnt)
+	c = dialClient(t, sock)
+	assert.Equal(t, []byte{2, 2, 2, 2, 2}, c.kvContains(0, 1, 2, 6, 7))
+	assert.Equal(t, []byte{2, 2, 0, 2}, c.kvGet(fd, "root", 0, 1, 5, 7), "after the restart, from disk; 5's flipped byte is a miss")
+	assert.Equal(t, []byte{0}, c.kvContains(5), "the damaged block is dropped")
+	assert.Equal(t, int64(1), kvStatsCLI(t, data).Stats.VerifyFailures)
+
+	// kylix kv clear drops every block, memory and disk.
+	assert.Contains(t, mustKylix(t, "", "kv", "clear", "--data", data), "dropped")
+	assert.Equal(t, []byte{0, 0, 0}, c.kvContains(0, 1, 7))
+	ents, _ := os.ReadDir(filepath.Join(data, "kv", "00000000"))
+	assert.Empty(t, ents, "no block files left")
+}
+
+func roFd(t *testing.T, fd int) int {
+	f, err := os.Open(fmt.Sprintf("/proc/self/fd/%d", fd))
+	require.NoError(t, err)
+	t.Cleanup(func() { f.Close() })
+	return int(f.Fd())
+}
+
+func diskFile(t *testing.T) int {
+	p := filepath.Join(t.TempDir(), "buf")
+	require.NoError(t, os.WriteFile(p, make([]byte, kvBlock), 0o600))
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { f.Close() })
+	return int(f.Fd())
+}
+
+func pipeFd(t *testing.T) int {
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	t.Cleanup(func() { r.Close(); w.Close() })
+	return int(r.Fd())
+}
+
+// TestKVNodeWithoutKV: a node started without --kv-mem refuses KV ops,
+// saying how to have them; kylix kv stats says there is none.
+func TestKVNodeWithoutKV(t *testing.T) {
+	requireFUSE(t)
+	data, mnt := dirs(t)
+	_, sock := startClientNode(t, data, mnt)
+	c := dialClient(t, sock)
+	r := c.req(clientproto.OpKVStats, nil)
+	assert.Equal(t, -int32(syscall.EOPNOTSUPP), r.status)
+	assert.Contains(t, r.msg, "--kv-mem")
+	assert.Contains(t, mustKylix(t, "", "kv", "stats", "--data", data), "kv: none")
+}
+
+// TestKVNamespacePerUID: blocks are kept per uid. uid 65534, through the
+// real socket, cannot see or read root's block under the same key, gets
+// its own block back under it, and clears only its own; kylix kv clear
+// --uid drops one uid's blocks. Many clients of both uids at once.
+func TestKVNamespacePerUID(t *testing.T) {
+	requireFUSE(t)
+	testneeds.Command(t, "setpriv", "util-linux")
+	data, mnt := dirs(t)
+	_, sock := startKVNode(t, data, mnt)
+	for d := filepath.Dir(sock); d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		os.Chmod(d, 0o755) // let uid 65534 reach the socket
+	}
+	c := dialClient(t, sock)
+	fd := memBuf(t, 4)
+	require.Equal(t, []int32{0, 0}, c.kvPut(fd, "root", 1, 2))
+
+	bin := selfForOtherUser(t, t.TempDir())
+	helper := func(step string) string {
+		cmd := exec.Command("setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+			bin, "-test.run", "^TestKVHelperProcess$", "-test.v")
+		cmd.Env = append(os.Environ(), "KYLIX_KV_HELPER="+step, "KYLIX_BIN="+kylixBin, "KYLIX_HELPER_SOCK="+sock)
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "helper as uid 65534 (%s):\n%s", step, out)
+		return string(out)
+	}
+	out := helper("first")
+	for _, want := range []string{"contains root's keys: [0 0]", "get root's keys: [0 0]", "own put: [0]", "own get: [1]"} {
+		assert.Contains(t, out, want)
+	}
+	// root still reads its own block under key 1, not the other uid's.
+	assert.Equal(t, []byte{1, 1}, c.kvGet(fd, "root", 1, 2))
+
+	// Both uids at once, on the same keys: each reads only its own.
+	var wg sync.WaitGroup
+	errs := make(chan string, 8)
+	for g := range 4 {
+		wg.Go(func() {
+			cc := dialClient(t, sock)
+			buf := memBuf(t, 2)
+			for i := range 20 {
+				id := 1 + (g+i)%2
+				cc.kvPut(buf, "root", id)
+				cc.kvGet(buf, "root", id, 3-id)
+			}
+		})
+	}
+	wg.Go(func() {
+		if out := helper("race"); !strings.Contains(out, "race ok") {
+			errs <- out
+		}
+	})
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Errorf("helper: %s", e)
+	}
+
+	out = helper("clear")
+	assert.Contains(t, out, "cleared 1")
+	assert.Equal(t, []byte{1, 1}, c.kvGet(fd, "root", 1, 2), "the other uid's clear leaves root's blocks")
+	helper("first")
+	assert.Contains(t, mustKylix(t, "", "kv", "clear", "--data", data, "--uid", "65534"), "dropped 1 blocks of uid 65534")
+	assert.Equal(t, []byte{1, 1}, c.kvContains(1, 2))
+}
+
+// TestKVHelperProcess is the client run as uid 65534 by
+// TestKVNamespacePerUID (skipped otherwise).
+func TestKVHelperProcess(t *testing.T) {
+	step := os.Getenv("KYLIX_KV_HELPER")
+	if step == "" {
+		t.Skip("helper process")
+	}
+	c := dialClient(t, os.Getenv("KYLIX_HELPER_SOCK"))
+	fd := memBuf(t, 2)
+	switch step {
+	case "first":
+		fmt.Printf("contains root's keys: %v\n", c.kvContains(1, 2))
+		fmt.Printf("get root's keys: %v\n", c.kvGet(fd, "other", 2, 2)) // checks nothing was written
+		fmt.Printf("own put: %v\n", c.kvPut(fd, "other", 1))
+		fmt.Printf("own get: %v\n", c.kvGet(fd, "other", 1)) // checks the bytes are this uid's
+	case "race":
+		for i := range 20 {
+			c.kvPut(fd, "other", 1)
+			c.kvGet(fd, "other", 1, 2-i%2) // 2 is never this uid's: a miss
+		}
+		fmt.Println("race ok")
+	case "clear":
+		r := c.req(clientproto.OpKVClear, nil)
+		require.Zero(t, r.status, r.msg)
+		st, err := clientproto.ParseKVStats(r.fields)
+		require.NoError(t, err)
+		fmt.Printf("cleared %d\n", st.Cleared)
+	}
+}
