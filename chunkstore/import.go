@@ -62,8 +62,11 @@ type ImportResult struct {
 	Bytes      int64 `json:"bytes"`
 	NewBytes   int64 `json:"new_bytes"`
 	DedupBytes int64 `json:"dedup_bytes"`
-	// Skipped lists sources that are neither regular files, directories nor
-	// symlinks (sockets, devices, FIFOs), with the reason.
+	// Special counts fifos, sockets and device nodes, stored as metadata
+	// (type, mode, owner, mtime, device number).
+	Special int `json:"special"`
+	// Skipped lists sources that could not be stored (a type the
+	// namespace has no kind for), with the reason.
 	Skipped []string `json:"skipped,omitempty"`
 	// Notes lists files stored differently than their names suggest (a
 	// .safetensors file with a malformed header, for instance).
@@ -139,7 +142,7 @@ func (s *Store) Import(ctx context.Context, src, dest string, opts ImportOptions
 		return res, err
 	}
 	if e.Kind == 0 {
-		return res, fmt.Errorf("import %s: %s is not a regular file, directory or symlink", src, fileMode(st.Mode).Type())
+		return res, fmt.Errorf("import %s: %s is not a file type the namespace stores", src, fileMode(st.Mode).Type())
 	}
 	if err := im.Close(); err != nil {
 		return res, err
@@ -266,9 +269,18 @@ func (w *importWalk) opened(ctx context.Context, fd int, st *unix.Stat_t, dirfd 
 		return e, w.dir(ctx, fd, &e, rel, p)
 	case unix.S_IFLNK:
 		return w.link(ctx, fd, st, dirfd, name, e, rel, p)
+	case unix.S_IFIFO, unix.S_IFSOCK, unix.S_IFCHR, unix.S_IFBLK:
+		// Metadata only, from the fstat of the O_PATH descriptor: the
+		// node itself is never opened.
+		e.Kind = map[uint32]Kind{unix.S_IFIFO: KindFifo, unix.S_IFSOCK: KindSocket, unix.S_IFCHR: KindCharDev, unix.S_IFBLK: KindBlockDev}[st.Mode&unix.S_IFMT]
+		if e.Kind.IsDevice() {
+			e.Rdev = st.Rdev
+		}
+		w.res.Special++
+		return e, nil
 	}
 	if rel != "" {
-		w.res.Skipped = append(w.res.Skipped, fmt.Sprintf("%s: %s is not a regular file, directory or symlink", p, fileMode(st.Mode).Type()))
+		w.res.Skipped = append(w.res.Skipped, fmt.Sprintf("%s: %s is not a file type the namespace stores", p, fileMode(st.Mode).Type()))
 	}
 	return Entry{}, nil
 }
@@ -564,6 +576,25 @@ func (s *Store) exportEntry(ctx context.Context, e Entry, dirfd int, name, dest 
 				return fmt.Errorf("export %s: owner: %w", dest, err)
 			}
 		}
+	case KindFifo, KindSocket, KindCharDev, KindBlockDev:
+		if opts.Overwrite {
+			// Removes what is at name itself, never a link's target; a
+			// directory there stays (and mknod then fails).
+			if err := unix.Unlinkat(dirfd, name, 0); err != nil && err != unix.ENOENT && err != unix.EISDIR {
+				return fmt.Errorf("export %s: %w", dest, err)
+			}
+		}
+		if e.Kind.IsDevice() && os.Geteuid() != 0 {
+			// mknod(2) of a device needs CAP_MKNOD: not an error for
+			// the rest of the tree, but said.
+			if opts.Note != nil {
+				opts.Note(fmt.Sprintf("%s: %v %d:%d not created (export is not running as root; making a device node needs CAP_MKNOD)", dest, e.Kind, unix.Major(e.Rdev), unix.Minor(e.Rdev)))
+			}
+			return nil
+		}
+		if err := mknodBeneath(dirfd, name, e, exportMode(e, dest, opts)); err != nil {
+			return fmt.Errorf("export %s: %w", dest, err)
+		}
 	case KindFile:
 		if !opts.Overwrite {
 			var st unix.Stat_t
@@ -615,23 +646,28 @@ func (s *Store) exportEntry(ctx context.Context, e Entry, dirfd int, name, dest 
 // setgid, which would otherwise grant that user's rights rather than the
 // recorded owner's; each bit dropped is reported through opts.Note.
 func restoreMeta(f *os.File, e Entry, dest string, opts ExportOptions) error {
-	mode := e.Mode & EntryModeMask
-	if os.Geteuid() == 0 {
-		if e.UID != OwnerUnknown {
-			if err := f.Chown(int(e.UID), int(e.GID)); err != nil {
-				return fmt.Errorf("export %s: owner: %w", dest, err)
-			}
+	if os.Geteuid() == 0 && e.UID != OwnerUnknown {
+		if err := f.Chown(int(e.UID), int(e.GID)); err != nil {
+			return fmt.Errorf("export %s: owner: %w", dest, err)
 		}
-	} else if mode&(fs.ModeSetuid|fs.ModeSetgid) != 0 {
+	}
+	if err := f.Chmod(exportMode(e, dest, opts)); err != nil {
+		return fmt.Errorf("export %s: mode: %w", dest, err)
+	}
+	return nil
+}
+
+// exportMode is the mode export gives e: the recorded one, less setuid
+// and setgid when not run as root (see restoreMeta), which is noted.
+func exportMode(e Entry, dest string, opts ExportOptions) fs.FileMode {
+	mode := e.Mode & EntryModeMask
+	if os.Geteuid() != 0 && mode&(fs.ModeSetuid|fs.ModeSetgid) != 0 {
 		mode &^= fs.ModeSetuid | fs.ModeSetgid
 		if opts.Note != nil {
 			opts.Note(fmt.Sprintf("%s: setuid/setgid not restored (recorded mode %#o; export is not running as root, so owners are not restored either)", dest, UnixMode(e.Mode)))
 		}
 	}
-	if err := f.Chmod(mode); err != nil {
-		return fmt.Errorf("export %s: mode: %w", dest, err)
-	}
-	return nil
+	return mode
 }
 
 // createTemp creates a new file in the directory dirfd, next to name,

@@ -174,7 +174,21 @@ const (
 	KindFile    Kind = 1
 	KindDir     Kind = 2
 	KindSymlink Kind = 3
+	// Special files: only their metadata is stored (mode, owner, group,
+	// mtime, and Rdev for devices); the kernel does their I/O
+	// (docs/design/fs.md, "Special files").
+	KindFifo     Kind = 4
+	KindSocket   Kind = 5
+	KindCharDev  Kind = 6
+	KindBlockDev Kind = 7
 )
+
+// Special reports whether k is a fifo, socket or device node.
+func (k Kind) Special() bool { return k >= KindFifo && k <= KindBlockDev }
+
+// IsDevice reports whether k is a character or block device node, the
+// kinds that carry an Rdev.
+func (k Kind) IsDevice() bool { return k == KindCharDev || k == KindBlockDev }
 
 func (k Kind) String() string {
 	switch k {
@@ -184,6 +198,14 @@ func (k Kind) String() string {
 		return "dir"
 	case KindSymlink:
 		return "symlink"
+	case KindFifo:
+		return "fifo"
+	case KindSocket:
+		return "socket"
+	case KindCharDev:
+		return "char-device"
+	case KindBlockDev:
+		return "block-device"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -205,6 +227,9 @@ type Entry struct {
 	MTime  int64  // Unix nanoseconds
 	ID     ID     // FileManifest (files) or DirManifest (directories)
 	Target string // symlink target
+	// Rdev is a device node's device number, as Linux's dev_t
+	// (unix.Mkdev); 0 for every other kind.
+	Rdev uint64
 	// HLC orders concurrent updates of this name from different nodes: the
 	// larger wins. Deleted entries are tombstones kept so that a merge does
 	// not resurrect what was removed.
@@ -254,13 +279,17 @@ func (m *DirManifest) Encode() []byte {
 		case KindSymlink:
 			put(uint64(len(e.Target)))
 			buf.WriteString(e.Target)
+		case KindCharDev, KindBlockDev:
+			put(e.Rdev)
 		}
 	}
 	return buf.Bytes()
 }
 
 // DecodeDirManifest parses bytes made by Encode, rejecting bad names, unsorted
-// or duplicate entries, unknown kinds and truncated data. It also reads the
+// or duplicate entries, unknown kinds and truncated data. Special files
+// (KindFifo and the others) are KXD2 only: a fifo or socket stores nothing
+// after its HLC, a device its Rdev. It also reads the
 // KXD1 encoding written before owners were stored: its entries get
 // OwnerUnknown as UID and GID and keep their mode. Every accepted KXD2
 // input is byte for byte what Encode makes of the result.
@@ -321,6 +350,9 @@ func DecodeDirManifest(b []byte) (*DirManifest, error) {
 			}
 			e.Mode = fs.FileMode(mode)
 		}
+		if !v2 && e.Kind.Special() {
+			return nil, fmt.Errorf("dir manifest: entry %q: %v in a KXD1 manifest: %w", e.Name, e.Kind, ErrCorrupt)
+		}
 		switch e.Kind {
 		case KindFile, KindDir:
 			copy(e.ID[:], d.bytes(IDSize))
@@ -330,6 +362,9 @@ func DecodeDirManifest(b []byte) (*DirManifest, error) {
 				return nil, fmt.Errorf("dir manifest: entry %q: symlink length %d: %w", e.Name, tl, ErrCorrupt)
 			}
 			e.Target = string(d.bytes(int(tl)))
+		case KindFifo, KindSocket:
+		case KindCharDev, KindBlockDev:
+			e.Rdev = d.uvarint()
 		default:
 			return nil, fmt.Errorf("dir manifest: entry %q: unknown kind %d: %w", e.Name, e.Kind, ErrCorrupt)
 		}

@@ -226,6 +226,8 @@ func FuzzDecodeDirManifest(f *testing.F) {
 	f.Add([]byte("KXD2\x01"))
 	f.Add(v1Dir())
 	f.Add(v2WithOwner(uint64(OwnerUnknown)))
+	f.Add(specialDir().Encode())
+	f.Add(literalCharDev())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := DecodeDirManifest(b)
 		if err != nil {
@@ -250,4 +252,71 @@ func FuzzDecodeDirManifest(f *testing.F) {
 			}
 		}
 	})
+}
+
+func specialDir() *DirManifest {
+	return &DirManifest{Entries: []Entry{
+		{Name: "blk", Kind: KindBlockDev, Mode: 0o660, UID: 0, GID: 6, MTime: 1, Rdev: 8<<8 | 1, HLC: 3},
+		{Name: "chr", Kind: KindCharDev, Mode: 0o666, Rdev: 1<<8 | 3, HLC: 4},
+		{Name: "fifo", Kind: KindFifo, Mode: 0o644 | fs.ModeSetgid, UID: 1000, GID: 1000, MTime: 2, HLC: 5},
+		{Name: "gone", Kind: KindCharDev, HLC: 6, Deleted: true},
+		{Name: "sock", Kind: KindSocket, Mode: 0o755, UID: 65534, GID: 65534, HLC: 7},
+	}}
+}
+
+// literalCharDev is the KXD2 bytes of one character device "c" (mode
+// 0620, owner 0:5, mtime 0, HLC 1, rdev 136:0 = 0x8800), written out so
+// that the encoding of special files cannot change unnoticed.
+func literalCharDev() []byte {
+	b := []byte("KXD2")
+	b = append(b, 1)            // entries
+	b = append(b, 1, 'c', 6, 0) // name, kind char device, flags
+	b = binary.AppendUvarint(b, 0o620)
+	b = append(b, 0, 5, 0, 0, 1) // uid, gid, size, mtime, hlc
+	b = binary.AppendUvarint(b, 0x8800)
+	return b
+}
+
+func TestDirManifestSpecialFiles(t *testing.T) {
+	m := specialDir()
+	got, err := DecodeDirManifest(m.Encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got.Encode(), m.Encode()) {
+		t.Fatal("re-encoding differs")
+	}
+	for i, e := range m.Entries {
+		if got.Entries[i] != e {
+			t.Errorf("entry %d: %+v, want %+v", i, got.Entries[i], e)
+		}
+	}
+	lit, err := DecodeDirManifest(literalCharDev())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Entry{Name: "c", Kind: KindCharDev, Mode: 0o620, UID: 0, GID: 5, HLC: 1, Rdev: 0x8800}
+	if len(lit.Entries) != 1 || lit.Entries[0] != want {
+		t.Fatalf("literal: %+v, want %+v", lit.Entries, want)
+	}
+	if !bytes.Equal(lit.Encode(), literalCharDev()) {
+		t.Fatal("literal bytes are not what Encode writes")
+	}
+	// A device without its number is truncated; a special file in the old
+	// encoding was never written, so it is rejected.
+	if _, err := DecodeDirManifest(literalCharDev()[:len(literalCharDev())-2]); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("truncated rdev: %v", err)
+	}
+	v1 := []byte("KXD1\x01\x01f\x04\x00\x00\x00\x00\x00")
+	if _, err := DecodeDirManifest(v1); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("fifo in KXD1: %v", err)
+	}
+	for k, name := range map[Kind]string{KindFifo: "fifo", KindSocket: "socket", KindCharDev: "char-device", KindBlockDev: "block-device"} {
+		if k.String() != name || !k.Special() || k.IsDevice() != (k == KindCharDev || k == KindBlockDev) {
+			t.Errorf("%d: %v special %v device %v", k, k, k.Special(), k.IsDevice())
+		}
+	}
+	if KindFile.Special() || KindSymlink.Special() || KindDir.IsDevice() {
+		t.Error("file, symlink or dir counted as special")
+	}
 }

@@ -290,8 +290,14 @@ func (tx *NSTx) Put(path string, e Entry) error {
 	if len(parts) == 0 {
 		return fmt.Errorf("put: the namespace root cannot be replaced: %w", ErrInvalidPath)
 	}
-	switch e.Kind {
-	case KindFile, KindDir, KindSymlink:
+	switch {
+	case e.Kind == KindFile, e.Kind == KindDir, e.Kind == KindSymlink:
+	case e.Kind.Special():
+		// Only metadata: no content, no size, a number for devices.
+		e.ID, e.Size, e.Target = ID{}, 0, ""
+		if !e.Kind.IsDevice() {
+			e.Rdev = 0
+		}
 	default:
 		return fmt.Errorf("put %s: kind %v: %w", path, e.Kind, ErrInvalidPath)
 	}
@@ -379,6 +385,14 @@ func (tx *NSTx) Rename(from, to string) error {
 		return err
 	}
 	return tx.Put(to, e)
+}
+
+// PutFile stores the file manifest m (an empty file's, say) for use in Put
+// and returns its ID.
+func (tx *NSTx) PutFile(m *FileManifest) ID {
+	obj := m.Encode()
+	tx.objs = append(tx.objs, obj)
+	return Sum(obj)
 }
 
 // PutDir stores the directory manifest m for use in Put and returns its ID.

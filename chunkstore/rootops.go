@@ -251,3 +251,62 @@ func openDestDir(path string) (int, error) {
 	}
 	return fd, nil
 }
+
+// fileType is the S_IFMT bits of a special kind.
+func fileType(k Kind) uint32 {
+	switch k {
+	case KindFifo:
+		return unix.S_IFIFO
+	case KindSocket:
+		return unix.S_IFSOCK
+	case KindCharDev:
+		return unix.S_IFCHR
+	case KindBlockDev:
+		return unix.S_IFBLK
+	}
+	return 0
+}
+
+// mknodBeneath creates the special file e (a fifo, socket or device node)
+// as name in the directory dirfd and gives it e's owner (as root), mode
+// (as exportMode says) and mtime. mknodat(2) never follows a symlink at name (it fails with
+// EEXIST); the node is then opened as itself (O_PATH|O_NOFOLLOW, never
+// opened for I/O: a fifo would block, a device would be the device), and
+// checked to be what was just made (its type, one link, our owner), so a
+// user who swaps it for something else meanwhile makes the export fail
+// rather than change another file's owner or mode. The mode is set
+// through /proc/self/fd, which reaches that very inode.
+func mknodBeneath(dirfd int, name string, e Entry, mode fs.FileMode) error {
+	typ := fileType(e.Kind)
+	if err := unix.Mknodat(dirfd, name, typ|0o600, int(e.Rdev)); err != nil {
+		return err
+	}
+	fd, err := openBeneath(dirfd, name, unix.O_PATH, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT != typ || st.Nlink != 1 || st.Uid != uint32(os.Geteuid()) {
+		return fmt.Errorf("replaced while being exported: %w", fs.ErrExist)
+	}
+	if os.Geteuid() == 0 && e.UID != OwnerUnknown {
+		if err := unix.Fchownat(fd, "", int(e.UID), int(e.GID), unix.AT_EMPTY_PATH); err != nil {
+			return fmt.Errorf("owner: %w", err)
+		}
+	}
+	proc := procSelfFD + strconv.Itoa(fd)
+	if err := unix.Chmod(proc, UnixMode(mode)); err != nil {
+		return fmt.Errorf("mode (through %s, which needs /proc): %w", proc, err)
+	}
+	if e.MTime != 0 {
+		ts := unix.NsecToTimespec(e.MTime)
+		if err := unix.UtimesNanoAt(unix.AT_FDCWD, proc, []unix.Timespec{ts, ts}, 0); err != nil {
+			return fmt.Errorf("mtime: %w", err)
+		}
+	}
+	return nil
+}

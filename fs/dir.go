@@ -221,6 +221,14 @@ func (d *dirNode) childFor(ctx context.Context, name string, e chunkstore.Entry,
 				c.fillEntry(out)
 				return existing
 			}
+		case *specialNode:
+			// The same kernel inode: a socket bound to it stays
+			// reachable by connect(2).
+			if c.same(e) {
+				c.setEntry(e)
+				c.fillEntry(out)
+				return existing
+			}
 		}
 		// The name now stands for something else: the old node keeps
 		// serving its open handles, without a name.
@@ -240,6 +248,11 @@ func (d *dirNode) childFor(ctx context.Context, name string, e chunkstore.Entry,
 		c.place(f, d, name)
 		c.fillEntry(out)
 		return d.NewInode(ctx, c, gofs.StableAttr{Mode: syscall.S_IFLNK})
+	case chunkstore.KindFifo, chunkstore.KindSocket, chunkstore.KindCharDev, chunkstore.KindBlockDev:
+		c := &specialNode{ent: e}
+		c.place(f, d, name)
+		c.fillEntry(out)
+		return d.NewInode(ctx, c, gofs.StableAttr{Mode: specialType(e.Kind)})
 	default:
 		c := newFileNode(f, d, name, e, true)
 		c.fillEntry(out)
@@ -265,6 +278,8 @@ func baseOf(in *gofs.Inode) *base {
 		return &c.base
 	case *linkNode:
 		return &c.base
+	case *specialNode:
+		return &c.base
 	}
 	return nil
 }
@@ -275,6 +290,9 @@ func kindMode(k chunkstore.Kind) uint32 {
 		return syscall.S_IFDIR
 	case chunkstore.KindSymlink:
 		return syscall.S_IFLNK
+	}
+	if k.Special() {
+		return specialType(k)
 	}
 	return syscall.S_IFREG
 }

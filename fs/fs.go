@@ -471,6 +471,10 @@ func (f *FS) Reconcile() {
 				if se == nil || se.Kind != chunkstore.KindSymlink || c.changed(*se) {
 					todo = append(todo, inval{&d.Inode, name})
 				}
+			case *specialNode:
+				if se == nil || c.changed(*se) {
+					todo = append(todo, inval{&d.Inode, name})
+				}
 			}
 		}
 	}

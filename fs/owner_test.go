@@ -424,7 +424,7 @@ func storeLine(s *chunkstore.Store, p string) string {
 	if err != nil {
 		return fmt.Sprintf("%s: lookup: %v", filepath.Base(p), err)
 	}
-	typ := map[chunkstore.Kind]uint32{chunkstore.KindFile: unix.S_IFREG, chunkstore.KindDir: unix.S_IFDIR, chunkstore.KindSymlink: unix.S_IFLNK}[e.Kind]
+	typ := kindType(e.Kind)
 	rel := p[strings.Index(p, "/")+1:]
 	return fmt.Sprintf("%s: mode %07o uid %d gid %d", rel, typ|chunkstore.UnixMode(e.Mode), e.UID, e.GID)
 }
@@ -536,9 +536,15 @@ func TestOwnershipStored(t *testing.T) {
 	if err := os.Chmod(m.Dir, 0o1777); !errors.Is(err, syscall.EPERM) {
 		t.Fatalf("chmod of the mount root (not stored) = %v, want EPERM", err)
 	}
-	// FIFOs and device nodes are not stored (docs/design/ownership.md).
-	if err := unix.Mkfifo(filepath.Join(m.Dir, "fifo"), 0o644); !errors.Is(err, syscall.ENOTSUP) {
-		t.Fatalf("mkfifo = %v, want ENOTSUP", err)
+	// A fifo is stored with its owner (fs/special_test.go has the rest).
+	if err := as(nobody, func() error { return unix.Mkfifo(filepath.Join(m.Dir, "fifo"), 0o644) }); !errors.Is(err, syscall.EACCES) {
+		t.Fatalf("mkfifo by 65534 in the root (0755) = %v, want EACCES", err)
+	}
+	if err := unix.Mkfifo(filepath.Join(m.Dir, "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := m.Store.Lookup("fifo"); err != nil || e.Kind != chunkstore.KindFifo || e.UID != 0 {
+		t.Fatalf("stored fifo %+v, %v", e, err)
 	}
 	d := filepath.Join(m.Dir, "shared")
 	if err := os.Mkdir(d, 0o777); err != nil {

@@ -139,3 +139,30 @@ func TestOwnersZones(t *testing.T) {
 		require.Equal(t, rank(id, ms[:3])[:2], own, "one zone: rendezvous order")
 	}
 }
+
+// TestMergeSpecialFiles: fifos, sockets and device nodes merge per name
+// like files: the same node on both sides is one entry; a device renumbered
+// on one member, or a name made a fifo on one and a socket on another,
+// keeps the newer and the other beside it as a conflict version; the
+// merge is the same either way round and the result decodes.
+func TestMergeSpecialFiles(t *testing.T) {
+	m := memTree{}
+	fifo := chunkstore.Entry{Name: "p", Kind: chunkstore.KindFifo, Mode: 0o644, HLC: 5}
+	dev := func(rdev uint64, hlc chunkstore.HLC) chunkstore.Entry {
+		return chunkstore.Entry{Name: "d", Kind: chunkstore.KindCharDev, Mode: 0o600, Rdev: rdev, HLC: hlc}
+	}
+	sock := chunkstore.Entry{Name: "s", Kind: chunkstore.KindSocket, Mode: 0o755, HLC: 9}
+	asFifo := sock
+	asFifo.Kind, asFifo.HLC = chunkstore.KindFifo, 8
+	a := root(m, fifo, dev(0x103, 6), sock)
+	b := root(m, fifo, dev(0x105, 7), asFifo)
+	ab, ba := m.merge(t, a, b), m.merge(t, b, a)
+	require.Equal(t, ab, ba, "merge depends on the order")
+	require.Equal(t, ab, m.merge(t, ab, a))
+	r, _ := m.get(ab)
+	var got []string
+	for _, e := range r.Live() {
+		got = append(got, fmt.Sprintf("%s %v %#x", e.Name, e.Kind, e.Rdev))
+	}
+	require.Equal(t, []string{"d char-device 0x105", "d.conflict-6 char-device 0x103", "p fifo 0x0", "s socket 0x0", "s.conflict-8 fifo 0x0"}, got)
+}

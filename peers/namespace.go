@@ -198,8 +198,8 @@ func (n *Node) fetchTree(ctx context.Context, p peer, id chunkstore.ID, kind chu
 	fetched[id] = b
 	for _, e := range d.Entries {
 		n.s.Clock().Observe(e.HLC)
-		if e.Deleted || e.Kind == chunkstore.KindSymlink {
-			continue
+		if e.Deleted || (e.Kind != chunkstore.KindFile && e.Kind != chunkstore.KindDir) {
+			continue // symlinks and special files name no object
 		}
 		if err := n.fetchTree(ctx, p, e.ID, e.Kind, fetched); err != nil {
 			return err
@@ -270,7 +270,7 @@ func mergeTrees(a, b chunkstore.ID, get func(chunkstore.ID) (*chunkstore.DirMani
 			if w == *ea {
 				l = *eb
 			}
-			if !w.Deleted && !l.Deleted && w.Kind != chunkstore.KindDir && l.Kind != chunkstore.KindDir && (w.ID != l.ID || w.Target != l.Target) {
+			if !w.Deleted && !l.Deleted && w.Kind != chunkstore.KindDir && l.Kind != chunkstore.KindDir && (w.ID != l.ID || w.Target != l.Target || w.Kind != l.Kind || w.Rdev != l.Rdev) {
 				l.Name = fmt.Sprintf("%s.conflict-%x", l.Name, uint64(l.HLC))
 				if len(l.Name) <= chunkstore.MaxNameLen {
 					conflicts = append(conflicts, l)
@@ -323,7 +323,7 @@ func winner(a, b chunkstore.Entry) chunkstore.Entry {
 	// touch on two members in the same HLC tick): every field decides in
 	// turn, so both sides keep the same entry.
 	if c := cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Mode, b.Mode), cmp.Compare(a.UID, b.UID),
-		cmp.Compare(a.GID, b.GID), cmp.Compare(a.Size, b.Size), cmp.Compare(a.MTime, b.MTime), strings.Compare(a.Name, b.Name)); c < 0 {
+		cmp.Compare(a.GID, b.GID), cmp.Compare(a.Size, b.Size), cmp.Compare(a.MTime, b.MTime), cmp.Compare(a.Rdev, b.Rdev), strings.Compare(a.Name, b.Name)); c < 0 {
 		return b
 	}
 	return a
