@@ -246,6 +246,28 @@ class _Window:
         return self.buf[:end - off]
 
 
+def _ustar(blk: bytes):
+    """(name, size, type) of a plain ustar header whose checksum holds, or
+    None for anything else (tarfile.TarInfo.frombuf then parses it, and
+    refuses what is not a header): the common case without tarfile's
+    cost of about 25 us a header."""
+    if blk[257:263] != b"ustar\0" and blk[257:265] != b"ustar  \0":
+        return None
+    try:
+        size = int(blk[124:136].rstrip(b"\0 ") or b"0", 8)
+        chk = int(blk[148:156].rstrip(b"\0 "), 8)
+    except ValueError:
+        return None
+    if sum(blk) - sum(blk[148:156]) + 8 * 32 != chk:
+        return None
+    name = blk[0:100].split(b"\0", 1)[0]
+    prefix = blk[345:500].split(b"\0", 1)[0] if blk[257:263] == b"ustar\0" else b""
+    if prefix:
+        name = prefix + b"/" + name
+    t = blk[156:157]
+    return name.decode("utf-8", "surrogateescape"), size, (t if t != b"\0" else tarfile.AREGTYPE)
+
+
 def _pax(data: bytes) -> dict:
     out, i = {}, 0
     while i < len(data):
@@ -278,33 +300,37 @@ def read_tar(path: str, *, read_size: int = 8 << 20, policy: Optional[_ErrorPoli
                 return
             if blk == bytes(BLOCK):
                 return  # the trailer
-            try:
-                ti = tarfile.TarInfo.frombuf(blk, "utf-8", "surrogateescape")
-            except tarfile.HeaderError as e:
-                policy.handle(SampleError(errno.EBADMSG, where, f"not a tar header ({e}); the rest of this shard is lost"))
-                return
-            n = int(pax.get("size", ti.size))
+            hdr = _ustar(blk)
+            if hdr is None:  # not plain ustar: tarfile's parser decides
+                try:
+                    ti = tarfile.TarInfo.frombuf(blk, "utf-8", "surrogateescape")
+                except tarfile.HeaderError as e:
+                    policy.handle(SampleError(errno.EBADMSG, where, f"not a tar header ({e}); the rest of this shard is lost"))
+                    return
+                hdr = (ti.name, ti.size, ti.type)
+            hname, hsize, htype = hdr
+            n = int(pax.get("size", hsize))
             data_off = off + BLOCK
             nxt = data_off + (n + BLOCK - 1) // BLOCK * BLOCK
-            name = pax.get("path", longname or ti.name)
+            name = pax.get("path", longname or hname)
             if nxt > size:
                 policy.handle(SampleError(errno.EBADMSG, f"{path}: member {name!r}", f"truncated: the member needs {nxt} bytes, the shard has {size}"))
                 return
-            if ti.type in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME):
+            if htype in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME):
                 try:
                     meta = w.get(data_off, n)
                 except OSError as e:
                     policy.handle(SampleError(e.errno or errno.EIO, where, f"tar extended header unreadable ({e.strerror}); the rest of this shard is lost"))
                     return
-                if ti.type == tarfile.XHDTYPE:
+                if htype == tarfile.XHDTYPE:
                     pax = _pax(meta)
-                elif ti.type == tarfile.GNUTYPE_LONGNAME:
+                elif htype == tarfile.GNUTYPE_LONGNAME:
                     longname = meta.rstrip(b"\0").decode("utf-8", "surrogateescape")
                 off = nxt
                 continue
             pax, longname = {}, None
             off = nxt
-            if ti.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
+            if htype not in (tarfile.REGTYPE, tarfile.AREGTYPE):
                 continue
             try:
                 data = w.get(data_off, n)
