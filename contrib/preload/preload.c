@@ -7,7 +7,9 @@
  * client socket (op PACKS, flag shared; libkylix's exchange code), and
  * mmap is composed from the packs: each page whose file offset and pack
  * offset agree modulo the page size is mapped (MAP_FIXED over an anonymous
- * reservation), the others are copied in. Everything else goes to the real
+ * reservation), the others are copied in. stdio streams opened read-only
+ * on such a file (fopen, fopen64, fdopen) are glibc cookie streams whose
+ * reads are the shim's read (section "stdio streams"). Everything else goes to the real
  * libc call untouched: other files, pipes, files open for writing, files
  * being written, anything the shim is unsure of.
  *
@@ -51,6 +53,7 @@
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
+#include <wchar.h>
 
 #include "../libkylix/src/internal.h"
 #include "../../fs/layout/kylix_layout.h"
@@ -101,7 +104,7 @@ REAL(ssize_t, copy_file_range, int, off_t *, int, off_t *, size_t, unsigned)
 
 /* ---- statistics (KYLIX_PRELOAD_STATS) ---- */
 
-static _Atomic uint64_t st_bypassed, st_fuse, st_mmaps, st_mmap_copied, st_mmap_mapped, st_files;
+static _Atomic uint64_t st_bypassed, st_fuse, st_mmaps, st_mmap_copied, st_mmap_mapped, st_files, st_streams;
 
 /* ---- packs and files ---- */
 
@@ -554,7 +557,9 @@ static ssize_t read_at_pos(struct kfile *kf, int fd, void *buf, size_t n, const 
 #define KEEP_ERRNO_BEGIN int saved_errno_ = errno
 #define KEEP_ERRNO_END errno = saved_errno_
 
-EXPORT ssize_t read(int fd, void *buf, size_t n)
+/* shim_read is read(2) as the shim serves it (also the stdio streams'
+ * read, below). */
+static ssize_t shim_read(int fd, void *buf, size_t n)
 {
 	KEEP_ERRNO_BEGIN;
 	struct stat st;
@@ -570,6 +575,8 @@ EXPORT ssize_t read(int fd, void *buf, size_t n)
 	ssize_t (*p)(int, void *, size_t) = get_read();
 	return p ? p(fd, buf, n) : syscall(SYS_read, fd, buf, n);
 }
+
+EXPORT ssize_t read(int fd, void *buf, size_t n) { return shim_read(fd, buf, n); }
 
 EXPORT ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen)
 {
@@ -818,7 +825,7 @@ EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t o
 
 /* ---- descriptors ---- */
 
-EXPORT int close(int fd)
+static int shim_close(int fd)
 {
 	KEEP_ERRNO_BEGIN;
 	forget(fd);
@@ -826,6 +833,8 @@ EXPORT int close(int fd)
 	int (*p)(int) = get_close();
 	return p ? p(fd) : (int)syscall(SYS_close, fd);
 }
+
+EXPORT int close(int fd) { return shim_close(fd); }
 
 EXPORT int dup(int fd)
 {
@@ -927,13 +936,568 @@ EXPORT void closefrom(int lowfd)
 		syscall(SYS_close_range, (unsigned)lowfd, ~0u, 0);
 }
 
+/* ---- stdio streams (docs/design/preload.md, "stdio") ----
+ *
+ * glibc's fread, fgets, getline, getc... read through libc-internal calls
+ * that an LD_PRELOAD cannot interpose. So fopen, fopen64 and fdopen of a
+ * file the shim serves, in a read-only mode, return a glibc cookie stream
+ * (fopencookie) whose read is shim_read on the stream's own descriptor and
+ * whose seek is lseek on it: every stdio function then works on it as
+ * glibc's own code, and the descriptor's offset moves exactly as under a
+ * plain stream (mixing read() on fileno() with fread sees the same
+ * bytes). What a cookie stream lacks is supplied here: fileno answers
+ * the descriptor (glibc says -1), freopen reopens in place, and the wide
+ * character reads (glibc's cookie streams have no wide buffer: fgetwc on
+ * one crashes) are done over the byte stream with mbrtowc. Any other
+ * mode, any stream the shim does not serve, and KYLIX_PRELOAD_STDIO=0:
+ * glibc's stream, untouched. */
+
+REAL(FILE *, fopen, const char *, const char *)
+REAL(FILE *, fopen64, const char *, const char *)
+REAL(FILE *, fdopen, int, const char *)
+REAL(FILE *, freopen, const char *, const char *, FILE *)
+REAL(FILE *, freopen64, const char *, const char *, FILE *)
+REAL(int, fileno, FILE *)
+REAL(int, fileno_unlocked, FILE *)
+REAL(int, fwide, FILE *, int)
+REAL(wint_t, fgetwc, FILE *)
+REAL(wint_t, getwc, FILE *)
+REAL(wint_t, fgetwc_unlocked, FILE *)
+REAL(wint_t, getwc_unlocked, FILE *)
+REAL(wchar_t *, fgetws, wchar_t *, int, FILE *)
+REAL(wchar_t *, fgetws_unlocked, wchar_t *, int, FILE *)
+REAL(wchar_t *, __fgetws_chk, wchar_t *, size_t, int, FILE *)
+REAL(wchar_t *, __fgetws_unlocked_chk, wchar_t *, size_t, int, FILE *)
+REAL(wint_t, ungetwc, wint_t, FILE *)
+
+#define KS_COOKIE_FILENO (-2) /* glibc's _fileno of a cookie stream */
+#define KS_BUCKETS 256
+
+struct kstream {
+	FILE *fp;
+	int fd;     /* -1 once a failed freopen closed it */
+	int orient; /* fwide: 0 none yet, 1 wide, -1 byte (set by fwide only) */
+	mbstate_t mbs;
+	struct kstream *next;
+};
+
+static pthread_mutex_t smu = PTHREAD_MUTEX_INITIALIZER; /* the stream table */
+static struct kstream *streams[KS_BUCKETS];
+static bool stdio_off;
+
+static size_t ks_bucket(const FILE *fp) { return ((uintptr_t)fp >> 4) % KS_BUCKETS; }
+
+/* ks_find returns the shim's stream fp, or NULL (glibc's own: untouched). */
+static struct kstream *ks_find(FILE *fp)
+{
+	if (!fp || fp->_fileno != KS_COOKIE_FILENO)
+		return NULL;
+	pthread_mutex_lock(&smu);
+	struct kstream *k = streams[ks_bucket(fp)];
+	while (k && k->fp != fp)
+		k = k->next;
+	pthread_mutex_unlock(&smu);
+	return k;
+}
+
+static void ks_unlink(struct kstream *k)
+{
+	pthread_mutex_lock(&smu);
+	for (struct kstream **pp = &streams[ks_bucket(k->fp)]; *pp; pp = &(*pp)->next)
+		if (*pp == k) {
+			*pp = k->next;
+			break;
+		}
+	pthread_mutex_unlock(&smu);
+}
+
+static ssize_t ks_read(void *c, char *buf, size_t n)
+{
+	struct kstream *k = c;
+	if (k->fd < 0) {
+		errno = EBADF;
+		return -1;
+	}
+	return shim_read(k->fd, buf, n);
+}
+
+static int ks_seek(void *c, off64_t *pos, int whence)
+{
+	struct kstream *k = c;
+	off_t r = (off_t)syscall(SYS_lseek, k->fd, (off_t)*pos, whence);
+	if (r < 0)
+		return -1;
+	*pos = r;
+	return 0;
+}
+
+static int ks_close(void *c)
+{
+	struct kstream *k = c;
+	ks_unlink(k);
+	int r = k->fd >= 0 ? shim_close(k->fd) : 0;
+	free(k);
+	return r;
+}
+
+/* read_only_mode: "r" with only b, e, m, c, t after it (no '+', no
+ * ",ccs="): the modes a cookie stream serves as glibc would. */
+static bool read_only_mode(const char *m)
+{
+	if (!m || m[0] != 'r')
+		return false;
+	for (const char *p = m + 1; *p; p++)
+		if (!strchr("bemct", *p))
+			return false;
+	return true;
+}
+
+/* ks_wrap returns a cookie stream reading fd (taking it over), or NULL. */
+static FILE *ks_wrap(int fd)
+{
+	struct kstream *k = calloc(1, sizeof *k);
+	if (!k)
+		return NULL;
+	k->fd = fd;
+	cookie_io_functions_t io = {.read = ks_read, .write = NULL, .seek = ks_seek, .close = ks_close};
+	FILE *fp = fopencookie(k, "r", io);
+	if (!fp) {
+		free(k);
+		return NULL;
+	}
+	k->fp = fp;
+	pthread_mutex_lock(&smu);
+	k->next = streams[ks_bucket(fp)];
+	streams[ks_bucket(fp)] = k;
+	pthread_mutex_unlock(&smu);
+	atomic_fetch_add(&st_streams, 1);
+	return fp;
+}
+
+/* served says whether the shim serves reads of fd from at least one
+ * pack (a fresh look: the number's state is forgotten first, it may be a
+ * stale one's). A file with no pack handed out keeps glibc's stream. */
+static bool served(int fd)
+{
+	if (disabled || stdio_off || fd < 0)
+		return false;
+	forget(fd);
+	struct stat st;
+	struct kfile *kf = lookup(fd, &st);
+	if (!kf)
+		return false;
+	bool packs = kf->npacks > 0;
+	kf_put(kf);
+	return packs;
+}
+
+/* do_fopen: glibc opens (its mode rules, errno, O_CLOEXEC for 'e'); a
+ * file the shim serves is then moved to a cookie stream on the same
+ * descriptor number where it is still free (F_DUPFD never replaces). */
+static FILE *do_fopen(FILE *(*real)(const char *, const char *), const char *path, const char *mode)
+{
+	if (!real) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	FILE *orig = real(path, mode);
+	if (!orig || !read_only_mode(mode))
+		return orig;
+	KEEP_ERRNO_BEGIN;
+	int fd = orig->_fileno;
+	long fdfl = syscall(SYS_fcntl, fd, F_GETFD);
+	FILE *fp = NULL;
+	int nfd = -1;
+	if (fdfl >= 0 && served(fd) && (nfd = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 0)) >= 0) {
+		forget(nfd);
+		fp = ks_wrap(nfd);
+	}
+	if (!fp) {
+		if (nfd >= 0)
+			syscall(SYS_close, nfd);
+		KEEP_ERRNO_END;
+		return orig;
+	}
+	forget(fd);
+	fclose(orig); /* closes fd (glibc's internal close) */
+	struct kstream *k = ks_find(fp);
+	int back = (int)syscall(SYS_fcntl, nfd, (fdfl & FD_CLOEXEC) ? F_DUPFD_CLOEXEC : F_DUPFD, fd);
+	if (back == fd) {
+		forget(fd);
+		syscall(SYS_close, nfd);
+		forget(nfd);
+		k->fd = fd;
+	} else {
+		if (back >= 0)
+			syscall(SYS_close, back);
+		if (!(fdfl & FD_CLOEXEC))
+			syscall(SYS_fcntl, nfd, F_SETFD, 0);
+	}
+	KEEP_ERRNO_END;
+	return fp;
+}
+
+EXPORT FILE *fopen(const char *path, const char *mode) { return do_fopen(get_fopen(), path, mode); }
+EXPORT FILE *fopen64(const char *path, const char *mode)
+{
+	FILE *(*p)(const char *, const char *) = get_fopen64();
+	return do_fopen(p ? p : get_fopen(), path, mode);
+}
+
+/* fdopen in a read-only mode of a descriptor the shim serves (open
+ * O_RDONLY: what glibc checks): the cookie stream takes it over as is
+ * (glibc's fdopen changes nothing on it for "r"). */
+EXPORT FILE *fdopen(int fd, const char *mode)
+{
+	if (read_only_mode(mode) && !strchr(mode, 'e')) {
+		KEEP_ERRNO_BEGIN;
+		FILE *fp = served(fd) ? ks_wrap(fd) : NULL;
+		KEEP_ERRNO_END;
+		if (fp)
+			return fp;
+	}
+	FILE *(*p)(int, const char *) = get_fdopen();
+	if (!p) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	return p(fd, mode);
+}
+
+/* freopen of the shim's stream: in a read-only mode, the new file is
+ * opened and put on the stream's descriptor number (dup3, as glibc does),
+ * and the stream is rewound with nothing buffered; in any other mode it
+ * cannot become a writable glibc stream in place: the stream is closed,
+ * EINVAL (docs/design/preload.md). Other streams: glibc's freopen. */
+static FILE *do_freopen(FILE *(*real)(const char *, const char *, FILE *), const char *path, const char *mode,
+                        FILE *fp)
+{
+	struct kstream *k = ks_find(fp);
+	if (!k) {
+		if (!real) {
+			errno = ENOSYS;
+			return NULL;
+		}
+		return real(path, mode, fp);
+	}
+	flockfile(fp);
+	fflush(fp);
+	FILE *ret = NULL;
+	if (!read_only_mode(mode)) {
+		if (k->fd >= 0)
+			shim_close(k->fd);
+		k->fd = -1;
+		errno = EINVAL;
+		goto out;
+	}
+	char procp[64];
+	if (!path) {
+		snprintf(procp, sizeof procp, "/proc/self/fd/%d", k->fd);
+		path = procp;
+	}
+	bool ce = strchr(mode, 'e') != NULL;
+	int nfd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | (ce ? O_CLOEXEC : 0));
+	if (nfd < 0) {
+		int e = errno;
+		if (k->fd >= 0)
+			shim_close(k->fd);
+		k->fd = -1;
+		errno = e;
+		goto out;
+	}
+	forget(nfd);
+	KEEP_ERRNO_BEGIN;
+	if (k->fd >= 0 && syscall(SYS_dup3, nfd, k->fd, ce ? O_CLOEXEC : 0) == k->fd) {
+		forget(k->fd);
+		syscall(SYS_close, nfd);
+	} else {
+		if (k->fd >= 0)
+			shim_close(k->fd);
+		k->fd = nfd;
+	}
+	k->orient = 0;
+	memset(&k->mbs, 0, sizeof k->mbs);
+	fseeko64(fp, 0, SEEK_SET);
+	clearerr_unlocked(fp);
+	KEEP_ERRNO_END;
+	ret = fp;
+out:
+	funlockfile(fp);
+	return ret;
+}
+
+EXPORT FILE *freopen(const char *path, const char *mode, FILE *fp) { return do_freopen(get_freopen(), path, mode, fp); }
+EXPORT FILE *freopen64(const char *path, const char *mode, FILE *fp)
+{
+	FILE *(*p)(const char *, const char *, FILE *) = get_freopen64();
+	return do_freopen(p ? p : get_freopen(), path, mode, fp);
+}
+
+/* fseek of the shim's stream from SEEK_END: glibc turns SEEK_END into
+ * SEEK_SET with fstat's size for its own streams, then seeks to the 8 KiB
+ * block and reads up to the offset; for a cookie stream it cannot fstat
+ * and seeks the descriptor straight there. The conversion done here
+ * keeps glibc's descriptor offsets (read() on fileno() after fseek). */
+REAL(int, fseek, FILE *, long, int)
+REAL(int, fseeko, FILE *, off_t, int)
+REAL(int, fseeko64, FILE *, off64_t, int)
+
+static int end_to_set(FILE *fp, off64_t *off, int *whence)
+{
+	struct kstream *k = *whence == SEEK_END ? ks_find(fp) : NULL;
+	struct stat st;
+	if (!k || k->fd < 0 || raw_fstat(k->fd, &st) != 0 || !S_ISREG(st.st_mode))
+		return 0;
+	if (*off > 0 && st.st_size > INT64_MAX - *off)
+		return 0; /* glibc's (and the kernel's) EOVERFLOW/EINVAL */
+	*off += st.st_size;
+	*whence = SEEK_SET;
+	return 0;
+}
+
+EXPORT int fseek(FILE *fp, long off, int whence)
+{
+	off64_t o = off;
+	KEEP_ERRNO_BEGIN;
+	end_to_set(fp, &o, &whence);
+	KEEP_ERRNO_END;
+	int (*p)(FILE *, long, int) = get_fseek();
+	if (o != (long)o) {
+		errno = EOVERFLOW;
+		return -1;
+	}
+	return p ? p(fp, (long)o, whence) : -1;
+}
+
+EXPORT int fseeko(FILE *fp, off_t off, int whence)
+{
+	off64_t o = off;
+	KEEP_ERRNO_BEGIN;
+	end_to_set(fp, &o, &whence);
+	KEEP_ERRNO_END;
+	int (*p)(FILE *, off_t, int) = get_fseeko();
+	return p ? p(fp, (off_t)o, whence) : -1;
+}
+
+EXPORT int fseeko64(FILE *fp, off64_t off, int whence)
+{
+	KEEP_ERRNO_BEGIN;
+	end_to_set(fp, &off, &whence);
+	KEEP_ERRNO_END;
+	int (*p)(FILE *, off64_t, int) = get_fseeko64();
+	return p ? p(fp, off, whence) : -1;
+}
+
+static int do_fileno(int (*real)(FILE *), FILE *fp)
+{
+	struct kstream *k = ks_find(fp);
+	if (k) {
+		if (k->fd >= 0)
+			return k->fd;
+		errno = EBADF;
+		return -1;
+	}
+	return real ? real(fp) : fp->_fileno;
+}
+
+EXPORT int fileno(FILE *fp) { return do_fileno(get_fileno(), fp); }
+EXPORT int fileno_unlocked(FILE *fp) { return do_fileno(get_fileno_unlocked(), fp); }
+
+/* Wide reads of the shim's streams: multibyte characters of the byte
+ * stream (the locale's, as glibc converts), with the stream's own
+ * conversion state. Orientation is what fwide set; byte reads leave it. */
+EXPORT int fwide(FILE *fp, int mode)
+{
+	struct kstream *k = ks_find(fp);
+	if (!k) {
+		int (*p)(FILE *, int) = get_fwide();
+		return p ? p(fp, mode) : 0;
+	}
+	flockfile(fp);
+	if (mode != 0 && k->orient == 0)
+		k->orient = mode > 0 ? 1 : -1;
+	int r = k->orient;
+	funlockfile(fp);
+	return r;
+}
+
+static wint_t ks_getwc(struct kstream *k, FILE *fp)
+{
+	if (k->orient < 0)
+		return WEOF;
+	k->orient = 1;
+	for (;;) {
+		int c = getc_unlocked(fp);
+		if (c == EOF) {
+			if (!mbsinit(&k->mbs)) {
+				memset(&k->mbs, 0, sizeof k->mbs);
+				fp->_flags |= _IO_ERR_SEEN;
+				errno = EILSEQ;
+			}
+			return WEOF;
+		}
+		char ch = (char)c;
+		wchar_t wc;
+		size_t r = mbrtowc(&wc, &ch, 1, &k->mbs);
+		if (r == (size_t)-2)
+			continue;
+		if (r == (size_t)-1) {
+			memset(&k->mbs, 0, sizeof k->mbs);
+			fp->_flags |= _IO_ERR_SEEN;
+			errno = EILSEQ;
+			return WEOF;
+		}
+		return (wint_t)wc;
+	}
+}
+
+static wint_t ks_getwc_locked(struct kstream *k, FILE *fp)
+{
+	flockfile(fp);
+	wint_t r = ks_getwc(k, fp);
+	funlockfile(fp);
+	return r;
+}
+
+#define WIDE_GETC(name, locked)                                           \
+	EXPORT wint_t name(FILE *fp)                                      \
+	{                                                                 \
+		struct kstream *k = ks_find(fp);                          \
+		if (k)                                                    \
+			return locked ? ks_getwc_locked(k, fp) : ks_getwc(k, fp); \
+		wint_t (*p)(FILE *) = get_##name();                       \
+		if (!p) {                                                 \
+			errno = ENOSYS;                                   \
+			return WEOF;                                      \
+		}                                                         \
+		return p(fp);                                             \
+	}
+WIDE_GETC(fgetwc, 1)
+WIDE_GETC(getwc, 1)
+WIDE_GETC(fgetwc_unlocked, 0)
+WIDE_GETC(getwc_unlocked, 0)
+
+/* ks_getws is glibc's fgetws: up to n-1 characters through a newline;
+ * NULL at end of file with none read, or on an error in this call. */
+static wchar_t *ks_getws(struct kstream *k, wchar_t *ws, int n, FILE *fp, bool locked)
+{
+	if (n <= 0)
+		return NULL;
+	if (locked)
+		flockfile(fp);
+	wchar_t *ret = ws;
+	if (n == 1) {
+		ws[0] = L'\0';
+		goto out;
+	}
+	int old_err = fp->_flags & _IO_ERR_SEEN;
+	fp->_flags &= ~_IO_ERR_SEEN;
+	int i = 0;
+	while (i < n - 1) {
+		wint_t c = ks_getwc(k, fp);
+		if (c == WEOF)
+			break;
+		ws[i++] = (wchar_t)c;
+		if (c == L'\n')
+			break;
+	}
+	if (i == 0 || (fp->_flags & _IO_ERR_SEEN))
+		ret = NULL;
+	else
+		ws[i] = L'\0';
+	fp->_flags |= old_err;
+out:
+	if (locked)
+		funlockfile(fp);
+	return ret;
+}
+
+EXPORT wchar_t *fgetws(wchar_t *ws, int n, FILE *fp)
+{
+	struct kstream *k = ks_find(fp);
+	if (k)
+		return ks_getws(k, ws, n, fp, true);
+	wchar_t *(*p)(wchar_t *, int, FILE *) = get_fgetws();
+	return p ? p(ws, n, fp) : NULL;
+}
+
+EXPORT wchar_t *fgetws_unlocked(wchar_t *ws, int n, FILE *fp)
+{
+	struct kstream *k = ks_find(fp);
+	if (k)
+		return ks_getws(k, ws, n, fp, false);
+	wchar_t *(*p)(wchar_t *, int, FILE *) = get_fgetws_unlocked();
+	return p ? p(ws, n, fp) : NULL;
+}
+
+EXPORT wchar_t *__fgetws_chk(wchar_t *ws, size_t size, int n, FILE *fp)
+{
+	wchar_t *(*p)(wchar_t *, size_t, int, FILE *) = get___fgetws_chk();
+	struct kstream *k = ks_find(fp);
+	if (!k || (n > 0 && (size_t)n > size)) {
+		if (p)
+			return p(ws, size, n, fp); /* fails the check as glibc does */
+		abort();
+	}
+	return ks_getws(k, ws, n, fp, true);
+}
+
+EXPORT wchar_t *__fgetws_unlocked_chk(wchar_t *ws, size_t size, int n, FILE *fp)
+{
+	wchar_t *(*p)(wchar_t *, size_t, int, FILE *) = get___fgetws_unlocked_chk();
+	struct kstream *k = ks_find(fp);
+	if (!k || (n > 0 && (size_t)n > size)) {
+		if (p)
+			return p(ws, size, n, fp);
+		abort();
+	}
+	return ks_getws(k, ws, n, fp, false);
+}
+
+/* ungetwc: the character's multibyte bytes pushed back (glibc's ungetc
+ * takes more than one). */
+EXPORT wint_t ungetwc(wint_t wc, FILE *fp)
+{
+	struct kstream *k = ks_find(fp);
+	if (!k) {
+		wint_t (*p)(wint_t, FILE *) = get_ungetwc();
+		return p ? p(wc, fp) : WEOF;
+	}
+	if (wc == WEOF)
+		return WEOF;
+	flockfile(fp);
+	wint_t r = wc;
+	char mb[MB_LEN_MAX];
+	mbstate_t s;
+	memset(&s, 0, sizeof s);
+	size_t n = k->orient < 0 ? (size_t)-1 : wcrtomb(mb, (wchar_t)wc, &s);
+	if (n == (size_t)-1)
+		r = WEOF;
+	for (size_t i = n; r != WEOF && i > 0; i--)
+		if (ungetc((unsigned char)mb[i - 1], fp) == EOF)
+			r = WEOF;
+	if (r != WEOF)
+		k->orient = 1;
+	funlockfile(fp);
+	return r;
+}
+
 /* ---- process life ---- */
 
-static void before_fork(void) { pthread_mutex_lock(&mu); }
-static void after_fork_parent(void) { pthread_mutex_unlock(&mu); }
+static void before_fork(void)
+{
+	pthread_mutex_lock(&smu);
+	pthread_mutex_lock(&mu);
+}
+static void after_fork_parent(void)
+{
+	pthread_mutex_unlock(&mu);
+	pthread_mutex_unlock(&smu);
+}
 static void after_fork_child(void)
 {
 	pthread_mutex_unlock(&mu);
+	pthread_mutex_unlock(&smu);
 	/* The child's statistics are its own; pack fds and the fd table are
 	 * inherited with the descriptors they describe, so they stay valid. */
 	atomic_store(&st_bypassed, 0);
@@ -942,12 +1506,15 @@ static void after_fork_child(void)
 	atomic_store(&st_mmap_copied, 0);
 	atomic_store(&st_mmap_mapped, 0);
 	atomic_store(&st_files, 0);
+	atomic_store(&st_streams, 0);
 }
 
 __attribute__((constructor)) static void preload_init(void)
 {
 	const char *v = getenv("KYLIX_NO_PACKS");
 	disabled = v && v[0] && strcmp(v, "0") != 0;
+	v = getenv("KYLIX_PRELOAD_STDIO");
+	stdio_off = v && strcmp(v, "0") == 0;
 	pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }
 
@@ -973,14 +1540,15 @@ __attribute__((destructor)) static void preload_fini(void)
 	name[j] = 0;
 	uint64_t b = atomic_load(&st_bypassed), f = atomic_load(&st_fuse), m = atomic_load(&st_mmaps);
 	uint64_t mc = atomic_load(&st_mmap_copied), mm = atomic_load(&st_mmap_mapped), nf = atomic_load(&st_files);
-	bool idle = b == 0 && f == 0 && m == 0 && nf == 0;
+	uint64_t ns = atomic_load(&st_streams);
+	bool idle = b == 0 && f == 0 && m == 0 && nf == 0 && ns == 0;
 	char out[512];
 	int n = snprintf(out, sizeof out,
 	                 "{\"bypassed_bytes\": %llu, \"fuse_bytes\": %llu, \"mmaps_composed\": %llu, "
 	                 "\"mmap_copied_bytes\": %llu, \"mmap_mapped_bytes\": %llu, \"kylix_files\": %llu, "
-	                 "\"pid\": %ld}\n",
+	                 "\"stdio_streams\": %llu, \"pid\": %ld}\n",
 	                 (unsigned long long)b, (unsigned long long)f, (unsigned long long)m, (unsigned long long)mc,
-	                 (unsigned long long)mm, (unsigned long long)nf, (long)syscall(SYS_getpid));
+	                 (unsigned long long)mm, (unsigned long long)nf, (unsigned long long)ns, (long)syscall(SYS_getpid));
 	int fd = (int)syscall(SYS_openat, AT_FDCWD, name,
 	                      O_WRONLY | O_CREAT | O_CLOEXEC | (idle ? O_EXCL : O_TRUNC), 0644);
 	if (fd >= 0) {

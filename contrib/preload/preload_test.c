@@ -10,6 +10,15 @@
  *                                  SRC by every call: read, pread, readv,
  *                                  preadv, preadv2, mmap at several
  *                                  offsets, 8 threads, a forked child
+ *   preload-test stdio FILE SRC K  every stdio read call on FILE compared
+ *                                  with glibc's stream on SRC (fopen,
+ *                                  fopen64+setvbuf, fdopen, freopen, fork,
+ *                                  read() on fileno()); K: served (FILE's
+ *                                  stream must be the shim's), plain, any
+ *   preload-test stdio-wide FILE SRC K   fgetwc, fgetws, ungetwc, fwide
+ *   preload-test stdio-rewrite FILE a stream reads on after FILE is
+ *                                  rewritten; what it read to stdout
+ *   preload-test stdio-unit DIR    stdio on files in DIR (glibc's streams)
  *
  * Exit status 0 when every check passed; each failure is printed.
  */
@@ -18,6 +27,7 @@
 #endif
 #include <errno.h>
 #include <fcntl.h>
+#include <locale.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -28,6 +38,7 @@
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <wchar.h>
 
 static int failures;
 #define CHECK(c, ...)                                                 \
@@ -243,14 +254,421 @@ static void unit(const char *dir)
 	unlink(path);
 }
 
+/* ---- stdio (docs/design/preload.md, "stdio") ----
+ *
+ * Differential: every operation is applied to a stream on FILE (under
+ * the shim: the shim's stream where it serves FILE) and one on SRC (a
+ * plain glibc stream: SRC is outside any mount), and every result must
+ * be equal: return values, bytes, feof/ferror, ftello; and read() on
+ * the shim's stream's fileno() between stdio calls (switching handles
+ * as POSIX says) reads SRC's bytes at the stream's position. "served" asserts FILE's stream is the
+ * shim's (a cookie stream: _fileno -2), "plain" that it is glibc's. */
+
+struct two {
+	FILE *f[2];
+	size_t n; /* SRC's size */
+	unsigned char *want; /* SRC's bytes */
+	int fdops; /* fflush, then lseek and read() on fileno() between calls */
+	char *vb[2];
+};
+
+static int stdio_fail_cap(void) { return failures > 30; }
+
+static void same_state(struct two *t, const char *op)
+{
+	CHECK(feof(t->f[0]) == feof(t->f[1]), "%s: feof %d vs %d", op, feof(t->f[0]), feof(t->f[1]));
+	CHECK(ferror(t->f[0]) == ferror(t->f[1]), "%s: ferror %d vs %d", op, ferror(t->f[0]), ferror(t->f[1]));
+	CHECK(ftello(t->f[0]) == ftello(t->f[1]), "%s: ftello %jd vs %jd", op, (intmax_t)ftello(t->f[0]),
+	      (intmax_t)ftello(t->f[1]));
+}
+
+static void one_op(struct two *t, unsigned char *b0, unsigned char *b1, size_t cap)
+{
+	unsigned op = (unsigned)(next() % 16);
+	size_t len = next() % 4 == 0 ? 1 + next() % cap : 1 + next() % 20000;
+	if (len > cap)
+		len = cap;
+	long r0 = 0, r1 = 0;
+	char name[64];
+	snprintf(name, sizeof name, "op %u len %zu", op, len);
+	switch (op) {
+	case 0:
+	case 1: {
+		size_t sz = 1 + next() % 8;
+		r0 = (long)fread(b0, sz, len / sz, t->f[0]);
+		r1 = (long)fread(b1, sz, len / sz, t->f[1]);
+		CHECK(r0 == r1 && !memcmp(b0, b1, (size_t)r0 * sz), "%s: fread %ld vs %ld", name, r0, r1);
+		break;
+	}
+	case 2: {
+		off_t off = (off_t)(next() % (t->n + 20000)); /* past the end too */
+		int wh = (int)(next() % 3);
+		off_t o = wh == SEEK_SET ? off : wh == SEEK_CUR ? off - (off_t)(t->n / 2) : -(off_t)(next() % (t->n + 100));
+		r0 = fseeko(t->f[0], o, wh);
+		r1 = fseeko(t->f[1], o, wh);
+		CHECK(r0 == r1, "%s: fseeko(%jd, %d) %ld vs %ld", name, (intmax_t)o, wh, r0, r1);
+		break;
+	}
+	case 3:
+		r0 = fgetc(t->f[0]), r1 = fgetc(t->f[1]);
+		CHECK(r0 == r1, "%s: fgetc %ld vs %ld", name, r0, r1);
+		r0 = getc(t->f[0]), r1 = getc(t->f[1]);
+		CHECK(r0 == r1, "%s: getc %ld vs %ld", name, r0, r1);
+		r0 = getc_unlocked(t->f[0]), r1 = getc_unlocked(t->f[1]);
+		CHECK(r0 == r1, "%s: getc_unlocked %ld vs %ld", name, r0, r1);
+		break;
+	case 4: {
+		int c = (int)(next() % 256);
+		r0 = ungetc(c, t->f[0]), r1 = ungetc(c, t->f[1]);
+		CHECK(r0 == r1, "%s: ungetc %ld vs %ld", name, r0, r1);
+		r0 = fgetc(t->f[0]), r1 = fgetc(t->f[1]);
+		CHECK(r0 == r1, "%s: fgetc after ungetc %ld vs %ld", name, r0, r1);
+		break;
+	}
+	case 5: {
+		char *l0 = NULL, *l1 = NULL;
+		size_t c0 = 0, c1 = 0;
+		int delim = next() % 2 ? '\n' : (int)(next() % 256);
+		r0 = (long)getdelim(&l0, &c0, delim, t->f[0]);
+		r1 = (long)getdelim(&l1, &c1, delim, t->f[1]);
+		CHECK(r0 == r1 && (r0 <= 0 || !memcmp(l0, l1, (size_t)r0)), "%s: getdelim(%d) %ld vs %ld", name, delim, r0, r1);
+		free(l0);
+		free(l1);
+		l0 = l1 = NULL;
+		r0 = (long)getline(&l0, &c0, t->f[0]);
+		r1 = (long)getline(&l1, &c1, t->f[1]);
+		CHECK(r0 == r1 && (r0 <= 0 || !memcmp(l0, l1, (size_t)r0)), "%s: getline %ld vs %ld", name, r0, r1);
+		free(l0);
+		free(l1);
+		break;
+	}
+	case 6: {
+		int sz = (int)(1 + next() % 300);
+		char *s0 = fgets((char *)b0, sz, t->f[0]), *s1 = fgets((char *)b1, sz, t->f[1]);
+		CHECK(!s0 == !s1 && (!s0 || !memcmp(b0, b1, strlen((char *)b1) + 1)), "%s: fgets", name);
+		break;
+	}
+	case 7:
+		if (t->fdops && t->f[0]->_fileno == -2) {
+			/* The shim's stream and read() on its fileno(), switching
+			 * handles as POSIX says: after fseeko(0, SEEK_CUR) the
+			 * descriptor is at the stream's position (fflush is not
+			 * enough after ungetc: glibc's sync leaves the main buffer
+			 * then, on every stream); read() takes the bytes there
+			 * and the stream goes on after them. (glibc's own stream
+			 * may keep its descriptor elsewhere, its offset cached:
+			 * the other stream is moved by fseeko instead.) */
+			fseeko(t->f[0], 0, SEEK_CUR);
+			off_t pos = ftello(t->f[0]);
+			CHECK(lseek(fileno(t->f[0]), 0, SEEK_CUR) == pos, "%s: descriptor at %jd after fseeko, stream at %jd",
+			      name, (intmax_t)lseek(fileno(t->f[0]), 0, SEEK_CUR), (intmax_t)pos);
+			r0 = read(fileno(t->f[0]), b0, len);
+			size_t want = pos >= (off_t)t->n ? 0 : t->n - (size_t)pos < len ? t->n - (size_t)pos : len;
+			CHECK(r0 == (long)want && !memcmp(b0, t->want + pos, want), "%s: read(fileno) at %jd: %ld, want %zu",
+			      name, (intmax_t)pos, r0, want);
+			if (r0 > 0)
+				pos += r0;
+			CHECK(ftello(t->f[0]) == pos, "%s: stream at %jd after read(fileno), want %jd", name,
+			      (intmax_t)ftello(t->f[0]), (intmax_t)pos);
+			fseeko(t->f[1], pos, SEEK_SET);
+			clearerr(t->f[0]);
+			clearerr(t->f[1]);
+		}
+		break;
+	case 8: {
+		fpos_t p0, p1;
+		r0 = fgetpos(t->f[0], &p0), r1 = fgetpos(t->f[1], &p1);
+		CHECK(r0 == r1, "%s: fgetpos", name);
+		size_t k0 = fread(b0, 1, len % 5000, t->f[0]), k1 = fread(b1, 1, len % 5000, t->f[1]);
+		CHECK(k0 == k1 && !memcmp(b0, b1, k0), "%s: fread after fgetpos", name);
+		if (r0 == 0 && r1 == 0) {
+			r0 = fsetpos(t->f[0], &p0), r1 = fsetpos(t->f[1], &p1);
+			CHECK(r0 == r1, "%s: fsetpos", name);
+		}
+		break;
+	}
+	case 9:
+		if (next() % 4 == 0) {
+			rewind(t->f[0]);
+			rewind(t->f[1]);
+		} else {
+			clearerr(t->f[0]);
+			clearerr(t->f[1]);
+		}
+		break;
+	case 10:
+		r0 = (long)fread_unlocked(b0, 1, len, t->f[0]);
+		r1 = (long)fread_unlocked(b1, 1, len, t->f[1]);
+		CHECK(r0 == r1 && !memcmp(b0, b1, (size_t)r0), "%s: fread_unlocked %ld vs %ld", name, r0, r1);
+		break;
+	case 11: {
+		char w0[32] = "", w1[32] = "";
+		r0 = fscanf(t->f[0], "%31s", w0), r1 = fscanf(t->f[1], "%31s", w1);
+		CHECK(r0 == r1 && !strcmp(w0, w1), "%s: fscanf %ld vs %ld", name, r0, r1);
+		break;
+	}
+	case 12:
+		r0 = fseek(t->f[0], 0, SEEK_END), r1 = fseek(t->f[1], 0, SEEK_END);
+		CHECK(r0 == r1 && ftell(t->f[0]) == (long)t->n, "%s: fseek(END) %ld vs %ld, ftell %ld", name, r0, r1,
+		      ftell(t->f[0]));
+		r0 = fseek(t->f[0], -(long)(next() % (t->n + 1)), SEEK_END), r1 = fseek(t->f[1], ftell(t->f[0]) - (long)t->n, SEEK_END);
+		break;
+	default: {
+		size_t k = len > 64 ? 64 : len;
+		r0 = (long)fread(b0, 1, k, t->f[0]);
+		r1 = (long)fread(b1, 1, k, t->f[1]);
+		CHECK(r0 == r1 && !memcmp(b0, b1, (size_t)r0), "%s: small fread %ld vs %ld", name, r0, r1);
+		break;
+	}
+	}
+	same_state(t, name);
+}
+
+static void ops(struct two *t, int count)
+{
+	size_t cap = 300000;
+	unsigned char *b0 = malloc(cap), *b1 = malloc(cap);
+	for (int i = 0; i < count && !stdio_fail_cap(); i++)
+		one_op(t, b0, b1, cap);
+	free(b0);
+	free(b1);
+}
+
+static void check_kind(FILE *f, const char *kind, const char *what)
+{
+	if (!strcmp(kind, "served"))
+		CHECK(f && f->_fileno == -2, "%s: not the shim's stream (_fileno %d)", what, f ? f->_fileno : 0);
+	else if (!strcmp(kind, "plain"))
+		CHECK(f && f->_fileno >= 0, "%s: not glibc's own stream (_fileno %d)", what, f ? f->_fileno : 0);
+	if (f)
+		CHECK(fileno(f) >= 0, "%s: fileno %d", what, fileno(f));
+}
+
+static void two_close(struct two *t)
+{
+	for (int i = 0; i < 2; i++) {
+		CHECK(fclose(t->f[i]) == 0, "fclose");
+		free(t->vb[i]);
+		t->vb[i] = NULL;
+	}
+}
+
+static void stdio_compare(const char *path, const char *src, const char *kind)
+{
+	struct stat st;
+	CHECK(stat(src, &st) == 0, "stat %s", src);
+	struct two t = {.n = (size_t)st.st_size};
+	t.want = slurp(src, &t.n);
+	CHECK(t.want, "read %s", src);
+	if (!t.want)
+		return;
+	/* 1. fopen, default buffers, stdio calls only. */
+	t.f[0] = fopen(path, "r");
+	t.f[1] = fopen(src, "r");
+	CHECK(t.f[0] && t.f[1], "fopen: %s", strerror(errno));
+	if (!t.f[0] || !t.f[1])
+		return;
+	check_kind(t.f[0], kind, "fopen");
+	ops(&t, 1500);
+	two_close(&t);
+	/* 2. fopen64 "rbe" + setvbuf with equal 8 KiB buffers (sha256sum's
+	 * pattern): the descriptor is shared with read(), lseek. */
+	t.f[0] = fopen64(path, "rbe");
+	t.f[1] = fopen64(src, "rbe");
+	CHECK(t.f[0] && t.f[1], "fopen64: %s", strerror(errno));
+	if (!t.f[0] || !t.f[1])
+		return;
+	check_kind(t.f[0], kind, "fopen64");
+	CHECK(fcntl(fileno(t.f[0]), F_GETFD) == FD_CLOEXEC, "'e': close-on-exec");
+	t.fdops = 1;
+	for (int i = 0; i < 2; i++) {
+		t.vb[i] = malloc(8192);
+		CHECK(setvbuf(t.f[i], t.vb[i], _IOFBF, 8192) == 0, "setvbuf");
+	}
+	posix_fadvise(fileno(t.f[0]), 0, 0, POSIX_FADV_SEQUENTIAL);
+	ops(&t, 1500);
+	/* fork: the child goes on with both streams (the descriptors' offsets
+	 * are shared with the parent, as with any FILE), then the parent. */
+	fflush(stdout);
+	fflush(stderr);
+	pid_t pid = fork();
+	if (pid == 0) {
+		ops(&t, 300);
+		_exit(failures ? 1 : 0);
+	}
+	int status = 0;
+	waitpid(pid, &status, 0);
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "forked child's stdio");
+	ops(&t, 300);
+	/* freopen: the same file again by name and by NULL. */
+	t.f[0] = freopen(path, "r", t.f[0]);
+	t.f[1] = freopen(src, "r", t.f[1]);
+	CHECK(t.f[0] && t.f[1], "freopen: %s", strerror(errno));
+	if (!t.f[0] || !t.f[1])
+		return;
+	check_kind(t.f[0], kind, "freopen");
+	ops(&t, 300);
+	t.f[0] = freopen(NULL, "rb", t.f[0]);
+	t.f[1] = freopen(NULL, "rb", t.f[1]);
+	CHECK(t.f[0] && t.f[1], "freopen(NULL): %s", strerror(errno));
+	if (!t.f[0] || !t.f[1])
+		return;
+	ops(&t, 300);
+	two_close(&t);
+	/* 3. fdopen of open() (numpy.fromfile's way: a dup'ed fd). */
+	int fd0 = open(path, O_RDONLY), fd1 = open(src, O_RDONLY);
+	int d0 = dup(fd0), d1 = dup(fd1);
+	t.f[0] = fdopen(d0, "rb");
+	t.f[1] = fdopen(d1, "rb");
+	CHECK(t.f[0] && t.f[1], "fdopen: %s", strerror(errno));
+	if (!t.f[0] || !t.f[1])
+		return;
+	check_kind(t.f[0], kind, "fdopen");
+	CHECK(fileno(t.f[0]) == d0, "fdopen: fileno %d, want %d", fileno(t.f[0]), d0);
+	ops(&t, 1000);
+	two_close(&t);
+	CHECK(fcntl(d0, F_GETFD) == -1 && errno == EBADF, "fclose closed the fdopen'ed descriptor");
+	close(fd0);
+	close(fd1);
+	/* Streams opened for writing are glibc's. */
+	if (!strcmp(kind, "served")) {
+		FILE *w = fopen(path, "r+");
+		CHECK(!w || w->_fileno >= 0, "r+ stream is glibc's");
+		if (w)
+			fclose(w);
+		FILE *r = fopen(path, "r");
+		errno = 0;
+		CHECK(r && freopen(path, "r+", r) == NULL && errno == EINVAL, "freopen of a served stream for writing: EINVAL");
+	}
+	free(t.want);
+}
+
+/* stdio_wide: fgetwc, getwc, fgetws, ungetwc, fwide on FILE and SRC
+ * (UTF-8 text), compared as above. */
+static void stdio_wide(const char *path, const char *src, const char *kind)
+{
+	if (!setlocale(LC_ALL, "C.UTF-8")) {
+		CHECK(0, "no C.UTF-8 locale");
+		return;
+	}
+	FILE *f[2] = {fopen(path, "r"), fopen(src, "r")};
+	CHECK(f[0] && f[1], "fopen");
+	if (!f[0] || !f[1])
+		return;
+	check_kind(f[0], kind, "wide fopen");
+	CHECK(fwide(f[0], 0) == fwide(f[1], 0), "fwide(0) before");
+	const wchar_t back[] = L"a\u00e9\u20ac\U0001F600";
+	for (int i = 0; i < 3000 && !stdio_fail_cap(); i++) {
+		unsigned op = (unsigned)(next() % 5);
+		wint_t c0, c1;
+		switch (op) {
+		case 0:
+			c0 = fgetwc(f[0]), c1 = fgetwc(f[1]);
+			CHECK(c0 == c1, "fgetwc %u vs %u", (unsigned)c0, (unsigned)c1);
+			break;
+		case 1:
+			c0 = getwc(f[0]), c1 = getwc(f[1]);
+			CHECK(c0 == c1, "getwc %u vs %u", (unsigned)c0, (unsigned)c1);
+			break;
+		case 2: {
+			wchar_t w0[64], w1[64];
+			int sz = (int)(1 + next() % 64);
+			wchar_t *s0 = fgetws(w0, sz, f[0]), *s1 = fgetws(w1, sz, f[1]);
+			CHECK(!s0 == !s1 && (!s0 || !wcscmp(w0, w1)), "fgetws(%d)", sz);
+			break;
+		}
+		case 3: {
+			wchar_t w = back[next() % 4];
+			c0 = ungetwc((wint_t)w, f[0]), c1 = ungetwc((wint_t)w, f[1]);
+			CHECK(c0 == c1, "ungetwc");
+			c0 = fgetwc(f[0]), c1 = fgetwc(f[1]);
+			CHECK(c0 == c1 && c0 == (wint_t)w, "fgetwc after ungetwc %u vs %u", (unsigned)c0, (unsigned)c1);
+			break;
+		}
+		default:
+			if (next() % 8 == 0) {
+				rewind(f[0]);
+				rewind(f[1]);
+			}
+			break;
+		}
+		CHECK(feof(f[0]) == feof(f[1]) && ferror(f[0]) == ferror(f[1]), "wide op %u: feof/ferror", op);
+		CHECK(fwide(f[0], 0) == fwide(f[1], 0), "wide op %u: fwide %d vs %d", op, fwide(f[0], 0), fwide(f[1], 0));
+	}
+	fclose(f[0]);
+	fclose(f[1]);
+	setlocale(LC_ALL, "C");
+}
+
+/* stdio_rewrite: a stream reads 5000 bytes of FILE, FILE is rewritten
+ * (O_TRUNC, other bytes, through the same path), the stream reads on;
+ * everything read goes to stdout (the test compares it with and without
+ * the shim). */
+static void stdio_rewrite(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	CHECK(f, "fopen %s: %s", path, strerror(errno));
+	if (!f)
+		return;
+	unsigned char *b = malloc(1 << 20);
+	size_t k = fread(b, 1, 5000, f);
+	fwrite(b, 1, k, stdout);
+	int w = open(path, O_WRONLY | O_TRUNC);
+	CHECK(w >= 0, "open for rewrite: %s", strerror(errno));
+	for (int i = 0; i < 64 && w >= 0; i++) {
+		memset(b, 'A' + i % 26, 4096);
+		CHECK(write(w, b, 4096) == 4096, "rewrite");
+	}
+	if (w >= 0)
+		close(w);
+	while ((k = fread(b, 1, 1 << 20, f)) > 0)
+		fwrite(b, 1, k, stdout);
+	CHECK(!ferror(f), "stream error after the rewrite: %s", strerror(errno));
+	fclose(f);
+	free(b);
+}
+
+static void stdio_unit(const char *dir)
+{
+	char path[4096], wpath[4096];
+	snprintf(path, sizeof path, "%s/preload-stdio.bin", dir);
+	snprintf(wpath, sizeof wpath, "%s/preload-stdio.txt", dir);
+	FILE *f = fopen(path, "w");
+	CHECK(f && f->_fileno >= 0, "fopen w: glibc's stream");
+	for (int i = 0; f && i < 40000; i++)
+		fprintf(f, "%d line %x\n", i, i * 77);
+	CHECK(f && fclose(f) == 0, "write");
+	f = fopen(wpath, "w");
+	for (int i = 0; f && i < 500; i++)
+		fputs("h\u00e9llo w\u00f6rld \u20ac \U0001F600\n", f);
+	CHECK(f && fclose(f) == 0, "write wide");
+	/* A file outside a mount: glibc's streams on both sides. */
+	stdio_compare(path, path, "plain");
+	stdio_wide(wpath, wpath, "plain");
+	errno = 0;
+	CHECK(fopen("/nonexistent/x", "r") == NULL && errno == ENOENT, "fopen ENOENT");
+	CHECK(fdopen(-1, "r") == NULL && errno == EBADF, "fdopen(-1) EBADF");
+	unlink(path);
+	unlink(wpath);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 3 && !strcmp(argv[1], "unit"))
 		unit(argv[2]);
 	else if (argc == 4 && !strcmp(argv[1], "compare"))
 		compare(argv[2], argv[3]);
+	else if (argc == 3 && !strcmp(argv[1], "stdio-unit"))
+		stdio_unit(argv[2]);
+	else if (argc == 5 && !strcmp(argv[1], "stdio"))
+		stdio_compare(argv[2], argv[3], argv[4]);
+	else if (argc == 5 && !strcmp(argv[1], "stdio-wide"))
+		stdio_wide(argv[2], argv[3], argv[4]);
+	else if (argc == 3 && !strcmp(argv[1], "stdio-rewrite"))
+		stdio_rewrite(argv[2]);
 	else {
-		fprintf(stderr, "usage: %s unit DIR | compare FILE SRC\n", argv[0]);
+		fprintf(stderr, "usage: %s unit DIR | compare FILE SRC | stdio-unit DIR | stdio FILE SRC served|plain|any |\n"
+		        "  stdio-wide FILE SRC served|plain|any | stdio-rewrite FILE\n", argv[0]);
 		return 2;
 	}
 	if (failures) {

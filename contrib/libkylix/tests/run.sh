@@ -63,13 +63,18 @@ $CTA unit
 
 echo "== preload shim: exported symbols, unit (plain, ASan+UBSan) on a local file"
 psyms=$(nm -D --defined-only "$BIN/libkylix_preload.so" | awk '$2 ~ /^[A-TV-Z]$/ {print $3}')
-pbad=$(echo "$psyms" | grep -v -x -E '(__)?p?readv?(64)?(v2)?(_chk)?|mmap(64)?|close|close_range|closefrom|dup[23]?|fcntl(64)?|copy_file_range' || true)
+pbad=$(echo "$psyms" | grep -v -x -E '(__)?p?readv?(64)?(v2)?(_chk)?|mmap(64)?|close|close_range|closefrom|dup[23]?|fcntl(64)?|copy_file_range|fopen(64)?|fdopen|freopen(64)?|fileno(_unlocked)?|fseeko?(64)?|fwide|f?getwc(_unlocked)?|(__)?fgetws(_unlocked)?(_chk)?|ungetwc' || true)
 [ -z "$pbad" ] || fail "the shim exports more than the calls it intercepts: $pbad"
 LD_PRELOAD=$PWD/$BIN/libkylix_preload.so "$BIN/.libkylix/preload-test" unit "$tmp" || fail "shim unit test"
+# stdio on local files: glibc's own streams, every call as without the shim.
+"$BIN/.libkylix/preload-test" stdio-unit "$tmp" || fail "stdio unit test without the shim"
+LD_PRELOAD=$PWD/$BIN/libkylix_preload.so "$BIN/.libkylix/preload-test" stdio-unit "$tmp" || fail "shim stdio unit test"
 asan=$(${CC:-cc} -print-file-name=libasan.so)
 if [ -f "$asan" ]; then
   ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD="$asan $PWD/$BIN/.libkylix/libkylix_preload-asan.so" \
     "$BIN/.libkylix/preload-test" unit "$tmp" || fail "shim unit test under ASan+UBSan"
+  ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD="$asan $PWD/$BIN/.libkylix/libkylix_preload-asan.so" \
+    "$BIN/.libkylix/preload-test" stdio-unit "$tmp" || fail "shim stdio unit test under ASan+UBSan"
 else
   echo "note: no libasan.so for ${CC:-cc}: the shim's ASan run skipped"
 fi
@@ -163,4 +168,22 @@ if ! echo "$out" | grep -q "socket (none)"; then
   echo "$out" | grep -q "direct [1-9]" || fail "KYLIX_PACK_IO=direct read no byte with O_DIRECT"
 fi
 KYLIX_NO_PACKS=1 $CT mount "${noprobe[@]}" "$src/large.bin" "$mnt/m/large.bin" | grep -q "pack 0," || fail "KYLIX_NO_PACKS=1 still read packs"
+# The shim's stdio streams on the mount (docs/design/preload.md, "stdio"):
+# every stdio call compared with glibc's stream on the source, plain and
+# under ASan+UBSan; sha256sum's bytes came from the packs.
+PT=$BIN/.libkylix/preload-test
+if [ ${#noprobe[@]} -eq 0 ]; then
+  for f in large.bin small.bin; do
+    LD_PRELOAD=$PWD/$BIN/libkylix_preload.so $PT stdio "$mnt/m/$f" "$src/$f" served || fail "shim stdio on $f"
+    if [ -f "$asan" ]; then
+      ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD="$asan $PWD/$BIN/.libkylix/libkylix_preload-asan.so" \
+        $PT stdio "$mnt/m/$f" "$src/$f" served || fail "shim stdio on $f under ASan+UBSan"
+    fi
+  done
+  got=$(KYLIX_PRELOAD_STATS=$tmp/st.json LD_PRELOAD=$PWD/$BIN/libkylix_preload.so sha256sum "$mnt/m/large.bin" | cut -d' ' -f1)
+  [ "$got" = "$(sha256sum "$src/large.bin" | cut -d' ' -f1)" ] || fail "sha256sum under the shim: $got"
+  grep -q "\"bypassed_bytes\": $(stat -c %s "$src/large.bin"), \"fuse_bytes\": 0," "$tmp/st.json" ||
+    fail "sha256sum under the shim did not read every byte from the packs: $(cat "$tmp/st.json")"
+  echo "preload shim stdio on the mount: ok"
+fi
 echo "== libkylix: all tests passed"
