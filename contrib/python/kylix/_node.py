@@ -19,6 +19,7 @@ LAYOUT_MAGIC = 0x4B594C58  # "KYLX"
 CLIENT_MAGIC = 0x4B594C43  # "KYLC"
 PROTO_VERSION = 1
 OP_PACKS, OP_FILL, OP_STAT = 1, 2, 3
+OP_KV_PUT, OP_KV_GET, OP_KV_CONTAINS, OP_KV_STATS, OP_KV_CLEAR = 4, 5, 6, 7, 8  # kylix.kv
 MAX_RANGES = 4096
 MAX_STRIDED_RANGES = 2048
 FILL_STRIDED = 4
@@ -71,12 +72,17 @@ class NodeClient:
     def close(self):
         self._s.close()
 
-    def _call(self, op: int, body: bytes, fd: int) -> bytes:
+    def _call(self, op: int, body: bytes, fd) -> bytes:
+        """fd: the one descriptor the request carries, or None (KV ops
+        without a buffer)."""
         with self._mu:
             self._seq = (self._seq + 1) & 0xFFFFFFFF
             seq = self._seq
             hdr = struct.pack("<IHHII", CLIENT_MAGIC, PROTO_VERSION, op, seq, len(body))
-            socket.send_fds(self._s, [hdr + body], [fd])
+            if fd is None:
+                self._s.send(hdr + body)
+            else:
+                socket.send_fds(self._s, [hdr + body], [fd])
             msg, fds, _flags, _addr = socket.recv_fds(self._s, 1 << 20, 64)
         for f in fds:  # FILL and STAT send none; close any we did not ask for
             os.close(f)

@@ -1,0 +1,239 @@
+"""kylix.kv: the node's KV-cache store (docs/design/kv.md) from Python.
+
+    from kylix.kv import KVStore, key
+    kv = KVStore("/mnt/kylix")             # the node found from its mount
+    kv.block_size                          # every block is exactly this long
+    stored = kv.put(keys, tensors)         # [True/False]: False = refused for room
+    hits = kv.get(keys, out=tensors)       # [True/False]: True = out[i] was filled
+    kv.contains(keys)                      # ["memory" | "disk" | None]
+    kv.stats(); kv.clear()
+
+Keys are 32-byte values the caller computes (a hash of the token prefix:
+key(*parts) gives one). Blocks are kept per uid: another local user cannot
+see or read yours. Tensors (or writable bytes-like objects for out) must be
+contiguous, in host memory, and exactly block_size bytes; CUDA tensors are
+refused (the node's GPU path for KV blocks is not built yet: copy to the
+CPU first). The bytes travel through one memfd buffer shared with the
+node (SCM_RIGHTS): one copy on each side, none through the socket.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import hashlib
+import mmap
+import os
+import struct
+import threading
+
+from . import _node
+
+__all__ = ["KVStore", "key", "KVError"]
+
+DEVICE_HOST = 0xFFFFFFFF
+MAX_KEYS = 2048
+# The largest buffer one request uses: puts and gets of more are split.
+MAX_BATCH_BYTES = 256 << 20
+TIERS = {0: None, 1: "memory", 2: "disk"}
+
+KVError = _node.NodeError
+
+
+def key(*parts) -> bytes:
+    """A 32-byte key from parts (bytes, str or int): BLAKE2b-256 of their
+    length-prefixed encodings, so ("ab", "c") and ("a", "bc") differ."""
+    h = hashlib.blake2b(digest_size=32, person=b"kylix-kv-key")
+    for p in parts:
+        if isinstance(p, int):
+            p = p.to_bytes(8, "little", signed=True)
+        elif isinstance(p, str):
+            p = p.encode()
+        p = bytes(p)
+        h.update(struct.pack("<Q", len(p)) + p)
+    return h.digest()
+
+
+def _socket_of(mount_point: str) -> str:
+    fd = os.open(mount_point, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        pr = _node.probe(fd)
+    finally:
+        os.close(fd)
+    if pr is None:
+        raise KVError(errno.ENODEV, f"{mount_point} is not a Kylix mount (KYLIX_IOC_PROBE unanswered)")
+    if not pr[2]:
+        raise KVError(errno.ENODEV, f"the node of {mount_point} has no client socket (kylix serve --client-socket)")
+    return pr[2]
+
+
+def _keys(keys) -> list:
+    out = []
+    for k in keys:
+        k = bytes(k)
+        if len(k) != 32:
+            raise ValueError(f"a KV key is 32 bytes, got {len(k)} (kylix.kv.key(...) makes one)")
+        out.append(k)
+    return out
+
+
+def _span(obj, block_size: int, writable: bool):
+    """(address, keepalive) of a tensor or bytes-like object of exactly
+    block_size bytes in host memory."""
+    if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous"):  # a torch tensor
+        if obj.device.type != "cpu":
+            raise KVError(errno.EOPNOTSUPP, f"KV blocks on {obj.device} are not supported yet: use CPU tensors")
+        if not obj.is_contiguous():
+            raise ValueError("a KV block tensor must be contiguous")
+        n = obj.numel() * obj.element_size()
+        if n != block_size:
+            raise ValueError(f"a KV block is {block_size} bytes, this tensor has {n}")
+        return obj.data_ptr(), obj
+    mv = memoryview(obj).cast("B")
+    if mv.nbytes != block_size:
+        raise ValueError(f"a KV block is {block_size} bytes, this buffer has {mv.nbytes}")
+    if writable and mv.readonly:
+        raise ValueError("get(out=...) needs writable buffers")
+    if mv.readonly:  # bytes: its own buffer, kept alive by the returned object
+        b = mv.tobytes() if not isinstance(obj, bytes) else obj
+        return ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value, b
+    return ctypes.addressof(ctypes.c_char.from_buffer(mv)), mv
+
+
+class KVStore:
+    """The KV store of the node serving mount_point (found by
+    KYLIX_IOC_PROBE on the mount, as kylix.torch finds it). One connection;
+    calls are serialised. Close it (or use it as a context manager)."""
+
+    def __init__(self, mount_point: str, socket_path: str | None = None):
+        self._client = _node.NodeClient(socket_path or _socket_of(mount_point))
+        self._mu = threading.Lock()
+        self._fd, self._mm, self._cbuf, self._size = -1, None, None, 0
+        try:
+            self.block_size = self.stats()["block_size"]
+        except BaseException:
+            self.close()
+            raise
+        self._batch = max(1, min(MAX_KEYS, MAX_BATCH_BYTES // self.block_size))
+
+    def close(self):
+        with self._mu:
+            self._unmap()
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+            self._client.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _unmap(self):
+        self._cbuf = None
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+
+    def _buffer(self, n: int) -> int:
+        """The address of a memfd buffer of at least n bytes (s._mu held)."""
+        if n > self._size:
+            self._unmap()
+            if self._fd < 0:
+                self._fd = os.memfd_create("kylix-kv", os.MFD_CLOEXEC)
+            os.ftruncate(self._fd, n)
+            self._mm = mmap.mmap(self._fd, n)
+            self._cbuf = (ctypes.c_char * n).from_buffer(self._mm)
+            self._size = n
+        return ctypes.addressof(self._cbuf)
+
+    def _blocks_body(self, keys) -> bytes:
+        return struct.pack("<IIIIQ", DEVICE_HOST, 0, len(keys), 0, 0) + b"".join(keys)
+
+    def put(self, keys, tensors) -> list:
+        """Puts tensors[i] under keys[i]; [True if stored, False if refused
+        for room (the host tier is full of blocks not yet on disk: retry
+        later or recompute)]. Other refusals raise KVError."""
+        keys = _keys(keys)
+        tensors = list(tensors)
+        if len(keys) != len(tensors):
+            raise ValueError(f"{len(keys)} keys for {len(tensors)} tensors")
+        bs, out = self.block_size, []
+        spans = [_span(t, bs, False) for t in tensors]
+        with self._mu:
+            for i in range(0, len(keys), self._batch):
+                part = keys[i:i + self._batch]
+                base = self._buffer(len(part) * bs)
+                for j, (addr, _) in enumerate(spans[i:i + len(part)]):
+                    ctypes.memmove(base + j * bs, addr, bs)
+                rest = self._client._call(_node.OP_KV_PUT, self._blocks_body(part), self._fd)
+                n, _bs = struct.unpack_from("<II", rest, 0)
+                if n != len(part) or len(rest) != 8 + 4 * n:
+                    raise KVError(errno.EPROTO, "KV_PUT reply does not match the request")
+                for st in struct.unpack_from(f"<{n}i", rest, 8):
+                    if st not in (0, -errno.ENOSPC):
+                        raise KVError(-st, f"node: KV put: {os.strerror(-st)}")
+                    out.append(st == 0)
+        return out
+
+    def get(self, keys, out) -> list:
+        """Fills out[i] with the block of keys[i] where the node has it;
+        [True where filled]. A miss leaves out[i] as it was."""
+        keys = _keys(keys)
+        out = list(out)
+        if len(keys) != len(out):
+            raise ValueError(f"{len(keys)} keys for {len(out)} outputs")
+        bs, hits = self.block_size, []
+        spans = [_span(t, bs, True) for t in out]
+        with self._mu:
+            for i in range(0, len(keys), self._batch):
+                part = keys[i:i + self._batch]
+                base = self._buffer(len(part) * bs)
+                tiers = self._tiers(_node.OP_KV_GET, self._blocks_body(part), self._fd, len(part))
+                for j, t in enumerate(tiers):
+                    if t:
+                        ctypes.memmove(spans[i + j][0], base + j * bs, bs)
+                    hits.append(bool(t))
+        return hits
+
+    def contains(self, keys) -> list:
+        """Where each key's block is: "memory", "disk" or None."""
+        keys, res = _keys(keys), []
+        with self._mu:
+            for i in range(0, len(keys), MAX_KEYS):
+                part = keys[i:i + MAX_KEYS]
+                body = struct.pack("<II", len(part), 0) + b"".join(part)
+                res += [TIERS.get(t, "unknown") for t in self._tiers(_node.OP_KV_CONTAINS, body, None, len(part))]
+        return res
+
+    def _tiers(self, op, body, fd, n):
+        rest = self._client._call(op, body, fd)
+        if len(rest) < 8:
+            raise KVError(errno.EPROTO, "KV reply too short")
+        got, _bs = struct.unpack_from("<II", rest, 0)
+        if got != n or len(rest) != 8 + n:
+            raise KVError(errno.EPROTO, "KV reply does not match the request")
+        return rest[8:]
+
+    _STATS = ("block_size", "flags", "mem_budget", "mem_bytes", "disk_budget", "disk_bytes",
+              "my_mem_blocks", "my_disk_blocks", "cleared")
+
+    def _stats_op(self, op) -> dict:
+        rest = self._client._call(op, b"", None)
+        if len(rest) != 64:
+            raise KVError(errno.EPROTO, "KV_STATS reply of the wrong size")
+        d = dict(zip(self._STATS, struct.unpack("<IIQQQQQQQ", rest)))
+        d["disk_tier"] = bool(d.pop("flags") & 1)
+        return d
+
+    def stats(self) -> dict:
+        """The store's block size and budgets, the bytes held (all users),
+        and this uid's blocks per tier."""
+        d = self._stats_op(_node.OP_KV_STATS)
+        d.pop("cleared")
+        return d
+
+    def clear(self) -> int:
+        """Drops this uid's blocks (memory and disk); returns how many."""
+        return self._stats_op(_node.OP_KV_CLEAR)["cleared"]
