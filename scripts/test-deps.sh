@@ -2,7 +2,7 @@
 # Installs the real clients the tests need, where missing: fuse3, C and C++
 # compilers, Debian's python3-torch and python3-numpy, setpriv, mkfs.ext4 and
 # systemd-analyze, ip, tc, nsenter and nft (network-namespace tests; nft adds
-# packet loss). Idempotent: with everything present it installs nothing and
+# packet loss), getfattr (attr: the README's tour, scripts/tour.sh). Idempotent: with everything present it installs nothing and
 # asks no registry. `make test` and .ci/run run it first.
 #
 # As root where apt-get is, it installs what is missing. Elsewhere it names
@@ -20,6 +20,7 @@ command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || need+=(iproute
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+command -v getfattr >/dev/null 2>&1 || need+=(attr)
 if [ ${#need[@]} -eq 0 ]; then
   echo "test clients: all present"
   exit 0
