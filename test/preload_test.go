@@ -35,6 +35,7 @@ type preloadStats struct {
 	MmapCopied   uint64 `json:"mmap_copied_bytes"`
 	MmapMapped   uint64 `json:"mmap_mapped_bytes"`
 	KylixFiles   uint64 `json:"kylix_files"`
+	Streams      uint64 `json:"stdio_streams"`
 	statsPresent bool
 }
 

@@ -1076,7 +1076,10 @@ static FILE *ks_wrap(int fd)
 
 /* served says whether the shim serves reads of fd from at least one
  * pack (a fresh look: the number's state is forgotten first, it may be a
- * stale one's). A file with no pack handed out keeps glibc's stream. */
+ * stale one's). A file with no pack handed out keeps glibc's stream, and
+ * its number is forgotten again: glibc's fclose closes it without the
+ * shim seeing it, and a number left marked "not Kylix" would keep the
+ * shim off the next file opened under it. */
 static bool served(int fd)
 {
 	if (disabled || stdio_off || fd < 0)
@@ -1084,10 +1087,11 @@ static bool served(int fd)
 	forget(fd);
 	struct stat st;
 	struct kfile *kf = lookup(fd, &st);
-	if (!kf)
-		return false;
-	bool packs = kf->npacks > 0;
-	kf_put(kf);
+	bool packs = kf && kf->npacks > 0;
+	if (kf)
+		kf_put(kf);
+	if (!packs)
+		forget(fd);
 	return packs;
 }
 
@@ -1115,6 +1119,7 @@ static FILE *do_fopen(FILE *(*real)(const char *, const char *), const char *pat
 	if (!fp) {
 		if (nfd >= 0)
 			syscall(SYS_close, nfd);
+		forget(fd);
 		KEEP_ERRNO_END;
 		return orig;
 	}
