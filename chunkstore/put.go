@@ -651,10 +651,28 @@ func planChunks(f *os.File, name string, size int64) (chunkPlan, error) {
 		// at tensor boundaries.
 		return chunkPlan{format: FormatOpaque, note: fmt.Sprintf("content-defined chunking: %v", err)}, nil
 	}
-	if format == chunking.FormatSafetensors {
+	var spans func(io.ReaderAt, int64, *chunking.CDC) ([]chunking.Span, error)
+	switch format {
+	case chunking.FormatSafetensors:
 		return chunkPlan{format: FormatSafetensors, spans: chunking.TensorSpans(hdr, size, chunking.DefaultTensorChunk)}, nil
+	case chunking.FormatTar:
+		spans = chunking.TarSpans
+	case chunking.FormatLines:
+		spans = chunking.LineSpans
+	default:
+		return chunkPlan{format: FormatOpaque}, nil
 	}
-	return chunkPlan{format: FormatOpaque}, nil
+	// Cut at records (docs/design/chunking.md, "Data sets"). The manifest
+	// still says opaque: its format tells readers how to read the chunks,
+	// and these are plain bytes to every reader.
+	sp, err := spans(f, size, chunking.DefaultCDC())
+	if errors.Is(err, chunking.ErrBadTar) {
+		return chunkPlan{format: FormatOpaque, note: fmt.Sprintf("content-defined chunking: %v", err)}, nil
+	}
+	if err != nil {
+		return chunkPlan{}, err
+	}
+	return chunkPlan{format: FormatOpaque, spans: sp}, nil
 }
 
 // chunkJob is one chunk moving through the import pipeline.

@@ -101,6 +101,12 @@ const (
 	FormatOpaque Format = iota
 	// FormatSafetensors files are chunked at tensor boundaries (TensorSpans).
 	FormatSafetensors
+	// FormatTar files (*.tar: WebDataset shards and other tar archives) are
+	// chunked at member boundaries (TarSpans).
+	FormatTar
+	// FormatLines files (*.jsonl, *.ndjson, *.csv, *.tsv) are chunked by
+	// content with every cut at a line's end (LineSpans).
+	FormatLines
 )
 
 func (f Format) String() string {
@@ -109,6 +115,10 @@ func (f Format) String() string {
 		return "opaque"
 	case FormatSafetensors:
 		return "safetensors"
+	case FormatTar:
+		return "tar"
+	case FormatLines:
+		return "lines"
 	}
 	return fmt.Sprintf("Format(%d)", int(f))
 }
@@ -123,10 +133,20 @@ var ErrBadSafetensors = errors.New("file named .safetensors is not valid safeten
 // Detect returns FormatSafetensors and the header, for TensorSpans. If it does
 // not, Detect does not fall back silently: it returns an error wrapping
 // ErrBadSafetensors, together with FormatOpaque, the format to use if the
-// caller decides to store the file anyway (with CDC). Any other name is
-// FormatOpaque with no error; its content is not read.
+// caller decides to store the file anyway (with CDC). A name ending in
+// ".tar" is FormatTar and one ending in ".jsonl", ".ndjson", ".csv" or
+// ".tsv" FormatLines, by name alone (TarSpans checks the archive). Any
+// other name is FormatOpaque with no error; its content is not read.
 func Detect(name string, r io.ReaderAt, size int64) (Format, *safetensors.Header, error) {
-	if !strings.HasSuffix(strings.ToLower(name), ".safetensors") {
+	lower := strings.ToLower(name)
+	switch {
+	case strings.HasSuffix(lower, ".tar"):
+		return FormatTar, nil, nil
+	case strings.HasSuffix(lower, ".jsonl"), strings.HasSuffix(lower, ".ndjson"),
+		strings.HasSuffix(lower, ".csv"), strings.HasSuffix(lower, ".tsv"):
+		return FormatLines, nil, nil
+	}
+	if !strings.HasSuffix(lower, ".safetensors") {
 		return FormatOpaque, nil, nil
 	}
 	h, err := safetensors.Parse(r, size)
