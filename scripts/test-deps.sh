@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the real clients the tests need, where missing: fuse3, C and C++
-# compilers, Debian's python3-torch and python3-numpy, setpriv, mkfs.ext4 and
-# systemd-analyze, ip, tc, nsenter and nft (network-namespace tests; nft adds
-# packet loss), getfattr (attr: the README's tour, scripts/tour.sh). Idempotent: with everything present it installs nothing and
+# compilers, Debian's python3-torch, python3-numpy and python3-venv, setpriv,
+# mkfs.ext4 and systemd-analyze, ip, tc, nsenter and nft (network-namespace
+# tests; nft adds packet loss), getfattr (attr: the README's tour,
+# scripts/tour.sh). Idempotent: with everything present it installs nothing and
 # asks no registry. `make test` and .ci/run run it first.
 #
 # As root where apt-get is, it installs what is missing. Elsewhere it names
@@ -15,6 +16,7 @@ command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 command -v c++ >/dev/null 2>&1 || need+=(g++)
 /usr/bin/python3 -c 'import torch, numpy' >/dev/null 2>&1 || need+=(python3-torch python3-numpy)
+/usr/bin/python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 command -v setpriv >/dev/null 2>&1 && command -v prlimit >/dev/null 2>&1 && command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
 command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || need+=(iproute2)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
