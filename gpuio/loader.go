@@ -76,6 +76,13 @@ type Options struct {
 	Strict bool
 	// IO chooses page cache or O_DIRECT reads (default IOAuto).
 	IO IOMode
+	// CacheColdReads: with IOAuto, bytes not in the page cache are read
+	// through it instead of with O_DIRECT, so that the next load of them
+	// is a warm one. Set it when the caller's whole load fits the page
+	// cache without evicting everything else (FitsPageCache); a load too
+	// large for that reads them with O_DIRECT and leaves the cache to the
+	// rest of the machine (docs/design/gpuio.md, "One page-cache policy").
+	CacheColdReads bool
 	// BufferSize is the size of each pinned buffer (default 16 MiB + 8 KiB:
 	// a whole 16 MiB tensor chunk with 4 KiB alignment slack on both sides).
 	// A chunk larger than BufferSize-8 KiB cannot be loaded.

@@ -409,7 +409,7 @@ func (l *Loader) read(ctx context.Context, j job, buf PinnedMem, stage DeviceMem
 		return source{host: pf.mapped, pinned: reg, hostOff: g.dataOff, kind: ioMapped}, nil
 	}
 	f, kind := pf.buffered, ioBuffered
-	if l.opts.IO == IODirect || (l.opts.IO == IOAuto && !(j.shared != nil && j.shared()) && !pf.resident(g.readOff, g.readLen)) {
+	if l.opts.IO == IODirect || (l.opts.IO == IOAuto && !l.opts.CacheColdReads && !(j.shared != nil && j.shared()) && !pf.resident(g.readOff, g.readLen)) {
 		f, kind = pf.direct, ioDirect
 	}
 	src := source{host: buf.Bytes()[:g.readLen], pinned: buf, hostOff: g.dataOff - g.readOff, kind: kind}

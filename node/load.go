@@ -83,6 +83,9 @@ type LoadReport struct {
 	// pass (the node, when the command was forwarded to one) while it
 	// ran, all its threads, not only the load's.
 	CPUSeconds float64 `json:"cpu_seconds"`
+	// CachePolicy says how bytes not in the page cache were read, and why
+	// (gpuio.FitsPageCache); empty when --io chose.
+	CachePolicy string `json:"cache_policy,omitempty"`
 }
 
 // Load runs req in the node: the CUDA context is the node's, not the
@@ -121,12 +124,8 @@ func Load(ctx context.Context, s *chunkstore.Store, req LoadRequest, onPass func
 	default:
 		return fmt.Errorf("load: --reader %q: want pread or io_uring", req.Reader)
 	}
-	l, err := gpuio.New(s, dev, opts)
-	if err != nil {
-		return err
-	}
-	defer l.Close()
 	var files []string
+	var total int64
 	for _, p := range req.Paths {
 		below, err := s.FilesBelow(ctx, p)
 		if err != nil {
@@ -134,11 +133,23 @@ func Load(ctx context.Context, s *chunkstore.Store, req LoadRequest, onPass func
 		}
 		for _, pf := range below {
 			files = append(files, pf.Path)
+			total += pf.Entry.Size
 		}
 	}
 	if len(files) == 0 {
 		return fmt.Errorf("load: no files under %s", strings.Join(req.Paths, " "))
 	}
+	// One page-cache policy (docs/design/gpuio.md): a model that fits
+	// the cache is read through it, so loading it again is warm.
+	var cacheNote string
+	if opts.IO == "" || opts.IO == gpuio.IOAuto {
+		opts.CacheColdReads, cacheNote = gpuio.FitsPageCache(total)
+	}
+	l, err := gpuio.New(s, dev, opts)
+	if err != nil {
+		return err
+	}
+	defer l.Close()
 	for pass := 0; pass < max(1, req.Repeat); pass++ {
 		rep, err := loadOnce(ctx, s, l, dev, files, req.TPRank, req.TPSize, req.Check, req.Files)
 		if err != nil {
@@ -146,6 +157,7 @@ func Load(ctx context.Context, s *chunkstore.Store, req LoadRequest, onPass func
 		}
 		rep.Device = dev.String()
 		rep.Path, rep.Note = func() (string, string) { p, n := l.Path(); return string(p), n }()
+		rep.CachePolicy = cacheNote
 		onPass(LoadPass{Report: *rep, VerifyNote: l.VerifyNote()})
 	}
 	return nil

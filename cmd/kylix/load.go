@@ -42,7 +42,7 @@ the node's peer cache may keep them.`).withJSON()
 	devName := f.String("device", "cuda:0", "cuda:N, or host (a host-memory test device)")
 	pathName := f.String("path", "auto", "auto, gds, gds-compat, bounce or unified")
 	strict := f.Bool("strict", false, "fail instead of falling back to a slower path")
-	ioMode := f.String("io", "auto", "storage reads: auto (page-cache data copied through pinned buffers, the rest O_DIRECT), direct, buffered, or mapped (page cache registered with the GPU once: faster for repeated loads)")
+	ioMode := f.String("io", "auto", "storage reads: auto (cached data copied through pinned buffers; the rest through the page cache when the load fits half of the memory available, so a repeat is warm, else O_DIRECT), direct, buffered, or mapped (page cache registered with the GPU once: faster for repeated loads)")
 	tpRank := f.Int("tp-rank", 0, "tensor-parallel rank")
 	tpSize := f.Int("tp-size", 1, "tensor-parallel size")
 	buffers := f.Int("buffers", 0, "pinned buffers (default 2 per core, 4..32)")
@@ -68,6 +68,9 @@ the node's peer cache may keep them.`).withJSON()
 			return f.printJSON(rep)
 		}
 		fmt.Fprintf(e.stdout, "device %s, path %s (%s), tp %d/%d; %s\n", rep.Device, rep.Path, rep.Note, rep.TPRank, rep.TPSize, p.VerifyNote)
+		if rep.CachePolicy != "" {
+			fmt.Fprintf(e.stdout, "  %s\n", rep.CachePolicy)
+		}
 		for _, lf := range rep.Files {
 			ver := "verified on " + lf.VerifyOn
 			if !lf.Verified {
