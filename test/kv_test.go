@@ -8,6 +8,7 @@ package test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -366,4 +367,74 @@ func TestKVHelperProcess(t *testing.T) {
 		require.NoError(t, err)
 		fmt.Printf("cleared %d\n", st.Cleared)
 	}
+}
+
+// TestKVKill9DuringDiskWrites: the node is killed with SIGKILL while the
+// disk writer is behind; after a restart every block is either its own
+// bytes (from disk) or a miss, and no temporary file is left.
+func TestKVKill9DuringDiskWrites(t *testing.T) {
+	requireFUSE(t)
+	data, mnt := dirs(t)
+	n, sock := startKVNode(t, data, mnt, "--kv-mem", "4MiB", "--kv-disk", "8MiB")
+	c := dialClient(t, sock)
+	const blocks = 60
+	fd := memBuf(t, blocks)
+	ids := make([]int, blocks)
+	for i := range ids {
+		ids[i] = i
+	}
+	for _, st := range c.kvPut(fd, "root", ids...) {
+		require.Zero(t, st)
+	}
+	n.kill9()
+	_, sock = startKVNode(t, data, mnt, "--kv-mem", "4MiB", "--kv-disk", "8MiB")
+	c = dialClient(t, sock)
+	tiers := c.kvGet(fd, "root", ids...) // every hit checked byte for byte
+	hits := 0
+	for _, tr := range tiers {
+		if tr != clientproto.KVMiss {
+			hits++
+		}
+	}
+	t.Logf("after kill -9 with %d blocks put: %d on disk", blocks, hits)
+	ents, err := os.ReadDir(filepath.Join(data, "kv", "00000000"))
+	if !errors.Is(err, os.ErrNotExist) { // killed before the first write
+		require.NoError(t, err)
+	}
+	for _, e := range ents {
+		assert.True(t, strings.HasSuffix(e.Name(), ".kvb"), "left behind: %s", e.Name())
+	}
+}
+
+// TestKVFullDisk: the disk tier on a file system too small for its blocks
+// (a 128 KiB tmpfs at DATA/kv): puts are still taken, kept in memory, and
+// kylix kv stats says the disk is full.
+func TestKVFullDisk(t *testing.T) {
+	requireFUSE(t)
+	data, mnt := dirs(t)
+	kvDir := filepath.Join(data, "kv")
+	require.NoError(t, os.MkdirAll(kvDir, 0o700))
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=128k,mode=0700", "tmpfs", kvDir).CombinedOutput(); err != nil {
+		testneeds.Missing(t, "mount tmpfs: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", kvDir).Run() }) // after the node stops
+	_, sock := startKVNode(t, data, mnt)
+	c := dialClient(t, sock)
+	fd := memBuf(t, 4)
+	require.Equal(t, []int32{0, 0, 0, 0}, c.kvPut(fd, "root", 0, 1, 2, 3))
+	var st map[string]any
+	for i := 0; ; i++ { // until the writer has tried all four
+		require.NoError(t, json.Unmarshal([]byte(mustKylix(t, "", "kv", "stats", "--data", data, "--json")), &st))
+		s := st["stats"].(map[string]any)
+		if s["dirty"].(float64) == 0 && s["disk_writes"].(float64)+s["disk_write_errors"].(float64) >= 4 {
+			break
+		}
+		require.Less(t, i, 2000, "the disk writer never finished: %v", s)
+	}
+	s := st["stats"].(map[string]any)
+	assert.GreaterOrEqual(t, s["disk_write_errors"].(float64), float64(2), "a 128 KiB disk holds one 68 KiB block file: %v", s)
+	assert.Contains(t, s["disk_last_error"], "no space left on device")
+	assert.Contains(t, s["disk_last_error"], "file system is full")
+	assert.Equal(t, []byte{1, 1, 1, 1}, c.kvGet(fd, "root", 0, 1, 2, 3), "every block served from memory")
+	assert.Contains(t, mustKylix(t, "", "kv", "stats", "--data", data), "last disk error:")
 }
