@@ -27,6 +27,7 @@ bin=${KYLIX_TOUR_BIN:-$repo/bin}
 W=$(mktemp -d /tmp/kylix-tour-run.XXXXXX)
 T=""
 pids=()
+socks=()
 cleanup() {
   local rc=$? p m i
   trap - DEBUG
@@ -41,6 +42,9 @@ cleanup() {
     kill -KILL "$p" 2>/dev/null
   done
   wait 2>/dev/null
+  # A node that did not stop cleanly (killed, crashed) leaves its client
+  # socket (in /run/kylix as root).
+  for p in "${socks[@]}"; do [ ! -S "$p" ] || rm -f "$p"; done
   if [ -n "$T" ]; then
     # Every mount under $T: also one whose node died (ENOTCONN, which
     # mountpoint -q does not see as a mount).
@@ -113,7 +117,10 @@ tour_started() {
   pids+=("$!")
   local p=$! data=$1
   for _ in $(seq 300); do
-    bin/kylix node --data "$data" >/dev/null 2>&1 && return 0
+    if bin/kylix node --data "$data" --json >"$W/node.json" 2>/dev/null; then
+      socks+=("$(sed -n 's/^ *"socket": *"\(.*\)",*$/\1/p' "$W/node.json" | head -1)")
+      return 0
+    fi
     kill -0 "$p" 2>/dev/null || { echo "tour: the node on $data exited" >&2; return 1; }
     sleep 0.1
   done

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -113,6 +114,7 @@ func launchServe(t *testing.T, data, mnt string, env []string, ready func() bool
 		if n.cmd.ProcessState == nil {
 			n.stop()
 		}
+		n.clearLeftovers()
 	})
 	deadline := time.Now().Add(20 * time.Second)
 	for !isMounted(mnt) || !answers(filepath.Join(data, "kylix.sock")) || (ready != nil && !ready()) {
@@ -143,6 +145,52 @@ func (n *node) stop() {
 	if isMounted(n.mnt) {
 		n.t.Errorf("%s still mounted after the node stopped", n.mnt)
 	}
+	if sock := n.clientSocket(); sock != "" {
+		if _, err := os.Lstat(sock); err == nil {
+			n.t.Errorf("client socket %s left after the node stopped on SIGTERM", sock)
+		}
+	}
+}
+
+// clientSocketLine is where a node's start-up message names its client
+// socket.
+var clientSocketLine = regexp.MustCompile(`(?m)^\s*client socket: (/\S+)$`)
+
+// clientSocket is the client socket the node said it listens on ("" if
+// none, or if it did not get that far).
+func (n *node) clientSocket() string {
+	if m := clientSocketLine.FindStringSubmatch(n.log.String()); m != nil {
+		return m[1]
+	}
+	return ""
+}
+
+// clearLeftovers removes what a node that did not stop cleanly (kill9, a
+// crash) leaves behind once it has exited: its mount, stale (ENOTCONN:
+// only /proc/self/mountinfo still shows it; mountpoint -q does not), is
+// detached, and its client socket (in /run/kylix as root) removed. A node
+// stopped by SIGTERM must leave neither (stop checks).
+func (n *node) clearLeftovers() {
+	clearStaleMount(n.t, n.mnt)
+	if sock := n.clientSocket(); sock != "" {
+		if err := os.Remove(sock); err == nil {
+			n.t.Logf("removed %s, left by the node (exit: %v)", sock, n.cmd.ProcessState)
+		}
+	}
+}
+
+// clearStaleMount detaches what is mounted at dir (a node killed with
+// SIGKILL leaves its mount there, answering ENOTCONN), if anything is.
+func clearStaleMount(t *testing.T, dir string) {
+	t.Helper()
+	if !isMounted(dir) {
+		return
+	}
+	if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
+		t.Errorf("detaching the mount left at %s: %v", dir, err)
+		return
+	}
+	t.Logf("detached the mount left at %s", dir)
 }
 
 // kill9 kills the node with SIGKILL, leaving its mount stale.

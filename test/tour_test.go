@@ -122,7 +122,7 @@ func runTour(t *testing.T, bin string) (out string, code int, work string, pids 
 
 // assertTourCleanedUp: nothing the tour made is left: its directory, a
 // mount under it (also a dead node's, which mountpoint -q misses), its
-// nodes.
+// nodes and their client sockets.
 func assertTourCleanedUp(t *testing.T, out, work string, pids []int, wantNodes int) {
 	t.Helper()
 	require.NotEmpty(t, work, "the tour did not say what it removed:\n%s", out)
@@ -131,6 +131,9 @@ func assertTourCleanedUp(t *testing.T, out, work string, pids []int, wantNodes i
 	mi, err := os.ReadFile("/proc/self/mountinfo")
 	require.NoError(t, err)
 	assert.NotContains(t, string(mi), " "+work+"/", "a mount under the tour's directory is left")
+	// Client sockets are named after the mount path (node.DefaultClientSocket).
+	socks, _ := filepath.Glob("/run/kylix/" + strings.ReplaceAll(work, "/", "_") + "_*")
+	assert.Empty(t, socks, "client sockets of the tour's nodes are left")
 	assert.Len(t, pids, wantNodes, "nodes the tour stopped:\n%s", out)
 	for _, p := range pids {
 		assert.ErrorIs(t, syscall.Kill(p, 0), syscall.ESRCH, "node %d still runs", p)
