@@ -139,9 +139,7 @@ func (c *netnsCluster) startAt(i int, data, mnt, key string, extra []string, joi
 		if n.cmd.ProcessState == nil {
 			n.stop()
 		}
-		if isMounted(mnt) { // a failed stop
-			syscall.Unmount(mnt, syscall.MNT_DETACH)
-		}
+		n.clearLeftovers() // a failed stop, a kill9: the mount and client socket
 	})
 	deadline := time.Now().Add(30 * time.Second)
 	for !isMounted(mnt) || !answers(filepath.Join(data, "kylix.sock")) {
