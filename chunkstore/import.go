@@ -62,6 +62,10 @@ type ImportResult struct {
 	Bytes      int64 `json:"bytes"`
 	NewBytes   int64 `json:"new_bytes"`
 	DedupBytes int64 `json:"dedup_bytes"`
+	// Hardlinks counts the names of files met again by another name
+	// (files with several links): stored as names of one link set, as
+	// the tree has them.
+	Hardlinks int `json:"hardlinks"`
 	// Special counts fifos, sockets and device nodes, stored as metadata
 	// (type, mode, owner, mtime, device number).
 	Special int `json:"special"`
@@ -149,6 +153,15 @@ func (s *Store) Import(ctx context.Context, src, dest string, opts ImportOptions
 	}
 	res.Root = e.ID
 	err = s.Update(func(tx *NSTx) error {
+		if len(w.setEnts) > 0 {
+			t, err := tx.table(true)
+			if err != nil {
+				return err
+			}
+			for _, se := range w.setEnts {
+				t.m.Put(se)
+			}
+		}
 		return tx.Put(dest, e)
 	})
 	if err != nil {
@@ -217,6 +230,10 @@ type importWalk struct {
 	progress func(int64)
 	src      string // SRC as named, for messages
 	asRoot   bool
+	// sets are the link sets found so far: regular files with more than
+	// one link, by device and inode (hardlinks.md, "Import").
+	sets    map[[2]uint64]uint64
+	setEnts map[uint64]Entry
 }
 
 // path names the entry at rel for messages.
@@ -258,13 +275,38 @@ func (w *importWalk) opened(ctx context.Context, fd int, st *unix.Stat_t, dirfd 
 	p := w.path(rel)
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFREG:
+		key := [2]uint64{st.Dev, st.Ino}
+		if rel != "" && st.Nlink > 1 {
+			if l, ok := w.sets[key]; ok {
+				// Another name of a file already stored: a name of
+				// its link set, nothing read again.
+				se := w.setEnts[l]
+				se.Nlink++
+				w.setEnts[l] = se
+				w.res.Hardlinks++
+				return Entry{Name: entryName, Kind: KindHardlink, Link: l}, nil
+			}
+		}
 		f, err := reopen(fd, st, dirfd, name, rel == "" && !w.opts.NoDereference)
 		if err != nil {
 			return e, fmt.Errorf("import %s: %w", p, err)
 		}
 		err = w.putFile(ctx, f, &e, entryName, rel, p)
 		f.Close()
-		return e, err
+		if err != nil || rel == "" || st.Nlink < 2 {
+			return e, err
+		}
+		l, err := newLinkID()
+		if err != nil {
+			return e, err
+		}
+		if w.sets == nil {
+			w.sets, w.setEnts = map[[2]uint64]uint64{}, map[uint64]Entry{}
+		}
+		se := e
+		se.Name, se.Nlink, se.HLC = linkName(l), 1, w.s.clock.Now()
+		w.sets[key], w.setEnts[l] = l, se
+		return Entry{Name: entryName, Kind: KindHardlink, Link: l}, nil
 	case unix.S_IFDIR:
 		return e, w.dir(ctx, fd, &e, rel, p)
 	case unix.S_IFLNK:
@@ -500,14 +542,33 @@ func (s *Store) Export(ctx context.Context, src, dest string, opts ExportOptions
 			dirfd, name, dest = sub, e.Name, filepath.Join(dest, e.Name)
 		}
 	}
-	err = s.exportEntry(ctx, e, dirfd, name, dest, opts, progress, &files, &bytes)
+	x := &exportLinks{first: map[uint64]int{}}
+	defer x.close()
+	err = s.exportEntry(ctx, e, clean, x, dirfd, name, dest, opts, progress, &files, &bytes)
 	return files, bytes, err
 }
 
 // exportEntry writes e as name in the directory dirfd (dest, for messages).
-func (s *Store) exportEntry(ctx context.Context, e Entry, dirfd int, name, dest string, opts ExportOptions, progress func(int64), files *int, bytes *int64) error {
+// nsPath is e's namespace path; x holds the link sets exported so far.
+func (s *Store) exportEntry(ctx context.Context, e Entry, nsPath string, x *exportLinks, dirfd int, name, dest string, opts ExportOptions, progress func(int64), files *int, bytes *int64) error {
 	if err := ctxErr(ctx); err != nil {
 		return err
+	}
+	if e.Link != 0 && e.Kind != KindDir {
+		// Another name of a link set already exported: a hard link
+		// to that file (rootops.go).
+		if fd, ok := x.first[e.Link]; ok {
+			if opts.Overwrite {
+				if err := unix.Unlinkat(dirfd, name, 0); err != nil && err != unix.ENOENT {
+					return fmt.Errorf("export %s: %w", dest, err)
+				}
+			}
+			if err := linkFd(fd, dirfd, name); err != nil {
+				return fmt.Errorf("export %s: hard link: %w", dest, err)
+			}
+			return nil
+		}
+		defer x.remember(e, dirfd, name)
 	}
 	switch e.Kind {
 	case KindDir:
@@ -531,11 +592,15 @@ func (s *Store) exportEntry(ctx context.Context, e Entry, dirfd int, name, dest 
 		if err != nil {
 			return err
 		}
-		for _, c := range d.Live() {
+		live, err := s.liveEntries(nsPath, d, &x.table)
+		if err != nil {
+			return fmt.Errorf("export %s: %w", dest, err)
+		}
+		for _, c := range live {
 			if err := checkName(c.Name); err != nil {
 				return fmt.Errorf("export %s: %w", dest, err)
 			}
-			if err := s.exportEntry(ctx, c, fd, c.Name, filepath.Join(dest, c.Name), opts, progress, files, bytes); err != nil {
+			if err := s.exportEntry(ctx, c, joinPath(nsPath, c.Name), x, fd, c.Name, filepath.Join(dest, c.Name), opts, progress, files, bytes); err != nil {
 				return err
 			}
 		}

@@ -181,6 +181,12 @@ const (
 	KindSocket   Kind = 5
 	KindCharDev  Kind = 6
 	KindBlockDev Kind = 7
+	// KindHardlink is one name of a link set (hard links): it holds
+	// only the set's number (Entry.Link); the set's one entry, with the
+	// content, owner, mode and link count, is in the link table
+	// (docs/design/hardlinks.md). Lookups return that entry under the
+	// name, never a KindHardlink.
+	KindHardlink Kind = 8
 )
 
 // Special reports whether k is a fifo, socket or device node.
@@ -206,6 +212,8 @@ func (k Kind) String() string {
 		return "char-device"
 	case KindBlockDev:
 		return "block-device"
+	case KindHardlink:
+		return "hardlink"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -230,6 +238,14 @@ type Entry struct {
 	// Rdev is a device node's device number, as Linux's dev_t
 	// (unix.Mkdev); 0 for every other kind.
 	Rdev uint64
+	// Link is the link set a KindHardlink name belongs to, and, in the
+	// entry a lookup returns for such a name, the set it was found
+	// through; 0 for a name that is its file's only one.
+	Link uint64
+	// Nlink is the number of names of a link-table entry (stored), and
+	// of the entry a lookup returns for a name of a link set; 0
+	// otherwise.
+	Nlink uint32
 	// HLC orders concurrent updates of this name from different nodes: the
 	// larger wins. Deleted entries are tombstones kept so that a merge does
 	// not resurrect what was removed.
@@ -242,7 +258,11 @@ type DirManifest struct {
 	Entries []Entry
 }
 
-const entryDeleted = 1
+const (
+	entryDeleted = 1
+	// entryNlink: a link count follows the entry (link-table entries).
+	entryNlink = 2
+)
 
 // Encode returns the manifest's canonical bytes (KXD2; the empty directory
 // keeps its KXD1 bytes, so its well-known ID never changed). Entries must
@@ -266,6 +286,9 @@ func (m *DirManifest) Encode() []byte {
 		if e.Deleted {
 			flags |= entryDeleted
 		}
+		if e.Nlink != 0 {
+			flags |= entryNlink
+		}
 		buf.WriteByte(flags)
 		put(uint64(UnixMode(e.Mode)))
 		put(uint64(e.UID))
@@ -281,6 +304,11 @@ func (m *DirManifest) Encode() []byte {
 			buf.WriteString(e.Target)
 		case KindCharDev, KindBlockDev:
 			put(e.Rdev)
+		case KindHardlink:
+			put(e.Link)
+		}
+		if e.Nlink != 0 {
+			put(uint64(e.Nlink))
 		}
 	}
 	return buf.Bytes()
@@ -289,7 +317,8 @@ func (m *DirManifest) Encode() []byte {
 // DecodeDirManifest parses bytes made by Encode, rejecting bad names, unsorted
 // or duplicate entries, unknown kinds and truncated data. Special files
 // (KindFifo and the others) are KXD2 only: a fifo or socket stores nothing
-// after its HLC, a device its Rdev. It also reads the
+// after its HLC, a device its Rdev; so are hard-link names (their Link) and
+// link-table entries (flag entryNlink: their Nlink last). It also reads the
 // KXD1 encoding written before owners were stored: its entries get
 // OwnerUnknown as UID and GID and keep their mode. Every accepted KXD2
 // input is byte for byte what Encode makes of the result.
@@ -333,7 +362,7 @@ func DecodeDirManifest(b []byte) (*DirManifest, error) {
 		if err := checkName(e.Name); err != nil {
 			return nil, fmt.Errorf("dir manifest: entry %d: %w", i, err)
 		}
-		if flags&^entryDeleted != 0 || uid > math.MaxUint32 || gid > math.MaxUint32 || e.Size < 0 || e.Size > maxFileSize {
+		if flags&^(entryDeleted|entryNlink) != 0 || uid > math.MaxUint32 || gid > math.MaxUint32 || e.Size < 0 || e.Size > maxFileSize {
 			return nil, fmt.Errorf("dir manifest: entry %q: bad flags, owner or size: %w", e.Name, ErrCorrupt)
 		}
 		e.UID, e.GID = uint32(uid), uint32(gid)
@@ -350,7 +379,7 @@ func DecodeDirManifest(b []byte) (*DirManifest, error) {
 			}
 			e.Mode = fs.FileMode(mode)
 		}
-		if !v2 && e.Kind.Special() {
+		if !v2 && (e.Kind.Special() || e.Kind == KindHardlink || flags&entryNlink != 0) {
 			return nil, fmt.Errorf("dir manifest: entry %q: %v in a KXD1 manifest: %w", e.Name, e.Kind, ErrCorrupt)
 		}
 		switch e.Kind {
@@ -365,8 +394,19 @@ func DecodeDirManifest(b []byte) (*DirManifest, error) {
 		case KindFifo, KindSocket:
 		case KindCharDev, KindBlockDev:
 			e.Rdev = d.uvarint()
+		case KindHardlink:
+			if e.Link = d.uvarint(); e.Link == 0 && d.err == nil {
+				return nil, fmt.Errorf("dir manifest: entry %q: link set 0: %w", e.Name, ErrCorrupt)
+			}
 		default:
 			return nil, fmt.Errorf("dir manifest: entry %q: unknown kind %d: %w", e.Name, e.Kind, ErrCorrupt)
+		}
+		if flags&entryNlink != 0 {
+			n := d.uvarint()
+			if e.Kind == KindDir || e.Kind == KindHardlink || (d.err == nil && (n == 0 || n > math.MaxUint32)) {
+				return nil, fmt.Errorf("dir manifest: entry %q: %v with link count %d: %w", e.Name, e.Kind, n, ErrCorrupt)
+			}
+			e.Nlink = uint32(n)
 		}
 		if i > 0 && m.Entries[i-1].Name >= e.Name {
 			return nil, fmt.Errorf("dir manifest: entry %q out of order or duplicate: %w", e.Name, ErrCorrupt)

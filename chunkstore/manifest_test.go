@@ -228,6 +228,7 @@ func FuzzDecodeDirManifest(f *testing.F) {
 	f.Add(v2WithOwner(uint64(OwnerUnknown)))
 	f.Add(specialDir().Encode())
 	f.Add(literalCharDev())
+	f.Add(linkDir().Encode())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := DecodeDirManifest(b)
 		if err != nil {
@@ -318,5 +319,44 @@ func TestDirManifestSpecialFiles(t *testing.T) {
 	}
 	if KindFile.Special() || KindSymlink.Special() || KindDir.IsDevice() {
 		t.Error("file, symlink or dir counted as special")
+	}
+}
+
+func linkDir() *DirManifest {
+	return &DirManifest{Entries: []Entry{
+		{Name: "0000000000000abc", Kind: KindFile, Mode: 0o640, UID: 1, GID: 2, Size: 3, ID: Sum([]byte("c")), HLC: 4, Nlink: 3},
+		{Name: "fifo-set", Kind: KindFifo, Mode: 0o600, HLC: 5, Nlink: 2},
+		{Name: "name", Kind: KindHardlink, Link: 0xabc, HLC: 6},
+	}}
+}
+
+// TestDirManifestLinks: hard-link names and link-table entries round-trip;
+// a link count on a directory or a name, a zero count behind the flag and
+// set number 0 are rejected.
+func TestDirManifestLinks(t *testing.T) {
+	m := linkDir()
+	got, err := DecodeDirManifest(m.Encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range m.Entries {
+		if got.Entries[i] != e {
+			t.Errorf("entry %d: %+v, want %+v", i, got.Entries[i], e)
+		}
+	}
+	bad := func(e Entry) []byte { return (&DirManifest{Entries: []Entry{e}}).Encode() }
+	for name, b := range map[string][]byte{
+		"dir with nlink":      bad(Entry{Name: "d", Kind: KindDir, Nlink: 2}),
+		"hardlink with nlink": bad(Entry{Name: "h", Kind: KindHardlink, Link: 1, Nlink: 2}),
+		"set 0":               bad(Entry{Name: "h", Kind: KindHardlink}),
+	} {
+		if _, err := DecodeDirManifest(b); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	zero := bad(Entry{Name: "f", Kind: KindFile, Nlink: 1})
+	zero[len(zero)-1] = 0 // the count, made 0 behind the flag
+	if _, err := DecodeDirManifest(zero); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("nlink 0 behind the flag: %v", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"slices"
 	"strings"
 )
 
@@ -50,6 +51,7 @@ func (s *Store) Lookup(path string) (Entry, error) {
 		return Entry{}, err
 	}
 	e := rootEntry(root, h)
+	var rootM *DirManifest
 	for i, name := range parts {
 		if e.Kind != KindDir {
 			return Entry{}, &PathError{Op: "lookup", Path: strings.Join(parts[:i], "/"), Err: ErrNotDir}
@@ -58,11 +60,21 @@ func (s *Store) Lookup(path string) (Entry, error) {
 		if err != nil {
 			return Entry{}, fmt.Errorf("lookup %s: %w", path, err)
 		}
+		if i == 0 {
+			rootM = d
+		}
 		j, ok := d.Find(name)
-		if !ok || d.Entries[j].Deleted {
+		if !ok || d.Entries[j].Deleted || (i == 0 && name == LinkTable) {
 			return Entry{}, &PathError{Op: "lookup", Path: path, Err: ErrNotFound}
 		}
 		e = d.Entries[j]
+	}
+	if e.Kind == KindHardlink {
+		t, err := s.tableOf(rootM)
+		if err != nil {
+			return Entry{}, fmt.Errorf("lookup %s: %w", path, err)
+		}
+		return resolveLink(e, t)
 	}
 	return e, nil
 }
@@ -80,7 +92,9 @@ func (s *Store) List(path string) ([]Entry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list %s: %w", path, err)
 	}
-	return d.Live(), nil
+	clean, _ := CleanPath(path)
+	var table *DirManifest
+	return s.liveEntries(clean, d, &table)
 }
 
 // Walk calls fn for every live entry below path (depth first, in name order),
@@ -95,7 +109,14 @@ func (s *Store) Walk(path string, fn func(p string, e Entry) error) error {
 	return s.walk(clean, e, fn)
 }
 
+// walk is Walk from entry e at p: hard-link names are given as their link
+// set's entry (with Link and Nlink), the link table is not walked.
 func (s *Store) walk(p string, e Entry, fn func(string, Entry) error) error {
+	var table *DirManifest
+	return s.walkIn(p, e, fn, &table)
+}
+
+func (s *Store) walkIn(p string, e Entry, fn func(string, Entry) error, table **DirManifest) error {
 	if err := fn(p, e); err != nil {
 		return err
 	}
@@ -106,8 +127,12 @@ func (s *Store) walk(p string, e Entry, fn func(string, Entry) error) error {
 	if err != nil {
 		return fmt.Errorf("walk %s: %w", p, err)
 	}
-	for _, c := range d.Live() {
-		if err := s.walk(joinPath(p, c.Name), c, fn); err != nil {
+	live, err := s.liveEntries(p, d, table)
+	if err != nil {
+		return fmt.Errorf("walk %s: %w", p, err)
+	}
+	for _, c := range live {
+		if err := s.walkIn(joinPath(p, c.Name), c, fn, table); err != nil {
 			return err
 		}
 	}
@@ -129,6 +154,13 @@ type NSTx struct {
 	hlc  HLC
 	root *txDir
 	objs [][]byte
+	// links: change of each link set's number of names; recount: a
+	// directory went (it may have held names), so every set is counted
+	// again at the end (links.go). moving: a Rename is moving a
+	// directory, whose names stay.
+	links   map[uint64]int
+	recount bool
+	moving  bool
 }
 
 type txDir struct {
@@ -143,6 +175,10 @@ type txDir struct {
 func (s *Store) Update(fn func(tx *NSTx) error) error {
 	s.nsMu.Lock()
 	defer s.nsMu.Unlock()
+	return s.updateLocked(fn)
+}
+
+func (s *Store) updateLocked(fn func(tx *NSTx) error) error {
 	root, _, err := s.Root()
 	if err != nil {
 		return err
@@ -153,6 +189,9 @@ func (s *Store) Update(fn func(tx *NSTx) error) error {
 	}
 	tx := &NSTx{s: s, hlc: s.clock.Now(), root: &txDir{m: rm}}
 	if err := fn(tx); err != nil {
+		return err
+	}
+	if err := tx.finishLinks(); err != nil {
 		return err
 	}
 	if !tx.root.dirty {
@@ -254,15 +293,17 @@ func (tx *NSTx) Lookup(path string) (Entry, error) {
 	if len(parts) == 0 {
 		return Entry{Kind: KindDir, Mode: 0o755, UID: OwnerUnknown, GID: OwnerUnknown}, nil
 	}
-	d, err := tx.dir(parts[:len(parts)-1], false, false)
+	if parts[0] == LinkTable {
+		return Entry{}, &PathError{Op: "lookup", Path: path, Err: ErrNotFound}
+	}
+	d, i, ok, err := tx.rawLookup(parts)
 	if err != nil {
 		return Entry{}, err
 	}
-	i, ok := d.m.Find(parts[len(parts)-1])
-	if !ok || d.m.Entries[i].Deleted {
+	if !ok {
 		return Entry{}, &PathError{Op: "lookup", Path: path, Err: ErrNotFound}
 	}
-	return d.m.Entries[i], nil
+	return tx.resolve(d.m.Entries[i])
 }
 
 // List returns the live entries of the directory at path.
@@ -271,11 +312,23 @@ func (tx *NSTx) List(path string) ([]Entry, error) {
 	if err != nil {
 		return nil, err
 	}
+	if len(parts) > 0 && parts[0] == LinkTable {
+		return nil, &PathError{Op: "list", Path: path, Err: ErrNotFound}
+	}
 	d, err := tx.dir(parts, false, false)
 	if err != nil {
 		return nil, err
 	}
-	return d.m.Live(), nil
+	out := d.m.Live()
+	if len(parts) == 0 {
+		out = slices.DeleteFunc(out, func(e Entry) bool { return e.Name == LinkTable })
+	}
+	for i, e := range out {
+		if out[i], err = tx.resolve(e); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // Put sets the entry at path (its Name is taken from the path), creating
@@ -289,6 +342,23 @@ func (tx *NSTx) Put(path string, e Entry) error {
 	}
 	if len(parts) == 0 {
 		return fmt.Errorf("put: the namespace root cannot be replaced: %w", ErrInvalidPath)
+	}
+	if parts[0] == LinkTable {
+		return fmt.Errorf("put %s: the name %s is reserved in the namespace root (the link table): %w", path, LinkTable, ErrInvalidPath)
+	}
+	if e.Kind == KindHardlink {
+		return tx.putName(parts, e.Link)
+	}
+	if e.Link != 0 {
+		// An entry of a link set: its content and metadata are the
+		// set's, and path becomes (or stays) one of its names.
+		if err := tx.putLinked(e.Link, e); err != nil {
+			return fmt.Errorf("put %s: %w", path, err)
+		}
+		if d, i, ok, err := tx.rawLookup(parts); err == nil && ok && d.m.Entries[i].Kind == KindHardlink && d.m.Entries[i].Link == e.Link {
+			return nil
+		}
+		return tx.putName(parts, e.Link)
 	}
 	switch {
 	case e.Kind == KindFile, e.Kind == KindDir, e.Kind == KindSymlink:
@@ -306,7 +376,10 @@ func (tx *NSTx) Put(path string, e Entry) error {
 		return fmt.Errorf("put %s: %w", path, err)
 	}
 	name := parts[len(parts)-1]
-	e.Name, e.HLC, e.Deleted = name, tx.hlc, false
+	if err := tx.dropOld(d, name); err != nil {
+		return err
+	}
+	e.Name, e.HLC, e.Deleted, e.Nlink = name, tx.hlc, false, 0
 	e.Mode &= EntryModeMask
 	if e.Kind == KindSymlink {
 		e.Size = int64(len(e.Target))
@@ -347,7 +420,13 @@ func (tx *NSTx) Remove(path string, recursive bool) error {
 	if _, err := tx.dir(parts[:len(parts)-1], false, true); err != nil {
 		return err
 	}
+	if err := tx.dropOld(d, name); err != nil {
+		return err
+	}
 	d.m.Entries[i] = Entry{Name: name, Kind: d.m.Entries[i].Kind, HLC: tx.hlc, Deleted: true, ID: Sum(emptyDir)}
+	if d.m.Entries[i].Kind == KindHardlink {
+		d.m.Entries[i].Link = 1 // a tombstone's set number means nothing, but 0 is not encodable
+	}
 	if d.m.Entries[i].Kind == KindSymlink {
 		d.m.Entries[i].Target = "-"
 	}
@@ -381,10 +460,13 @@ func (tx *NSTx) Rename(from, to string) error {
 			e.ID = tx.flush(d)
 		}
 	}
-	if err := tx.Remove(from, true); err != nil {
-		return err
+	tx.moving = true
+	err = tx.Remove(from, true)
+	if err == nil {
+		err = tx.Put(to, e)
 	}
-	return tx.Put(to, e)
+	tx.moving = false
+	return err
 }
 
 // PutFile stores the file manifest m (an empty file's, say) for use in Put
@@ -418,5 +500,10 @@ func (s *Store) MergeNamespace(fn func(root ID) (ID, [][]byte, error)) error {
 	if err != nil || newRoot == root {
 		return err
 	}
-	return s.commitObjects(objs, &Head{Name: NamespaceHead, Root: newRoot, HLC: s.clock.Now()})
+	if err := s.commitObjects(objs, &Head{Name: NamespaceHead, Root: newRoot, HLC: s.clock.Now()}); err != nil {
+		return err
+	}
+	// Two members may each have changed a link set's names: count them
+	// again (docs/design/hardlinks.md, "Merge").
+	return s.updateLocked(func(tx *NSTx) error { return tx.fixLinks() })
 }

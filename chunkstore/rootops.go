@@ -310,3 +310,43 @@ func mknodBeneath(dirfd int, name string, e Entry, mode fs.FileMode) error {
 	}
 	return nil
 }
+
+// exportLinks is what an export keeps of the link sets it wrote: an
+// O_PATH descriptor of the first name of each (never a path, which could
+// be swapped for a symlink), from which its other names are hard-linked.
+type exportLinks struct {
+	table *DirManifest
+	first map[uint64]int
+}
+
+// remember keeps the file just exported as name in dirfd as link set
+// e.Link's first name, if it is what was written (a regular file, or the
+// special file or symlink e is).
+func (x *exportLinks) remember(e Entry, dirfd int, name string) {
+	fd, err := openBeneath(dirfd, name, unix.O_PATH, 0)
+	if err != nil {
+		return // not made (a device when not root): its names are not either
+	}
+	x.first[e.Link] = fd
+}
+
+func (x *exportLinks) close() {
+	for _, fd := range x.first {
+		unix.Close(fd)
+	}
+}
+
+// linkFd makes name in dirfd a hard link to the inode the O_PATH
+// descriptor fd refers to: through /proc/self/fd (AT_SYMLINK_FOLLOW
+// follows that magic link to the inode itself, for any user), else with
+// AT_EMPTY_PATH (which needs CAP_DAC_READ_SEARCH).
+func linkFd(fd, dirfd int, name string) error {
+	err := unix.Linkat(unix.AT_FDCWD, procSelfFD+strconv.Itoa(fd), dirfd, name, unix.AT_SYMLINK_FOLLOW)
+	if errors.Is(err, unix.ENOENT) {
+		var st unix.Stat_t
+		if unix.Fstat(fd, &st) == nil && st.Nlink > 0 {
+			err = unix.Linkat(fd, "", dirfd, name, unix.AT_EMPTY_PATH)
+		}
+	}
+	return err
+}

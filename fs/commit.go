@@ -198,16 +198,25 @@ func (c *committer) commit(batch []*fileNode) {
 					it.nothg = true
 					continue
 				}
-				p, ok := n.path()
-				if !ok {
-					it.gone = true
-					continue
-				}
 				e := chunkstore.Entry{Kind: chunkstore.KindFile, Mode: ent.Mode, UID: ent.UID, GID: ent.GID, MTime: ent.MTime, ID: ent.ID, Size: ent.Size}
 				if it.tf != nil {
 					e.ID, e.Size = it.res.ID, it.res.Size
 				}
-				if err := tx.Put(p, e); err != nil {
+				var err error
+				if link := n.linkSet(); link != 0 && n.gone.Load() {
+					it.gone = true // its last name went
+					continue
+				} else if link != 0 {
+					// A link set: its one entry, whichever names it has
+					// now (fs/hardlink.go).
+					err = tx.PutLinked(link, e)
+				} else if p, ok := n.path(); ok {
+					err = tx.Put(p, e)
+				} else {
+					it.gone = true
+					continue
+				}
+				if err != nil {
 					it.err = err
 					continue
 				}

@@ -200,6 +200,14 @@ func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 // childFor returns the node for store entry e at name. Callers hold nsMu.
 func (d *dirNode) childFor(ctx context.Context, name string, e chunkstore.Entry, existing *gofs.Inode, out *fuse.EntryOut) *gofs.Inode {
 	f := d.fsys
+	if e.Kind == chunkstore.KindFile && e.Link != 0 {
+		if existing != nil {
+			if c, ok := existing.Operations().(*fileNode); !ok || c.linkSet() != e.Link {
+				unname(existing, d, name)
+			}
+		}
+		return d.nodeForLink(ctx, name, e, out)
+	}
 	if existing != nil {
 		switch c := existing.Operations().(type) {
 		case *dirNode:
@@ -231,8 +239,8 @@ func (d *dirNode) childFor(ctx context.Context, name string, e chunkstore.Entry,
 			}
 		}
 		// The name now stands for something else: the old node keeps
-		// serving its open handles, without a name.
-		orphan(existing)
+		// serving its open handles, without this name.
+		unname(existing, d, name)
 	}
 	switch e.Kind {
 	case chunkstore.KindDir:
@@ -403,6 +411,9 @@ func (d *dirNode) forget(name string) {
 // exists reports whether name is taken in d (store or pending). Callers
 // hold nsMu.
 func (d *dirNode) exists(p, name string) bool {
+	if p == "" && name == chunkstore.LinkTable {
+		return true // reserved: the link table (docs/design/hardlinks.md)
+	}
 	if ch := d.GetChild(name); ch != nil {
 		if fn, ok := ch.Operations().(*fileNode); ok && fn.pending() && fn.parent == d {
 			return true
@@ -570,7 +581,7 @@ func (d *dirNode) remove(name string, dir bool) syscall.Errno {
 		return toErrno(err)
 	}
 	if ch != nil {
-		orphan(ch)
+		unname(ch, d, name)
 	}
 	return 0
 }
@@ -660,7 +671,7 @@ func (d *dirNode) Rename(ctx context.Context, name string, newParent gofs.InodeE
 		return toErrno(err)
 	}
 	if dst != nil {
-		orphan(dst)
+		unname(dst, np, newName)
 	}
 	if src != nil {
 		if b := baseOf(src); b != nil {

@@ -100,6 +100,10 @@ type FS struct {
 	dirtyMu sync.Mutex
 	dirty   map[*fileNode]struct{} // nodes with a working copy
 
+	// links is the node of each link set the kernel may know, so that
+	// every name of a set is one inode (hardlink.go). Guarded by nsMu.
+	links map[uint64]*fileNode
+
 	// beforeCommit, when set (tests), runs before each commit batch.
 	beforeCommit func()
 	// beforeRelease, when set (tests), runs at the start of each RELEASE;
@@ -191,6 +195,7 @@ func New(s *chunkstore.Store, opts Options) (*FS, error) {
 		gid:         uint32(os.Getgid()),
 		passthrough: !opts.NoPassthrough && os.Geteuid() == 0,
 		dirty:       map[*fileNode]struct{}{},
+		links:       map[uint64]*fileNode{},
 	}
 	f.closes.cond = sync.NewCond(&f.closes.mu)
 	reserve := Reserve{Percent: DefaultReservePercent}
@@ -370,6 +375,7 @@ func (f *FS) resolve(path string) (chunkstore.Entry, error) {
 	if path == "" {
 		return e, nil
 	}
+	var rootM *chunkstore.DirManifest
 	for name := range strings.SplitSeq(path, "/") {
 		if e.Kind != chunkstore.KindDir {
 			return chunkstore.Entry{}, fmt.Errorf("%s: %w", path, chunkstore.ErrNotDir)
@@ -378,13 +384,35 @@ func (f *FS) resolve(path string) (chunkstore.Entry, error) {
 		if err != nil {
 			return chunkstore.Entry{}, err
 		}
+		hidden := false
+		if rootM == nil {
+			rootM, hidden = m, name == chunkstore.LinkTable
+		}
 		i, ok := m.Find(name)
-		if !ok || m.Entries[i].Deleted {
+		if !ok || m.Entries[i].Deleted || hidden {
 			return chunkstore.Entry{}, fmt.Errorf("%s: %w", path, chunkstore.ErrNotFound)
 		}
 		e = m.Entries[i]
 	}
-	return e, nil
+	return f.resolveLink(rootM, e)
+}
+
+// resolveLink returns what entry e stands for: e, or for a hard-link name
+// its link set's entry (chunkstore/links.go), from the link table named
+// in the root manifest rootM.
+func (f *FS) resolveLink(rootM *chunkstore.DirManifest, e chunkstore.Entry) (chunkstore.Entry, error) {
+	if e.Kind != chunkstore.KindHardlink {
+		return e, nil
+	}
+	var table *chunkstore.DirManifest
+	if te, ok := chunkstore.TableEntry(rootM); ok {
+		t, err := f.cache.get(te.ID)
+		if err != nil {
+			return chunkstore.Entry{}, err
+		}
+		table = t
+	}
+	return chunkstore.ResolveIn(e, table)
 }
 
 // list returns the live entries of the directory at path.
@@ -400,7 +428,29 @@ func (f *FS) list(path string) ([]chunkstore.Entry, error) {
 	if err != nil {
 		return nil, err
 	}
-	return m.Live(), nil
+	live := m.Live()
+	var rootM *chunkstore.DirManifest
+	for i := 0; i < len(live); i++ {
+		c := live[i]
+		if path == "" && c.Name == chunkstore.LinkTable {
+			live = append(live[:i], live[i+1:]...)
+			i--
+			continue
+		}
+		if c.Kind != chunkstore.KindHardlink {
+			continue
+		}
+		if rootM == nil {
+			root, _ := f.resolve("")
+			if rootM, err = f.cache.get(root.ID); err != nil {
+				return nil, err
+			}
+		}
+		if live[i], err = f.resolveLink(rootM, c); err != nil {
+			return nil, err
+		}
+	}
+	return live, nil
 }
 
 func joinPath(dir, name string) string {

@@ -13,8 +13,6 @@ import (
 // posixSkips are the posixtest cases that do not apply to Kylix, with the
 // reason (also listed in docs/design/fs.md).
 var posixSkips = map[string]string{
-	"Link":                "no hard links: a namespace entry is a name for a content version; link(2) answers ENOTSUP",
-	"LinkUnlinkRename":    "uses link(2); no hard links (see Link)",
 	"XAttr":               "arbitrary extended attributes are not stored (an entry has no xattr field); only the read-only user.kylix.* attributes exist",
 	"FcntlFlockLocksFile": "record locks are kept by the kernel on the node (the mount does not forward locks); two fds of one process share POSIX locks there, and the test expects the per-open-file behaviour of a file system that forwards locks",
 	"XAttrLarge":          "arbitrary extended attributes are not stored (see XAttr)",

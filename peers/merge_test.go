@@ -166,3 +166,86 @@ func TestMergeSpecialFiles(t *testing.T) {
 	}
 	require.Equal(t, []string{"d char-device 0x105", "d.conflict-6 char-device 0x103", "p fifo 0x0", "s socket 0x0", "s.conflict-8 fifo 0x0"}, got)
 }
+
+// TestMergeLinkSets: a link set changed on two members at once is never
+// split. Member B wrote new content to the set and gave it a third name;
+// member A (here) wrote other content to it, earlier, and unlinked one
+// name. After the merge every name of the set shows B's content (the
+// newer), the set's link count is its names (a removal newer than the
+// name wins, as for any name), and A's content is kept beside the set's
+// first name as NAME.conflict-HLC, an ordinary file, as a conflict of an
+// ordinary file is kept.
+func TestMergeLinkSets(t *testing.T) {
+	s, err := chunkstore.Open(chunkstore.Options{Dir: t.TempDir()})
+	require.NoError(t, err)
+	defer s.Close()
+	fileA, fileB, base := chunkstore.ID{2}, chunkstore.ID{3}, chunkstore.ID{1}
+	require.NoError(t, s.Update(func(tx *chunkstore.NSTx) error {
+		return tx.Put("f", chunkstore.Entry{Kind: chunkstore.KindFile, Mode: 0o644, ID: base, Size: 1})
+	}))
+	require.NoError(t, s.Update(func(tx *chunkstore.NSTx) error { return tx.Link("f", "g") }))
+	r0, _, err := s.Root()
+	require.NoError(t, err)
+	f0, err := s.Lookup("f")
+	require.NoError(t, err)
+
+	// B's tree, made from the common one with newer HLCs.
+	later := s.Clock().Now() + 1<<40
+	rootM, err := s.DirManifest(r0)
+	require.NoError(t, err)
+	te, ok := chunkstore.TableEntry(rootM)
+	require.True(t, ok)
+	tabM, err := s.DirManifest(te.ID)
+	require.NoError(t, err)
+	tabB := &chunkstore.DirManifest{Entries: append([]chunkstore.Entry(nil), tabM.Entries...)}
+	tabB.Entries[0].ID, tabB.Entries[0].Nlink, tabB.Entries[0].HLC = fileB, 3, later
+	rootB := &chunkstore.DirManifest{Entries: append([]chunkstore.Entry(nil), rootM.Entries...)}
+	rootB.Put(chunkstore.Entry{Name: "h", Kind: chunkstore.KindHardlink, Link: f0.Link, HLC: later})
+	i, _ := rootB.Find(chunkstore.LinkTable)
+	rootB.Entries[i].ID, rootB.Entries[i].HLC = chunkstore.Sum(tabB.Encode()), later
+	fetched := map[chunkstore.ID][]byte{chunkstore.Sum(tabB.Encode()): tabB.Encode(), chunkstore.Sum(rootB.Encode()): rootB.Encode()}
+	remote := chunkstore.Sum(rootB.Encode())
+
+	// A's own changes meanwhile.
+	require.NoError(t, s.Update(func(tx *chunkstore.NSTx) error { return tx.Remove("g", false) }))
+	var hlcA chunkstore.HLC
+	require.NoError(t, s.Update(func(tx *chunkstore.NSTx) error {
+		hlcA = tx.HLC()
+		return tx.PutLinked(f0.Link, chunkstore.Entry{Kind: chunkstore.KindFile, Mode: 0o644, ID: fileA, Size: 1})
+	}))
+
+	get := func(id chunkstore.ID) (*chunkstore.DirManifest, error) {
+		if id == emptyDirID {
+			return &chunkstore.DirManifest{}, nil
+		}
+		if b, ok := fetched[id]; ok {
+			return chunkstore.DecodeDirManifest(b)
+		}
+		return s.DirManifest(id)
+	}
+	require.NoError(t, s.MergeNamespace(func(local chunkstore.ID) (chunkstore.ID, [][]byte, error) {
+		var objs [][]byte
+		id, err := mergeTrees(local, remote, get, &objs)
+		for _, b := range fetched {
+			objs = append(objs, b)
+		}
+		return id, objs, err
+	}))
+
+	for _, n := range []string{"f", "h"} {
+		e, err := s.Lookup(n)
+		require.NoError(t, err, n)
+		require.Equal(t, fileB, e.ID, "%s: the newer content, through every name", n)
+		require.Equal(t, f0.Link, e.Link, n)
+		require.Equal(t, uint32(2), e.Nlink, "%s: the set's names are f and h", n)
+	}
+	_, err = s.Lookup("g")
+	require.ErrorIs(t, err, chunkstore.ErrNotFound, "the newer removal of g wins")
+	c, err := s.Lookup(fmt.Sprintf("f.conflict-%x", uint64(hlcA)))
+	require.NoError(t, err, "A's content is kept as a conflict version")
+	require.Equal(t, fileA, c.ID)
+	require.Zero(t, c.Link, "the conflict version is an ordinary file, not a name of the set")
+	l, err := s.List("")
+	require.NoError(t, err)
+	require.Len(t, l, 3, "f, h and the conflict version: %+v", l)
+}

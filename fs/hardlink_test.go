@@ -1,0 +1,299 @@
+package fs_test
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kylix/kylix/chunkstore"
+	kfs "github.com/kylix/kylix/fs"
+	"github.com/kylix/kylix/fs/internal/fstest"
+)
+
+// errDiffer is what sameInode answers for two names of different inodes,
+// so that the case compares it like an errno.
+const errDiffer = syscall.EBADE
+
+// sameInode checks that the names are one inode (st_ino and st_dev), as
+// every name of a hard-link set is.
+func sameInode(names ...string) func(string) error {
+	return func(d string) error {
+		var first unix.Stat_t
+		for i, n := range names {
+			var st unix.Stat_t
+			if err := unix.Lstat(filepath.Join(d, n), &st); err != nil {
+				return err
+			}
+			if i == 0 {
+				first = st
+			} else if st.Ino != first.Ino || st.Dev != first.Dev {
+				return errDiffer
+			}
+		}
+		return nil
+	}
+}
+
+// holds checks that the file at name holds want.
+func holds(name, want string) func(string) error {
+	return func(d string) error {
+		b, err := os.ReadFile(filepath.Join(d, name))
+		if err != nil {
+			return err
+		}
+		if string(b) != want {
+			return errDiffer
+		}
+		return nil
+	}
+}
+
+func appendFile(name, s string) func(string) error {
+	return func(d string) error {
+		f, err := os.OpenFile(filepath.Join(d, name), os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			return err
+		}
+		if _, err := f.WriteString(s); err != nil {
+			f.Close()
+			return err
+		}
+		return f.Close()
+	}
+}
+
+func writeFile(name, s string, mode os.FileMode) func(string) error {
+	return func(d string) error { return os.WriteFile(filepath.Join(d, name), []byte(s), mode) }
+}
+
+func link(from, to string) func(string) error {
+	return func(d string) error { return unix.Link(filepath.Join(d, from), filepath.Join(d, to)) }
+}
+
+func rename(from, to string) func(string) error {
+	return func(d string) error { return unix.Rename(filepath.Join(d, from), filepath.Join(d, to)) }
+}
+
+func unlink(name string) func(string) error {
+	return func(d string) error { return unix.Unlink(filepath.Join(d, name)) }
+}
+
+func hardlinkCases() []posixCase {
+	j := filepath.Join
+	return []posixCase{
+		{
+			name: "one inode: nlink, content and metadata shared",
+			ops: []op{
+				{name: "write f", fn: writeFile("f", "abc", 0o644), want: ok()},
+				{name: "link f g", fn: link("f", "g"), want: ok()},
+				{name: "f and g one inode", fn: sameInode("f", "g"), want: ok()},
+				{name: "append through g", fn: appendFile("g", "xyz"), want: ok()},
+				{name: "f holds abcxyz", fn: holds("f", "abcxyz"), want: ok()},
+				{name: "chmod g 0600", fn: func(d string) error { return unix.Chmod(j(d, "g"), 0o600) }, want: ok()},
+				{name: "chown f 1000:2000", fn: func(d string) error { return os.Chown(j(d, "f"), 1000, 2000) }, want: ok()},
+				{name: "utimes g", fn: func(d string) error {
+					t := time.Unix(1_600_000_000, 0)
+					return os.Chtimes(j(d, "g"), t, t)
+				}, want: ok()},
+				{name: "link g h", fn: link("g", "h"), want: ok()},
+				{name: "f, g and h one inode", fn: sameInode("f", "g", "h"), want: ok()},
+				{name: "truncate h", fn: func(d string) error { return os.Truncate(j(d, "h"), 2) }, want: ok()},
+				{name: "f holds ab", fn: holds("f", "ab"), want: ok()},
+			},
+			stat: []string{"f", "g", "h"},
+		},
+		{
+			name: "unlink keeps the other names; cross-directory links",
+			ops: []op{
+				{name: "mkdir a", fn: func(d string) error { return unix.Mkdir(j(d, "a"), 0o755) }, want: ok()},
+				{name: "mkdir b", fn: func(d string) error { return unix.Mkdir(j(d, "b"), 0o755) }, want: ok()},
+				{name: "write a/f", fn: writeFile("a/f", "data", 0o640), want: ok()},
+				{name: "link a/f b/g", fn: link("a/f", "b/g"), want: ok()},
+				{name: "link b/g h", fn: link("b/g", "h"), want: ok()},
+				{name: "unlink a/f", fn: unlink("a/f"), want: ok()},
+				{name: "b/g holds data", fn: holds("b/g", "data"), want: ok()},
+				{name: "b/g and h one inode", fn: sameInode("b/g", "h"), want: ok()},
+				{name: "rmdir a", fn: func(d string) error { return unix.Rmdir(j(d, "a")) }, want: ok()},
+				{name: "unlink h", fn: unlink("h"), want: ok()},
+			},
+			stat: []string{"a/f", "b/g", "h"},
+		},
+		{
+			name: "refused: a directory, an existing name, a missing source or directory, another's file",
+			ops: []op{
+				{name: "mkdir d", fn: func(d string) error { return unix.Mkdir(j(d, "d"), 0o755) }, want: ok()},
+				{name: "link d e", fn: link("d", "e"), want: fails(syscall.EPERM)},
+				{name: "write f", fn: writeFile("f", "x", 0o600), want: ok()},
+				{name: "write g", fn: writeFile("g", "y", 0o644), want: ok()},
+				{name: "link f g", fn: link("f", "g"), want: fails(syscall.EEXIST)},
+				{name: "link f d", fn: link("f", "d"), want: fails(syscall.EEXIST)},
+				{name: "link nope x", fn: link("nope", "x"), want: fails(syscall.ENOENT)},
+				{name: "link f nodir/x", fn: link("f", "nodir/x"), want: fails(syscall.ENOENT)},
+				{name: "link f g/x", fn: link("f", "g/x"), want: fails(syscall.ENOTDIR)},
+				{who: nobody, name: "link root's 0600 f (protected_hardlinks)", fn: link("f", "mine"), want: fails(syscall.EPERM)},
+				{who: nobody, name: "write n", fn: writeFile("n", "z", 0o644), want: ok()},
+				{who: nobody, name: "link own n", fn: link("n", "n2"), want: ok()},
+			},
+			stat: []string{"f", "g", "n", "n2", "mine"},
+		},
+		{
+			name: "rename onto and among the names of a link set",
+			ops: []op{
+				{name: "write f", fn: writeFile("f", "set", 0o644), want: ok()},
+				{name: "link f g", fn: link("f", "g"), want: ok()},
+				{name: "rename f g (same inode: nothing)", fn: rename("f", "g"), want: ok()},
+				{name: "f and g one inode", fn: sameInode("f", "g"), want: ok()},
+				{name: "write x", fn: writeFile("x", "other", 0o644), want: ok()},
+				{name: "rename g over x", fn: rename("g", "x"), want: ok()},
+				{name: "f and x one inode", fn: sameInode("f", "x"), want: ok()},
+				{name: "write y", fn: writeFile("y", "plain", 0o644), want: ok()},
+				{name: "rename y over f", fn: rename("y", "f"), want: ok()},
+				{name: "f holds plain", fn: holds("f", "plain"), want: ok()},
+				{name: "x holds set", fn: holds("x", "set"), want: ok()},
+				{name: "mkdir sub", fn: func(d string) error { return unix.Mkdir(j(d, "sub"), 0o755) }, want: ok()},
+				{name: "link x sub/z", fn: link("x", "sub/z"), want: ok()},
+				{name: "rename sub sub2", fn: rename("sub", "sub2"), want: ok()},
+				{name: "x and sub2/z one inode", fn: sameInode("x", "sub2/z"), want: ok()},
+			},
+			stat: []string{"f", "g", "x", "y", "sub2/z"},
+		},
+		{
+			name: "an open file linked and unlinked: the descriptor writes the inode",
+			ops: []op{
+				{name: "write, link, unlink, write through the fd", fn: func(d string) error {
+					f, err := os.OpenFile(j(d, "f"), os.O_CREATE|os.O_RDWR, 0o644)
+					if err != nil {
+						return err
+					}
+					defer f.Close()
+					if _, err := f.WriteString("before"); err != nil {
+						return err
+					}
+					if err := unix.Link(j(d, "f"), j(d, "g")); err != nil {
+						return err
+					}
+					if err := unix.Unlink(j(d, "f")); err != nil {
+						return err
+					}
+					if _, err := f.WriteString("+after"); err != nil {
+						return err
+					}
+					var st unix.Stat_t
+					if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+						return err
+					}
+					if st.Nlink != 1 {
+						return errDiffer
+					}
+					return nil
+				}, want: ok()},
+				{name: "g holds before+after", fn: holds("g", "before+after"), want: ok()},
+			},
+			stat: []string{"f", "g"},
+		},
+	}
+}
+
+// TestHardLinksLikeExt4 runs each hard-link case on ext4 and on the mount
+// and compares every errno and the resulting type, mode, owner, link count
+// and size; inode identity is checked by the cases (sameInode).
+func TestHardLinksLikeExt4(t *testing.T) {
+	fstest.RequireFUSE(t)
+	ref := ext4Dir(t)
+	openUp(t, ref)
+	m := fstest.Mount(t, kfs.Options{})
+	openUp(t, filepath.Dir(m.Dir))
+	for _, c := range hardlinkCases() {
+		t.Run(c.name, func(t *testing.T) {
+			want := runPosixCase(t, ref, c, fullStat)
+			got := runPosixCase(t, m.Dir, c, fullStat)
+			compareLines(t, want, got)
+		})
+	}
+}
+
+// TestHardLinksSurviveRestart: a link set made through the mount is one
+// inode with the right link count and content after the store is closed
+// and mounted again, and after the names were looked up cold.
+func TestHardLinksSurviveRestart(t *testing.T) {
+	fstest.RequireFUSE(t)
+	data := t.TempDir()
+	s, err := chunkstore.Open(chunkstore.Options{Dir: data})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fsys, err := kfs.New(s, kfs.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mnt := t.TempDir()
+	if err := fsys.Mount(mnt); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(mnt, "a", "b"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(mnt, "a", "f"), []byte("linked"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"a/b/g", "h"} {
+		if err := os.Link(filepath.Join(mnt, "a", "f"), filepath.Join(mnt, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := fsys.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	m := fstest.MountStore(t, data, kfs.Options{})
+	var ino uint64
+	for i, n := range []string{"h", "a/b/g", "a/f"} {
+		p := filepath.Join(m.Dir, n)
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			ino = st.Ino
+		}
+		if st.Ino != ino || st.Nlink != 3 || st.Mode != unix.S_IFREG|0o640 {
+			t.Errorf("%s after restart: ino %d (want %d) nlink %d mode %o", n, st.Ino, ino, st.Nlink, st.Mode)
+		}
+		if b, err := os.ReadFile(p); err != nil || !bytes.Equal(b, []byte("linked")) {
+			t.Errorf("%s after restart: %q %v", n, b, err)
+		}
+	}
+	// The link table is not seen, and its name is taken.
+	ents, err := os.ReadDir(m.Dir)
+	if err != nil || len(ents) != 2 {
+		t.Errorf("root lists %v %v, want a and h", ents, err)
+	}
+	if _, err := os.Lstat(filepath.Join(m.Dir, chunkstore.LinkTable)); !os.IsNotExist(err) {
+		t.Errorf("lstat of the link table: %v", err)
+	}
+	if err := os.Mkdir(filepath.Join(m.Dir, chunkstore.LinkTable), 0o755); !os.IsExist(err) {
+		t.Errorf("mkdir of the link table's name: %v, want EEXIST", err)
+	}
+	// A write through one name after the restart is seen through the
+	// others, in the mount and in the store.
+	if err := os.WriteFile(filepath.Join(m.Dir, "h"), []byte("rewritten"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.FS.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"a/f", "a/b/g"} {
+		if b, _ := os.ReadFile(filepath.Join(m.Dir, n)); string(b) != "rewritten" {
+			t.Errorf("%s: %q", n, b)
+		}
+		e, err := m.Store.Lookup(n)
+		if err != nil || e.Size != 9 || e.Nlink != 3 {
+			t.Errorf("%s in the store: %+v %v", n, e, err)
+		}
+	}
+}
