@@ -2,10 +2,12 @@ package clientproto
 
 // The KV-cache ops (docs/design/kv.md). They carry no fd of the mount:
 // the namespace is the caller's uid (SO_PEERCRED), so a request names
-// only the caller's own blocks. KV_PUT and KV_GET carry one fd, the
-// caller's buffer: a regular file on tmpfs (memfd_create, or a file in
-// /dev/shm) that the node reads the blocks from (pread) or writes them
-// into (pwrite); block i is at buf_offset + i * block_size.
+// only the caller's own blocks. KV_PUT and KV_GET on the host device
+// carry one fd, the caller's buffer: a regular file on tmpfs
+// (memfd_create, or a file in /dev/shm) that the node reads the blocks
+// from (pread) or writes them into (pwrite); block i is at buf_offset +
+// i * block_size. On a CUDA device they carry no fd but the IPC handle of
+// one allocation of the caller's, and each key its block's offset in it.
 
 import (
 	"fmt"
@@ -36,9 +38,13 @@ const (
 	// KVKeysFixedSize is the fixed part of a KV_CONTAINS body:
 	// {u32 n_keys; u32 reserved}.
 	KVKeysFixedSize = 8
-	// KVDeviceHost is the device of a buffer in host memory (the only
-	// device of this version: CUDA devices are refused, -EOPNOTSUPP).
+	// KVDeviceHost is the device of a buffer in host memory; any other
+	// device is a CUDA device ordinal.
 	KVDeviceHost = 0xffffffff
+	// KVGPUEntrySize is one key of a KV_PUT or KV_GET on a CUDA device:
+	// {u8 key[32]; u64 offset}, after the fixed part and a 64-byte IPC
+	// handle.
+	KVGPUEntrySize = 40
 	// KVStatsReplySize is an encoded KVStatsReply.
 	KVStatsReplySize = 64
 )
@@ -55,13 +61,21 @@ const (
 // ErrTooManyKeys: n_keys above MaxKVKeys.
 var ErrTooManyKeys = fmt.Errorf("more keys than a KV request takes (%d): %w", MaxKVKeys, syscall.E2BIG)
 
-// KVBlocksRequest is a KV_PUT or KV_GET body.
+// KVBlocksRequest is a KV_PUT or KV_GET body. On the host device the
+// blocks lie back to back from BufOffset in the buffer fd; on a CUDA
+// device (BufOffset 0) block i lies at Offsets[i] in the allocation of
+// IPCHandle.
 type KVBlocksRequest struct {
 	Device    uint32
 	Flags     uint32
 	BufOffset uint64
 	Keys      [][32]byte
+	IPCHandle [64]byte
+	Offsets   []uint64
 }
+
+// GPU reports whether r names GPU memory (not the host buffer).
+func (r KVBlocksRequest) GPU() bool { return r.Device != KVDeviceHost }
 
 // Append encodes r.
 func (r KVBlocksRequest) Append(b []byte) []byte {
@@ -70,7 +84,19 @@ func (r KVBlocksRequest) Append(b []byte) []byte {
 	b = le.AppendUint32(b, uint32(len(r.Keys)))
 	b = le.AppendUint32(b, 0)
 	b = le.AppendUint64(b, r.BufOffset)
-	return appendKeys(b, r.Keys)
+	if !r.GPU() {
+		return appendKeys(b, r.Keys)
+	}
+	b = append(b, r.IPCHandle[:]...)
+	for i, k := range r.Keys {
+		b = append(b, k[:]...)
+		var off uint64
+		if i < len(r.Offsets) {
+			off = r.Offsets[i]
+		}
+		b = le.AppendUint64(b, off)
+	}
+	return b
 }
 
 func appendKeys(b []byte, keys [][32]byte) []byte {
@@ -107,9 +133,26 @@ func ParseKVBlocks(b []byte) (KVBlocksRequest, error) {
 	if reserved != 0 || r.Flags != 0 {
 		return r, ErrBody
 	}
-	var err error
-	r.Keys, err = parseKeys(b[KVBlocksFixedSize:], n)
-	return r, err
+	if !r.GPU() {
+		var err error
+		r.Keys, err = parseKeys(b[KVBlocksFixedSize:], n)
+		return r, err
+	}
+	if n > MaxKVKeys {
+		return r, ErrTooManyKeys
+	}
+	rest := b[KVBlocksFixedSize:]
+	if r.BufOffset != 0 || n == 0 || len(rest) != 64+int(n)*KVGPUEntrySize {
+		return r, ErrBody
+	}
+	copy(r.IPCHandle[:], rest)
+	r.Keys, r.Offsets = make([][32]byte, n), make([]uint64, n)
+	for i := range r.Keys {
+		e := rest[64+i*KVGPUEntrySize:]
+		copy(r.Keys[i][:], e)
+		r.Offsets[i] = le.Uint64(e[32:])
+	}
+	return r, nil
 }
 
 // AppendKVKeys encodes a KV_CONTAINS body.

@@ -10,7 +10,7 @@ import (
 // TestKVLayouts pins the KV layouts the Python client mirrors, and the
 // largest KV request against MaxRequest.
 func TestKVLayouts(t *testing.T) {
-	if n := len(KVBlocksRequest{}.Append(nil)); n != KVBlocksFixedSize {
+	if n := len(KVBlocksRequest{Device: KVDeviceHost}.Append(nil)); n != KVBlocksFixedSize {
 		t.Errorf("KV_PUT/KV_GET fixed part %d bytes", n)
 	}
 	if n := len(AppendKVKeys(nil, nil)); n != KVKeysFixedSize {
@@ -22,6 +22,9 @@ func TestKVLayouts(t *testing.T) {
 	if n := HeaderSize + KVBlocksFixedSize + MaxKVKeys*KVKeySize; n > MaxRequest {
 		t.Errorf("the largest KV request (%d bytes) is over MaxRequest", n)
 	}
+	if n := HeaderSize + KVBlocksFixedSize + 64 + MaxKVKeys*KVGPUEntrySize; n > MaxRequest {
+		t.Errorf("the largest GPU KV request (%d bytes) is over MaxRequest", n)
+	}
 }
 
 func TestKVRoundTrips(t *testing.T) {
@@ -29,6 +32,20 @@ func TestKVRoundTrips(t *testing.T) {
 	r := KVBlocksRequest{Device: KVDeviceHost, BufOffset: 4096, Keys: keys}
 	if g, err := ParseKVBlocks(r.Append(nil)); err != nil || !reflect.DeepEqual(g, r) {
 		t.Errorf("KV blocks: %+v %v", g, err)
+	}
+	g := KVBlocksRequest{Device: 3, Keys: keys, Offsets: []uint64{0, 1 << 40}, IPCHandle: [64]byte{7, 63: 8}}
+	if b := g.Append(nil); len(b) != KVBlocksFixedSize+64+2*KVGPUEntrySize {
+		t.Errorf("GPU KV request of %d bytes", len(b))
+	} else if got, err := ParseKVBlocks(b); err != nil || !reflect.DeepEqual(got, g) {
+		t.Errorf("GPU KV blocks: %+v %v", got, err)
+	}
+	gb := g.Append(nil)
+	le.PutUint64(gb[16:], 1) // buf_offset must be 0 on a GPU
+	if _, err := ParseKVBlocks(gb); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("GPU KV request with a buf_offset: %v", err)
+	}
+	if _, err := ParseKVBlocks(g.Append(nil)[:KVBlocksFixedSize+64+KVGPUEntrySize]); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("GPU KV request cut short: %v", err)
 	}
 	if g, err := ParseKVKeys(AppendKVKeys(nil, keys)); err != nil || !reflect.DeepEqual(g, keys) {
 		t.Errorf("KV keys: %+v %v", g, err)

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kylix/kylix/clientproto"
+	"github.com/kylix/kylix/cuda"
 	"github.com/kylix/kylix/node/kvstore"
 )
 
@@ -112,16 +113,18 @@ func (c *clientServer) kvRequest(op uint16, body []byte, fds []int, p peer) repl
 	if !p.ok {
 		return refuse(fmt.Errorf("the caller's uid could not be read (SO_PEERCRED), and KV blocks are kept per uid: %w", syscall.EPERM))
 	}
-	wantFds := 0
-	if op == clientproto.OpKVPut || op == clientproto.OpKVGet {
-		wantFds = 1
-	}
-	if len(fds) != wantFds {
-		return refuse(fmt.Errorf("KV op %d carries %d fds (SCM_RIGHTS), got %d: %w", op, wantFds, len(fds), syscall.EBADF))
+	wantFds := func(n int) error {
+		if len(fds) != n {
+			return fmt.Errorf("this KV request carries %d fds (SCM_RIGHTS), got %d: %w", n, len(fds), syscall.EBADF)
+		}
+		return nil
 	}
 	bs := uint32(kv.BlockSize())
 	switch op {
 	case clientproto.OpKVStats, clientproto.OpKVClear:
+		if err := wantFds(0); err != nil {
+			return refuse(err)
+		}
 		if len(body) != 0 {
 			return refuse(fmt.Errorf("op %d takes an empty body: %w", op, syscall.EINVAL))
 		}
@@ -138,6 +141,9 @@ func (c *clientServer) kvRequest(op uint16, body []byte, fds []int, p peer) repl
 		}
 		return reply{fields: r.Append(nil)}
 	case clientproto.OpKVContains:
+		if err := wantFds(0); err != nil {
+			return refuse(err)
+		}
 		keys, err := clientproto.ParseKVKeys(body)
 		if err != nil {
 			return refuse(err)
@@ -152,19 +158,36 @@ func (c *clientServer) kvRequest(op uint16, body []byte, fds []int, p peer) repl
 	if err != nil {
 		return refuse(err)
 	}
-	if r.Device != clientproto.KVDeviceHost {
-		return refuse(fmt.Errorf("KV blocks in GPU memory (device %d) are not supported by this node yet: send a host buffer (device 0x%x): %w", r.Device, uint32(clientproto.KVDeviceHost), syscall.EOPNOTSUPP))
-	}
-	fd := fds[0]
-	if err := checkKVBuffer(fd, op == clientproto.OpKVGet, r.BufOffset, uint64(len(r.Keys))*uint64(bs)); err != nil {
-		return refuse(err)
+	var read, write func(i int, b []byte) error // block i from / into the caller's memory
+	if r.GPU() {
+		if err := wantFds(0); err != nil {
+			return refuse(err)
+		}
+		mem, done, err := c.kvOpenGPU(r, uint64(bs))
+		if err != nil {
+			return refuse(err)
+		}
+		defer done()
+		read = func(i int, b []byte) error { _, err := mem.ReadAt(b, int64(r.Offsets[i])); return err }
+		write = func(i int, b []byte) error { _, err := mem.WriteAt(b, int64(r.Offsets[i])); return err }
+	} else {
+		if err := wantFds(1); err != nil {
+			return refuse(err)
+		}
+		fd := fds[0]
+		if err := checkKVBuffer(fd, op == clientproto.OpKVGet, r.BufOffset, uint64(len(r.Keys))*uint64(bs)); err != nil {
+			return refuse(err)
+		}
+		at := func(i int) int64 { return int64(r.BufOffset) + int64(i)*int64(bs) }
+		read = func(i int, b []byte) error { return preadFull(fd, b, at(i)) }
+		write = func(i int, b []byte) error { return pwriteFull(fd, b, at(i)) }
 	}
 	if op == clientproto.OpKVPut {
 		status := make([]int32, len(r.Keys))
 		err := eachKey(len(r.Keys), func(i int) error {
 			b := make([]byte, bs)
-			if err := preadFull(fd, b, int64(r.BufOffset)+int64(i)*int64(bs)); err != nil {
-				return fmt.Errorf("reading block %d from the caller's buffer: %w", i, err)
+			if err := read(i, b); err != nil {
+				return fmt.Errorf("reading block %d from the caller's memory: %w", i, errnoOr(err, syscall.EIO))
 			}
 			if err := kv.Put(kvstore.Key{NS: p.uid, ID: r.Keys[i]}, b); err != nil {
 				status[i] = -int32(kvErrno(err))
@@ -178,10 +201,9 @@ func (c *clientServer) kvRequest(op uint16, body []byte, fds []int, p peer) repl
 	}
 	tiers := make([]byte, len(r.Keys))
 	err = eachKey(len(r.Keys), func(i int) error {
-		off := int64(r.BufOffset) + int64(i)*int64(bs)
-		t, err := kv.Get(kvstore.Key{NS: p.uid, ID: r.Keys[i]}, func(b []byte) error { return pwriteFull(fd, b, off) })
+		t, err := kv.Get(kvstore.Key{NS: p.uid, ID: r.Keys[i]}, func(b []byte) error { return write(i, b) })
 		if err != nil {
-			return fmt.Errorf("writing block %d into the caller's buffer: %w", i, err)
+			return fmt.Errorf("writing block %d into the caller's memory: %w", i, errnoOr(err, syscall.EIO))
 		}
 		tiers[i] = byte(t)
 		return nil
@@ -190,6 +212,35 @@ func (c *clientServer) kvRequest(op uint16, body []byte, fds []int, p peer) repl
 		return refuse(err)
 	}
 	return reply{fields: clientproto.AppendKVTiers(nil, bs, tiers)}
+}
+
+// kvOpenGPU opens the caller's CUDA allocation of a KV request (its IPC
+// handle, on the device's context that FILL holds: fill.go) and checks
+// every block against the allocation's size as the driver reports it,
+// never the caller's word, before any byte moves. done gives the mapping
+// and the device back.
+func (c *clientServer) kvOpenGPU(r clientproto.KVBlocksRequest, bs uint64) (*cuda.DeviceMem, func(), error) {
+	if c.fill == nil {
+		return nil, nil, fmt.Errorf("this node serves no GPU: %w", syscall.ENODEV)
+	}
+	d, err := c.fill.acquire(int(r.Device))
+	if err != nil {
+		return nil, nil, err
+	}
+	mem, err := d.dev.Context().OpenIPCMem(r.IPCHandle)
+	if err != nil {
+		c.fill.release(d)
+		return nil, nil, fmt.Errorf("cannot open the CUDA IPC handle on cuda:%d (from cuIpcGetMemHandle of an allocation on that device, in another process): %v: %w", r.Device, err, syscall.EINVAL)
+	}
+	done := func() { mem.Free(); c.fill.release(d) }
+	alloc := uint64(mem.Size())
+	for i, off := range r.Offsets {
+		if off > alloc || bs > alloc-off {
+			done()
+			return nil, nil, fmt.Errorf("block %d at offset %d (%d bytes) does not fit the allocation's %d bytes: %w", i, off, bs, alloc, syscall.EFAULT)
+		}
+	}
+	return mem, done, nil
 }
 
 // kvWorkers bounds the keys of one request handled at once: a put hashes

@@ -189,7 +189,8 @@ func TestKVThroughClientSocket(t *testing.T) {
 		fds  []int
 		want syscall.Errno
 	}{
-		{"GPU device", clientproto.OpKVGet, clientproto.KVBlocksRequest{Device: 0, Keys: [][32]byte{kvKey(0)}}.Append(nil), []int{fd}, syscall.EOPNOTSUPP},
+		{"GPU memory with a buffer fd", clientproto.OpKVGet, clientproto.KVBlocksRequest{Device: 0, Keys: [][32]byte{kvKey(0)}}.Append(nil), []int{fd}, syscall.EBADF},
+		{"GPU memory on a node without a GPU", clientproto.OpKVGet, clientproto.KVBlocksRequest{Device: 0, Keys: [][32]byte{kvKey(0)}}.Append(nil), nil, syscall.ENODEV},
 		{"no buffer", clientproto.OpKVGet, kvBody(kvKey(0)), nil, syscall.EBADF},
 		{"buffer too short", clientproto.OpKVGet, kvBody(kvKey(0), kvKey(1)), []int{other}, syscall.EFAULT},
 		{"read-only buffer for a get", clientproto.OpKVGet, kvBody(kvKey(0)), []int{roFd(t, fd)}, syscall.EBADF},
@@ -437,4 +438,79 @@ func TestKVFullDisk(t *testing.T) {
 	assert.Contains(t, s["disk_last_error"], "file system is full")
 	assert.Equal(t, []byte{1, 1, 1, 1}, c.kvGet(fd, "root", 0, 1, 2, 3), "every block served from memory")
 	assert.Contains(t, mustKylix(t, "", "kv", "stats", "--data", data), "last disk error:")
+}
+
+// TestKVStubGPU: KV_PUT and KV_GET straight from and into the caller's
+// GPU memory by CUDA IPC, on the stub driver (its "device memory" is a
+// /dev/shm file the test reads back): blocks at the offsets asked, in any
+// order, nothing written for a miss or outside the blocks; GPU put, host
+// get and the reverse are the same bytes; offsets past the allocation the
+// driver reports (near 2^64 too) are refused before any byte moves; a
+// handle that does not open is refused.
+func TestKVStubGPU(t *testing.T) {
+	requireFUSE(t)
+	data, mnt := dirs(t)
+	_, sock := startStubGPUNode(t, data, mnt, "--kv-block", "64KiB", "--kv-mem", "1MiB", "--kv-disk", "1MiB")
+	c := dialClient(t, sock)
+	gpuReq := func(a *shmAlloc, ids []int, offs []uint64) []byte {
+		r := clientproto.KVBlocksRequest{Device: 0, IPCHandle: a.handle, Offsets: offs}
+		for _, i := range ids {
+			r.Keys = append(r.Keys, kvKey(i))
+		}
+		return r.Append(nil)
+	}
+	// Put 3 blocks from GPU memory, laid out out of order with gaps.
+	src := newShmAlloc(t, 8*kvBlock)
+	img := make([]byte, src.size)
+	offs := []uint64{5 * kvBlock, 100, 2*kvBlock + 7}
+	for j, i := range []int{0, 1, 2} {
+		copy(img[offs[j]:], kvBlockOf(i, "gpu"))
+	}
+	require.NoError(t, os.WriteFile(src.path, img, 0o600))
+	r := c.req(clientproto.OpKVPut, gpuReq(src, []int{0, 1, 2}, offs))
+	require.Zero(t, r.status, r.msg)
+	_, st, err := clientproto.ParseKVPut(r.fields)
+	require.NoError(t, err)
+	require.Equal(t, []int32{0, 0, 0}, st)
+
+	// Get them (and a miss) into another allocation, at other offsets.
+	dst := newShmAlloc(t, 6*kvBlock)
+	getOffs := []uint64{0, 3*kvBlock + 1, kvBlock + 9, 4 * kvBlock}
+	r = c.req(clientproto.OpKVGet, gpuReq(dst, []int{2, 0, 99, 1}, getOffs))
+	require.Zero(t, r.status, r.msg)
+	_, tiers, err := clientproto.ParseKVTiers(r.fields)
+	require.NoError(t, err)
+	require.Equal(t, []byte{1, 1, 0, 1}, tiers)
+	got := dst.bytes(t)
+	want := make([]byte, dst.size)
+	copy(want[0:], kvBlockOf(2, "gpu"))
+	copy(want[3*kvBlock+1:], kvBlockOf(0, "gpu"))
+	copy(want[4*kvBlock:], kvBlockOf(1, "gpu"))
+	require.True(t, bytes.Equal(got, want), "the allocation holds exactly the blocks at their offsets, nothing for the miss")
+
+	// GPU put, host get: the same bytes.
+	fd := memBuf(t, 3)
+	assert.Equal(t, []byte{1, 1, 1}, c.kvGet(fd, "gpu", 0, 1, 2))
+
+	// Refusals, each before a byte moves.
+	before := dst.bytes(t)
+	for _, x := range []struct {
+		name string
+		offs []uint64
+		want syscall.Errno
+	}{
+		{"past the allocation", []uint64{0, uint64(dst.size) - kvBlock + 1}, syscall.EFAULT},
+		{"near 2^64", []uint64{0, ^uint64(0) - 10}, syscall.EFAULT},
+		{"at the end", []uint64{uint64(dst.size), 0}, syscall.EFAULT},
+	} {
+		r := c.req(clientproto.OpKVGet, gpuReq(dst, []int{0, 1}, x.offs))
+		assert.Equal(t, -int32(x.want), r.status, "%s: %s", x.name, r.msg)
+	}
+	require.True(t, bytes.Equal(dst.bytes(t), before), "a refused request wrote nothing")
+	bad := *dst
+	bad.handle[20] ^= 1 // another path
+	r = c.req(clientproto.OpKVGet, gpuReq(&bad, []int{0}, []uint64{0}))
+	assert.Equal(t, -int32(syscall.EINVAL), r.status, r.msg)
+	r = c.req(clientproto.OpKVGet, clientproto.KVBlocksRequest{Device: 7, IPCHandle: dst.handle, Keys: [][32]byte{kvKey(0)}, Offsets: []uint64{0}}.Append(nil))
+	assert.Equal(t, -int32(syscall.ENODEV), r.status, r.msg)
 }
