@@ -29,9 +29,15 @@ libkylix:
 
 # The test command CI runs: installs the real clients the tests need where
 # missing (as root with apt-get; scripts/test-deps.sh), then unit tests, race
-# detector, the real-process, FUSE and real-client suites in ./test. A client
-# still missing fails the run unless KYLIX_TEST_ALLOW_SKIP=1.
-test: test-deps build lint test-unit test-race test-c
+# detector, the real-process, FUSE and real-client suites in ./test (the
+# README's tour among them: TestTour), libkylix's and the Python package's.
+# A client still missing fails the run unless KYLIX_TEST_ALLOW_SKIP=1.
+# scripts/make-test.sh runs the steps in order, stopping at the first that
+# fails, and ends with one summary: steps passed, failed, not run, and what
+# they said they skipped.
+TEST_STEPS := test-deps build lint test-unit test-race test-c test-python
+test:
+	@MAKE="$(MAKE)" bash scripts/make-test.sh $(TEST_STEPS)
 
 test-deps:
 	bash scripts/test-deps.sh
@@ -100,6 +106,5 @@ PYTHON ?= /usr/bin/python3
 python: build
 	$(PYTHON) contrib/python/build_wheel.py bin --lib bin/libkylix.so
 
-test: test-python
 test-python: build
 	cd contrib/python && $(PYTHON) -m unittest discover -s tests -v

@@ -832,9 +832,16 @@ static int mount_test(int argc, char **argv)
 			unsigned char h64[64] = {0};
 			int fr = kylix_fill_device(f, h64, 0, 0, 0, size < 4096 ? size : 4096, 0, NULL);
 			CHECK(fr < 0 && kylix_last_error()[0], "%s: fill with a zero handle: %d", dst, fr);
-			if (access("/dev/nvidia0", F_OK) != 0)
+			if (access("/dev/nvidia0", F_OK) != 0) {
 				CHECK(fr == -ENODEV, "%s: fill without a GPU: %d %s", dst, fr, kylix_last_error());
-			printf("%s: fill: %s\n", dst, kylix_last_error());
+				/* Said once, as a skip: the refusal is what is tested. */
+				static int said;
+				if (fr == -ENODEV && !said++ && !getenv("KYLIX_CTEST_SKIPS_SAID"))
+					printf("skip: GPU fill into client memory: no GPU here (each FILL refused with ENODEV, as it must be): %s\n",
+					       kylix_last_error());
+			} else {
+				printf("%s: fill: %s\n", dst, kylix_last_error());
+			}
 		}
 		CHECK(read_threads(f, want, size, 48) == 0, "%s: 8 threads", dst);
 		int cr = child_read(f, want, size, want_pack);
