@@ -144,6 +144,37 @@ class KVTest(unittest.TestCase):
         finally:
             self.kv._batch = old
 
+    def test_many_clients_same_keys(self):
+        # Four connections put and get the same keys at once; every hit is
+        # the key's own block (its bytes are a function of the key).
+        import threading
+        keys = [kkv.key("shared", i) for i in range(8)]
+        want = {k: bytes([i + 1]) * BLOCK for i, k in enumerate(keys)}
+        errors, hits = [], []
+
+        def client(n):
+            try:
+                with kkv.KVStore(self.mnt) as c:
+                    for r in range(25):
+                        ks = [keys[(n + r + j) % len(keys)] for j in range(3)]
+                        c.put(ks, [want[k] for k in ks])
+                        out = [bytearray(BLOCK) for _ in ks]
+                        for k, o, hit in zip(ks, out, c.get(ks, out=out)):
+                            hits.append(hit)
+                            if hit and bytes(o) != want[k]:
+                                errors.append(f"client {n}: wrong bytes for key {k.hex()[:8]}")
+            except Exception as e:  # reported below, in the test's thread
+                errors.append(f"client {n}: {e!r}")
+
+        ts = [threading.Thread(target=client, args=(n,)) for n in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+        self.assertEqual(errors, [])
+        self.assertEqual(len(hits), 4 * 25 * 3)
+        self.assertIn(True, hits)
+
 
 if __name__ == "__main__":
     unittest.main()
