@@ -21,6 +21,7 @@ var (
 	mKVRefused   = desc("kv_puts_refused_total", "KV block puts refused: no room that eviction could make.")
 	mKVDirty     = desc("kv_dirty_blocks", "KV blocks in memory waiting for their disk write.")
 	mKVDiskErrs  = desc("kv_disk_write_errors_total", "KV block disk writes that failed (the block stayed in memory only).")
+	mKVGetSecs   = desc("kv_get_seconds", "Time of KV block gets that hit, by tier: lookup, the disk read and check, and the copy to the client.", "tier")
 	mKVVerify    = desc("kv_verify_failures_total", "KV blocks read from disk that failed their BLAKE3 check or could not be read (each a miss).")
 )
 
@@ -29,7 +30,7 @@ type kvCollector struct{ kv *kvstore.Store }
 
 func (c *kvCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{mKVHits, mKVMisses, mKVReadBytes, mKVBytes, mKVBudget, mKVBlocks, mKVEvictions,
-		mKVPuts, mKVRefused, mKVDirty, mKVDiskErrs, mKVVerify} {
+		mKVPuts, mKVRefused, mKVDirty, mKVDiskErrs, mKVVerify, mKVGetSecs} {
 		ch <- d
 	}
 }
@@ -49,6 +50,13 @@ func (c *kvCollector) Collect(ch chan<- prometheus.Metric) {
 		m(mKVBudget, prometheus.GaugeValue, tier.ts.Budget, tier.name)
 		m(mKVBlocks, prometheus.GaugeValue, tier.ts.Blocks, tier.name)
 		m(mKVEvictions, prometheus.CounterValue, tier.ts.Evictions, tier.name)
+		buckets, n := map[float64]uint64{}, uint64(0)
+		for i, ub := range kvstore.LatencyBuckets {
+			n += uint64(tier.ts.GetLatency.Counts[i])
+			buckets[ub] = n
+		}
+		n += uint64(tier.ts.GetLatency.Counts[len(kvstore.LatencyBuckets)])
+		ch <- prometheus.MustNewConstHistogram(mKVGetSecs, n, tier.ts.GetLatency.Seconds, buckets, tier.name)
 	}
 	m(mKVMisses, prometheus.CounterValue, st.Misses)
 	m(mKVPuts, prometheus.CounterValue, st.Puts)

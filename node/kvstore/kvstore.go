@@ -110,6 +110,10 @@ type Store struct {
 	log      *slog.Logger
 	diskSize int64 // bytes a block file is counted for
 
+	// getLatency: gets that hit, per tier (Memory, Disk), including the
+	// copy to the caller (fn).
+	getLatency [3]latency
+
 	mu       sync.Mutex
 	idle     *sync.Cond // signalled when the write queue empties
 	wake     chan struct{}
@@ -266,6 +270,7 @@ func (s *Store) dropMem(e *entry) {
 // first; one that fails, or cannot be read, is dropped and is a miss.
 // The error is fn's.
 func (s *Store) Get(k Key, fn func([]byte) error) (Tier, error) {
+	start := time.Now()
 	s.mu.Lock()
 	e := s.m[k]
 	switch {
@@ -279,7 +284,9 @@ func (s *Store) Get(k Key, fn func([]byte) error) (Tier, error) {
 		s.st.memHits++
 		s.st.memReadBytes += int64(len(d))
 		s.mu.Unlock()
-		return Memory, fn(d)
+		err := fn(d)
+		s.getLatency[Memory].since(start)
+		return Memory, err
 	}
 	gen := e.gen
 	s.diskLRU.MoveToFront(e.disk)
@@ -307,7 +314,9 @@ func (s *Store) Get(k Key, fn func([]byte) error) (Tier, error) {
 		s.memUsed += int64(s.opt.BlockSize)
 	}
 	s.mu.Unlock()
-	return Disk, fn(b)
+	err = fn(b)
+	s.getLatency[Disk].since(start)
+	return Disk, err
 }
 
 // Contains says which tier holds k's block (without verifying it or
@@ -390,12 +399,15 @@ func (s *Store) Close() {
 
 // TierStats are one tier's figures.
 type TierStats struct {
-	Blocks    int64 `json:"blocks"`
-	Bytes     int64 `json:"bytes"`
-	Budget    int64 `json:"budget"`
-	Hits      int64 `json:"hits"`
-	ReadBytes int64 `json:"read_bytes"`
-	Evictions int64 `json:"evictions"`
+	// GetLatency: the gets this tier answered, from the lookup to the
+	// block's copy to the caller done.
+	GetLatency Latency `json:"get_latency"`
+	Blocks     int64   `json:"blocks"`
+	Bytes      int64   `json:"bytes"`
+	Budget     int64   `json:"budget"`
+	Hits       int64   `json:"hits"`
+	ReadBytes  int64   `json:"read_bytes"`
+	Evictions  int64   `json:"evictions"`
 }
 
 // Stats are the store's figures since Open.
@@ -433,6 +445,7 @@ func (s *Store) Stats() Stats {
 		Disk:   TierStats{Blocks: int64(s.diskLRU.Len()), Bytes: s.diskUsed, Budget: s.opt.DiskBudget, Hits: st.diskHits, ReadBytes: st.diskReadBytes, Evictions: st.diskEvictions},
 		Puts:   st.puts, Refused: st.refused, Misses: st.misses, Dirty: int64(s.dirty), DiskWrites: st.diskWrites,
 		DiskWriteErrors: st.diskWriteErrors, MemoryOnly: st.memOnly, VerifyFailures: st.verifyFailures}
+	out.Memory.GetLatency, out.Disk.GetLatency = s.getLatency[Memory].snapshot(), s.getLatency[Disk].snapshot()
 	if st.lastDiskError != "" {
 		out.DiskLastError = st.lastDiskErrorAt.UTC().Format(time.RFC3339) + ": " + st.lastDiskError
 	}

@@ -81,6 +81,12 @@ func TestMemoryRoundTripAndLRU(t *testing.T) {
 	assert.Equal(t, int64(4), st.Memory.Hits)
 	assert.Equal(t, int64(2), st.Misses)
 	assert.Equal(t, "pageable", st.HostMemory)
+	var n int64
+	for _, c := range st.Memory.GetLatency.Counts {
+		n += c
+	}
+	assert.Equal(t, st.Memory.Hits, n, "one latency per memory hit")
+	assert.Positive(t, st.Memory.GetLatency.Seconds)
 }
 
 func TestDiskRoundTripEvictionAndRestart(t *testing.T) {
