@@ -124,3 +124,48 @@ func TestCLIThroughNode(t *testing.T) {
 		t.Errorf("models after rm -r through the node: %v", err)
 	}
 }
+
+// TestStatAndLsSayOneTrueThing: kylix stat names the pack that holds
+// exactly a file on one line, also for a file whose repeated chunks are
+// stored in place (it said "whole-file pack: none (served by the daemon,
+// not passthrough)" and then named that pack as the passthrough pack);
+// kylix ls labels its columns, the share in memory among them (issue 23,
+// C.6).
+func TestStatAndLsSayOneTrueThing(t *testing.T) {
+	work := t.TempDir()
+	data := filepath.Join(work, "data")
+	// Ten 4 MiB tensors (a chunk each), the first also the first of a file
+	// imported before: B's pack holds all of B (the duplicate stored in
+	// place), while the index names A's copy of that chunk.
+	const size = 4 << 20
+	a, b := safetensorsFile(10, size, 7), safetensorsFile(10, size, 8)
+	data0 := len(a) - 10*size
+	copy(b[data0:data0+size], a[data0:data0+size])
+	require.NoError(t, os.WriteFile(filepath.Join(work, "a.bin"), a, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(work, "dup.bin"), b, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(work, "small.txt"), []byte("small"), 0o644))
+	mustKylix(t, work, "--data", data, "import", "a.bin", "a.bin")
+	mustKylix(t, work, "--data", data, "import", "dup.bin", "m/dup.bin")
+	mustKylix(t, work, "--data", data, "import", "small.txt", "m/small.txt")
+
+	var js struct {
+		WholeFilePack   string `json:"whole_file_pack"`
+		PassthroughPack string `json:"passthrough_pack"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(mustKylix(t, work, "--data", data, "stat", "--json", "m/dup.bin")), &js))
+	require.NotEmpty(t, js.PassthroughPack, "the file with its repeats in place has a pack holding exactly it")
+	require.Empty(t, js.WholeFilePack, "the index points its repeats at their first copy")
+	out := mustKylix(t, work, "--data", data, "stat", "m/dup.bin")
+	assert.Equal(t, 1, strings.Count(out, "pack:"), out)
+	assert.Contains(t, out, "\nwhole-file pack: "+js.PassthroughPack+" (exactly the file, its repeated chunks stored in place;")
+	assert.NotContains(t, out, "none")
+
+	out = mustKylix(t, work, "--data", data, "stat", "m/small.txt")
+	assert.Equal(t, 1, strings.Count(out, "pack:"), out)
+	assert.Contains(t, out, "\nwhole-file pack: none: the node serves every read (no passthrough)\nreads checked by: the node:")
+
+	lines := strings.Split(mustKylix(t, work, "--data", data, "ls", "m"), "\n")
+	require.GreaterOrEqual(t, len(lines), 3)
+	assert.Regexp(t, `^ *MODE +UID +GID +SIZE +MODIFIED +IN MEMORY NAME$`, lines[0])
+	assert.Regexp(t, `^ -rw-r--r-- +\d+ +\d+ +40\.0 MiB +\S+ \S+ +\d+% dup\.bin$`, lines[1])
+}
