@@ -337,6 +337,12 @@ func (tx *NSTx) putLinked(l uint64, e Entry) error {
 	return nil
 }
 
+// LookupLinked returns link set l's entry (a node of the set whose own
+// name is gone needs it to change its metadata).
+func (tx *NSTx) LookupLinked(l uint64) (Entry, error) {
+	return tx.resolve(Entry{Kind: KindHardlink, Link: l})
+}
+
 // PutLinked is putLinked for callers that hold a node of the link set
 // whose own name may be gone (the mount's committer): the set is found by
 // its number, not by a path.

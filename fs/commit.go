@@ -203,7 +203,7 @@ func (c *committer) commit(batch []*fileNode) {
 					e.ID, e.Size = it.res.ID, it.res.Size
 				}
 				var err error
-				if link := n.linkSet(); link != 0 && n.gone.Load() {
+				if link := n.link.Load(); link != 0 && n.gone.Load() {
 					it.gone = true // its last name went
 					continue
 				} else if link != 0 {

@@ -22,6 +22,18 @@ type base struct {
 	gone   atomic.Bool // orphaned: no name any more (nlink 0)
 	parent *dirNode
 	name   string
+	// link is the link set the node is (0: one name), nlink its number
+	// of names (hardlink.go).
+	link  atomic.Uint64
+	nlink atomic.Uint32
+}
+
+// nlinks is the link count stat shows.
+func (b *base) nlinks() uint32 {
+	if b.gone.Load() {
+		return 0
+	}
+	return max(1, b.nlink.Load())
 }
 
 // place sets a new node's file system and position.
@@ -200,9 +212,9 @@ func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 // childFor returns the node for store entry e at name. Callers hold nsMu.
 func (d *dirNode) childFor(ctx context.Context, name string, e chunkstore.Entry, existing *gofs.Inode, out *fuse.EntryOut) *gofs.Inode {
 	f := d.fsys
-	if e.Kind == chunkstore.KindFile && e.Link != 0 {
+	if e.Link != 0 && e.Kind != chunkstore.KindDir {
 		if existing != nil {
-			if c, ok := existing.Operations().(*fileNode); !ok || c.linkSet() != e.Link {
+			if b := baseOf(existing); b == nil || b.link.Load() != e.Link {
 				unname(existing, d, name)
 			}
 		}

@@ -40,10 +40,6 @@ type fileNode struct {
 	size  int64 // committed size
 	mtime int64
 	id    chunkstore.ID // committed version (zero until the first commit)
-	// link is the link set the node is (0: a file with one name), nlink
-	// its number of names (hardlink.go).
-	link  uint64
-	nlink uint32
 	st    *fileState
 }
 
@@ -96,8 +92,9 @@ var (
 )
 
 func newFileNode(f *FS, parent *dirNode, name string, e chunkstore.Entry, inStore bool) *fileNode {
-	n := &fileNode{inStore: inStore, mode: e.Mode & chunkstore.EntryModeMask, uid: e.UID, gid: e.GID, size: e.Size, mtime: e.MTime, id: e.ID, link: e.Link, nlink: e.Nlink}
+	n := &fileNode{inStore: inStore, mode: e.Mode & chunkstore.EntryModeMask, uid: e.UID, gid: e.GID, size: e.Size, mtime: e.MTime, id: e.ID}
 	n.place(f, parent, name)
+	n.setLinks(e)
 	return n
 }
 
@@ -162,10 +159,10 @@ func (n *fileNode) hasLocalLocked() bool {
 func (n *fileNode) adopt(e chunkstore.Entry) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if e.Link != n.link {
+	if e.Link != n.link.Load() {
 		return false // another inode
 	}
-	n.nlink = e.Nlink
+	n.nlink.Store(e.Nlink)
 	if n.hasLocalLocked() {
 		return true // ours is newer; the committer will write it
 	}
@@ -185,7 +182,7 @@ func (n *fileNode) stale(se *chunkstore.Entry) bool {
 	if n.hasLocalLocked() || !n.inStore {
 		return false
 	}
-	return se == nil || se.Kind != chunkstore.KindFile || se.ID != n.id || se.Link != n.link || se.Nlink != n.nlink ||
+	return se == nil || se.Kind != chunkstore.KindFile || se.ID != n.id || se.Link != n.link.Load() || se.Nlink != n.nlink.Load() ||
 		se.Mode&chunkstore.EntryModeMask != n.mode || se.MTime != n.mtime ||
 		se.UID != n.uid || se.GID != n.gid
 }
@@ -213,10 +210,7 @@ func (n *fileNode) attrLocked(out *fuse.Attr) {
 	out.Size = uint64(size)
 	out.Blocks = uint64(size+511) / 512
 	out.Blksize = DefaultMaxIO
-	out.Nlink = max(1, n.nlink)
-	if n.gone.Load() {
-		out.Nlink = 0
-	}
+	out.Nlink = n.nlinks()
 	setTimes(out, n.mtime)
 	out.Uid, out.Gid = n.fsys.owner(n.uid, n.gid)
 }

@@ -102,7 +102,7 @@ type FS struct {
 
 	// links is the node of each link set the kernel may know, so that
 	// every name of a set is one inode (hardlink.go). Guarded by nsMu.
-	links map[uint64]*fileNode
+	links map[uint64]*gofs.Inode
 
 	// beforeCommit, when set (tests), runs before each commit batch.
 	beforeCommit func()
@@ -195,7 +195,7 @@ func New(s *chunkstore.Store, opts Options) (*FS, error) {
 		gid:         uint32(os.Getgid()),
 		passthrough: !opts.NoPassthrough && os.Geteuid() == 0,
 		dirty:       map[*fileNode]struct{}{},
-		links:       map[uint64]*fileNode{},
+		links:       map[uint64]*gofs.Inode{},
 	}
 	f.closes.cond = sync.NewCond(&f.closes.mu)
 	reserve := Reserve{Percent: DefaultReservePercent}

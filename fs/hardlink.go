@@ -11,68 +11,127 @@ import (
 )
 
 // Hard links (docs/design/hardlinks.md). The names of a link set are one
-// kernel inode: one fileNode, found by the set's number in FS.links, which
-// every lookup of a name of the set returns (go-fuse then records the
-// name as another parent of the inode). The node's base keeps one of its
-// names, any; when that name goes while others stay, it keeps none until a
-// lookup through another name gives it that one. Its content and
-// metadata are committed to the set's entry by number (NSTx.PutLinked),
-// never through a path, so every name sees them.
+// kernel inode: one node (a fileNode, a linkNode for a symlink, a
+// specialNode), found by the set's number in FS.links, which every lookup
+// of a name of the set returns (go-fuse then records the name as another
+// parent of the inode). The node's base keeps one of its names, any; when
+// that name goes while others stay, it keeps none until a lookup through
+// another name gives it that one. Its content and metadata are written to
+// the set's entry (NSTx.PutLinked, Put of an entry with Link), so every
+// name sees them; a node without a name writes by the set's number.
 
 var _ = (gofs.NodeLinker)((*dirNode)(nil))
 
-// linkedNode returns the live node of link set l, nil when the kernel
-// holds none. Callers hold nsMu.
-func (f *FS) linkedNode(l uint64) *fileNode {
-	n := f.links[l]
-	if n == nil {
+// setLinks records the link set of store entry e (0 and 0 for an entry
+// with one name).
+func (b *base) setLinks(e chunkstore.Entry) {
+	b.link.Store(e.Link)
+	b.nlink.Store(e.Nlink)
+}
+
+// putMeta changes the node's store entry with fn: through its name, or,
+// for a node of a link set whose name is gone, through the set. A node
+// with neither changes nothing in the store. Callers hold nsMu.
+func (b *base) putMeta(fn func(*chunkstore.Entry)) error {
+	p, named := b.path()
+	l := b.link.Load()
+	if !named && l == 0 {
 		return nil
 	}
-	if n.gone.Load() || n.Forgotten() {
+	return b.fsys.update(func(tx *chunkstore.NSTx) error {
+		var e chunkstore.Entry
+		var err error
+		if named {
+			e, err = tx.Lookup(p)
+		} else {
+			e, err = tx.LookupLinked(l)
+		}
+		if err != nil {
+			return err
+		}
+		fn(&e)
+		if named {
+			return tx.Put(p, e)
+		}
+		return tx.PutLinked(l, e)
+	})
+}
+
+// linkedNode returns the live node of link set l, nil when the kernel
+// holds none. Callers hold nsMu.
+func (f *FS) linkedNode(l uint64) *gofs.Inode {
+	in := f.links[l]
+	if in == nil {
+		return nil
+	}
+	if b := baseOf(in); b == nil || b.gone.Load() || in.Forgotten() {
 		delete(f.links, l)
 		return nil
 	}
-	return n
+	return in
 }
 
 // nodeForLink returns the node for the store entry e of a link set at
 // name in d, reusing the set's node. Callers hold nsMu.
 func (d *dirNode) nodeForLink(ctx context.Context, name string, e chunkstore.Entry, out *fuse.EntryOut) *gofs.Inode {
 	f := d.fsys
-	if n := f.linkedNode(e.Link); n != nil && n.adopt(e) {
-		if n.parent == nil {
-			n.parent, n.name = d, name
+	if in := f.linkedNode(e.Link); in != nil {
+		reuse := false
+		switch c := in.Operations().(type) {
+		case *fileNode:
+			if reuse = e.Kind == chunkstore.KindFile && c.adopt(e); reuse {
+				c.fillEntry(out)
+			}
+		case *linkNode:
+			if reuse = e.Kind == chunkstore.KindSymlink && c.target() == e.Target; reuse {
+				c.setEntry(e)
+				c.fillEntry(out)
+			}
+		case *specialNode:
+			if reuse = c.same(e); reuse {
+				c.setEntry(e)
+				c.fillEntry(out)
+			}
 		}
-		n.fillEntry(out)
-		return n.EmbeddedInode()
+		if reuse {
+			if b := baseOf(in); b.parent == nil {
+				b.parent, b.name = d, name
+			}
+			return in
+		}
 	}
-	n := newFileNode(f, d, name, e, true)
-	f.links[e.Link] = n
-	n.fillEntry(out)
-	return d.NewInode(ctx, n, gofs.StableAttr{Mode: syscall.S_IFREG})
-}
-
-// linkSet returns the node's link set, 0 for a file with one name.
-func (n *fileNode) linkSet() uint64 {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.link
+	var in *gofs.Inode
+	switch {
+	case e.Kind == chunkstore.KindSymlink:
+		c := &linkNode{ent: e}
+		c.place(f, d, name)
+		c.setLinks(e)
+		c.fillEntry(out)
+		in = d.NewInode(ctx, c, gofs.StableAttr{Mode: syscall.S_IFLNK})
+	case e.Kind.Special():
+		c := &specialNode{ent: e}
+		c.place(f, d, name)
+		c.setLinks(e)
+		c.fillEntry(out)
+		in = d.NewInode(ctx, c, gofs.StableAttr{Mode: specialType(e.Kind)})
+	default:
+		c := newFileNode(f, d, name, e, true)
+		c.fillEntry(out)
+		in = d.NewInode(ctx, c, gofs.StableAttr{Mode: syscall.S_IFREG})
+	}
+	f.links[e.Link] = in
+	return in
 }
 
 // unname records that (d, name) no longer leads to the node in: a node of
 // a link set with other names keeps them (one fewer); any other becomes
 // an orphan. Callers hold nsMu exclusively (or as orphan says).
 func unname(in *gofs.Inode, d *dirNode, name string) {
-	if n, ok := in.Operations().(*fileNode); ok {
-		n.mu.Lock()
-		kept := n.link != 0 && n.nlink > 1
-		if kept {
-			n.nlink--
-		}
-		n.mu.Unlock()
-		if kept {
-			if n.parent == d && n.name == name {
-				n.parent = nil
+	if b := baseOf(in); b != nil && b.link.Load() != 0 {
+		if n := b.nlink.Load(); n > 1 {
+			b.nlink.Store(n - 1)
+			if b.parent == d && b.name == name {
+				b.parent = nil
 			}
 			return
 		}
@@ -80,26 +139,31 @@ func unname(in *gofs.Inode, d *dirNode, name string) {
 	orphan(in)
 }
 
-// Link is link(2): name in d becomes another name of target. Only regular
-// files are linked here; the kernel refuses directories itself (EPERM)
-// before asking, and a symlink, fifo, socket or device is refused with
-// EPERM too (what ext4 does for a file system that does not support
-// linking them; docs/design/hardlinks.md says why).
+// Link is link(2): name in d becomes another name of target, a regular
+// file, symlink, fifo, socket or device node (the kernel refuses
+// directories itself, EPERM, before asking).
 func (d *dirNode) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	f := d.fsys
 	if err := checkName(name); err != 0 {
 		return nil, err
 	}
-	n, ok := target.(*fileNode)
-	if !ok {
+	in := target.EmbeddedInode()
+	b := baseOf(in)
+	if b == nil || b.isRoot {
 		return nil, syscall.EPERM
 	}
-	if n.pending() {
+	if _, isDir := target.(*dirNode); isDir {
+		return nil, syscall.EPERM
+	}
+	if n, ok := target.(*fileNode); ok && n.pending() {
 		// Not in the store yet: commit it first, so that there is an
 		// entry to share.
 		n.handoff()
 		if err := f.Sync(); err != nil {
 			return nil, toErrno(err)
+		}
+		if n.pending() {
+			return nil, syscall.EIO
 		}
 	}
 	f.nsMu.Lock()
@@ -111,14 +175,12 @@ func (d *dirNode) Link(ctx context.Context, target gofs.InodeEmbedder, name stri
 	if d.exists(p, name) {
 		return nil, syscall.EEXIST
 	}
-	if n.gone.Load() || n.pending() {
+	if b.gone.Load() {
 		return nil, syscall.ENOENT
 	}
 	to := joinPath(p, name)
-	n.mu.Lock()
-	l := n.link
-	n.mu.Unlock()
-	from, named := n.path()
+	l := b.link.Load()
+	from, named := b.path()
 	if !named && l == 0 {
 		return nil, syscall.ENOENT
 	}
@@ -136,10 +198,17 @@ func (d *dirNode) Link(ctx context.Context, target gofs.InodeEmbedder, name stri
 	if err != nil {
 		return nil, toErrno(err)
 	}
-	n.mu.Lock()
-	n.link, n.nlink = e.Link, e.Nlink
-	n.mu.Unlock()
-	f.links[e.Link] = n
-	n.fillEntry(out)
-	return n.EmbeddedInode(), 0
+	b.setLinks(e)
+	f.links[e.Link] = in
+	switch c := target.(type) {
+	case *fileNode:
+		c.fillEntry(out)
+	case *linkNode:
+		c.setEntry(e)
+		c.fillEntry(out)
+	case *specialNode:
+		c.setEntry(e)
+		c.fillEntry(out)
+	}
+	return in, 0
 }

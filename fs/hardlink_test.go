@@ -163,6 +163,27 @@ func hardlinkCases() []posixCase {
 			stat: []string{"f", "g", "x", "y", "sub2/z"},
 		},
 		{
+			name: "links of a fifo, a socket, a device and a symlink",
+			ops: []op{
+				{name: "mkfifo p", fn: func(d string) error { return unix.Mkfifo(j(d, "p"), 0o640) }, want: ok()},
+				{name: "link p p2", fn: link("p", "p2"), want: ok()},
+				{name: "bind socket s", fn: func(d string) error { return bindSocket(j(d, "s")) }, want: ok()},
+				{name: "link s s2", fn: link("s", "s2"), want: ok()},
+				{name: "mknod c", fn: func(d string) error { return unix.Mknod(j(d, "c"), unix.S_IFCHR|0o600, int(unix.Mkdev(1, 5))) }, want: ok()},
+				{name: "link c c2", fn: link("c", "c2"), want: ok()},
+				{name: "symlink l", fn: func(d string) error { return unix.Symlink("p", j(d, "l")) }, want: ok()},
+				{name: "link l l2 (the symlink itself)", fn: link("l", "l2"), want: ok()},
+				{name: "p and p2 one inode", fn: sameInode("p", "p2"), want: ok()},
+				{name: "c and c2 one inode", fn: sameInode("c", "c2"), want: ok()},
+				{name: "l and l2 one inode", fn: sameInode("l", "l2"), want: ok()},
+				{name: "chmod p2 0600", fn: func(d string) error { return unix.Chmod(j(d, "p2"), 0o600) }, want: ok()},
+				{name: "lchown l2 1000:1000", fn: func(d string) error { return os.Lchown(j(d, "l2"), 1000, 1000) }, want: ok()},
+				{name: "unlink s", fn: unlink("s"), want: ok()},
+				{name: "fifo I/O through p2", fn: func(d string) error { return fifoTalk(j(d, "p2")) }, want: ok()},
+			},
+			stat: []string{"p", "p2", "s", "s2", "c", "c2", "l", "l2"},
+		},
+		{
 			name: "an open file linked and unlinked: the descriptor writes the inode",
 			ops: []op{
 				{name: "write, link, unlink, write through the fd", fn: func(d string) error {

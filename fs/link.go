@@ -36,13 +36,14 @@ func (l *linkNode) target() string {
 func (l *linkNode) changed(e chunkstore.Entry) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return e.Target != l.ent.Target || e.UID != l.ent.UID || e.GID != l.ent.GID
+	return e.Target != l.ent.Target || e.UID != l.ent.UID || e.GID != l.ent.GID || e.Link != l.link.Load() || e.Nlink != l.nlink.Load()
 }
 
 func (l *linkNode) setEntry(e chunkstore.Entry) {
 	l.mu.Lock()
 	l.ent = e
 	l.mu.Unlock()
+	l.setLinks(e)
 }
 
 func (l *linkNode) attr(out *fuse.Attr) {
@@ -50,10 +51,7 @@ func (l *linkNode) attr(out *fuse.Attr) {
 	defer l.mu.Unlock()
 	out.Mode = syscall.S_IFLNK | 0o777
 	out.Size = uint64(len(l.ent.Target))
-	out.Nlink = 1
-	if l.gone.Load() {
-		out.Nlink = 0
-	}
+	out.Nlink = l.nlinks()
 	setTimes(out, l.ent.MTime)
 	out.Uid, out.Gid = l.fsys.owner(l.ent.UID, l.ent.GID)
 }
@@ -87,20 +85,12 @@ func (l *linkNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.Set
 	if setMeta(f, in, &ent.Mode, &ent.UID, &ent.GID, &ent.MTime) {
 		ent.Mode = 0o777
 		f.nsMu.Lock()
-		p, ok := l.path()
-		if ok {
-			err := f.update(func(tx *chunkstore.NSTx) error {
-				e, err := tx.Lookup(p)
-				if err != nil {
-					return err
-				}
-				e.UID, e.GID, e.MTime = ent.UID, ent.GID, ent.MTime
-				return tx.Put(p, e)
-			})
-			if err != nil {
-				f.nsMu.Unlock()
-				return toErrno(err)
-			}
+		err := l.putMeta(func(e *chunkstore.Entry) {
+			e.UID, e.GID, e.MTime = ent.UID, ent.GID, ent.MTime
+		})
+		if err != nil {
+			f.nsMu.Unlock()
+			return toErrno(err)
 		}
 		l.mu.Lock()
 		l.ent.UID, l.ent.GID, l.ent.MTime = ent.UID, ent.GID, ent.MTime

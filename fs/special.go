@@ -81,7 +81,7 @@ func storeDev(dev uint32) uint64 {
 func (s *specialNode) same(e chunkstore.Entry) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return e.Kind == s.ent.Kind && e.Rdev == s.ent.Rdev
+	return e.Kind == s.ent.Kind && e.Rdev == s.ent.Rdev && e.Link == s.link.Load()
 }
 
 // changed reports whether store entry e differs from what the kernel was
@@ -90,13 +90,15 @@ func (s *specialNode) changed(e chunkstore.Entry) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	o := s.ent
-	return e.Kind != o.Kind || e.Rdev != o.Rdev || e.Mode != o.Mode || e.UID != o.UID || e.GID != o.GID || e.MTime != o.MTime
+	return e.Kind != o.Kind || e.Rdev != o.Rdev || e.Mode != o.Mode || e.UID != o.UID || e.GID != o.GID || e.MTime != o.MTime ||
+		e.Link != s.link.Load() || e.Nlink != s.nlink.Load()
 }
 
 func (s *specialNode) setEntry(e chunkstore.Entry) {
 	s.mu.Lock()
 	s.ent = e
 	s.mu.Unlock()
+	s.setLinks(e)
 }
 
 func (s *specialNode) attr(out *fuse.Attr) {
@@ -105,10 +107,7 @@ func (s *specialNode) attr(out *fuse.Attr) {
 	out.Mode = specialType(s.ent.Kind) | chunkstore.UnixMode(s.ent.Mode)
 	out.Rdev = fuseDev(s.ent.Rdev)
 	out.Blksize = 4096
-	out.Nlink = 1
-	if s.gone.Load() {
-		out.Nlink = 0
-	}
+	out.Nlink = s.nlinks()
 	setTimes(out, s.ent.MTime)
 	out.Uid, out.Gid = s.fsys.owner(s.ent.UID, s.ent.GID)
 }
@@ -140,21 +139,16 @@ func (s *specialNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.
 	s.mu.Unlock()
 	if setMeta(f, in, &ent.Mode, &ent.UID, &ent.GID, &ent.MTime) {
 		f.nsMu.Lock()
-		if p, ok := s.path(); ok {
-			err := f.update(func(tx *chunkstore.NSTx) error {
-				e, err := tx.Lookup(p)
-				if err != nil {
-					return err
-				}
-				e.Mode, e.UID, e.GID, e.MTime = ent.Mode, ent.UID, ent.GID, ent.MTime
-				return tx.Put(p, e)
-			})
-			if err != nil {
-				f.nsMu.Unlock()
-				return toErrno(err)
-			}
+		err := s.putMeta(func(e *chunkstore.Entry) {
+			e.Mode, e.UID, e.GID, e.MTime = ent.Mode, ent.UID, ent.GID, ent.MTime
+		})
+		if err != nil {
+			f.nsMu.Unlock()
+			return toErrno(err)
 		}
-		s.setEntry(ent)
+		s.mu.Lock()
+		s.ent = ent
+		s.mu.Unlock()
 		f.nsMu.Unlock()
 	}
 	s.attr(&out.Attr)
