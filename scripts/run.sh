@@ -2,7 +2,8 @@
 # make run: Kylix's main job on the embedded default — one node on the
 # default data directory, mounted at the default mount point, with a generated
 # sample model imported. The node keeps running in the background; the script
-# says where it is mounted and how to stop it.
+# says where it is mounted and how to stop it. $KYLIX_DATA and $KYLIX_MOUNT
+# choose the data directory and mount point, as for kylix serve.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kylix=$PWD/bin/kylix
@@ -44,7 +45,10 @@ echo "== sha256sum through the mount vs the source"
 (cd "$src/base" && sha256sum model-00001-of-00002.safetensors)
 cat <<MSG
 
-Kylix node running: pid $pid, data $data, mounted at $mnt
+Kylix node running in the background: pid $pid, data $data, mounted at $mnt
   try:   ls $mnt/models; bin/kylix stat models/demo-llama/model-00001-of-00002.safetensors; bin/kylix node
-  stop:  kill $pid        (it commits open writes and unmounts)
+  stop:  kill $pid        (it commits open writes and unmounts; bin/kylix node shows the pid again)
+While it runs, another kylix serve on $data or $mnt fails ("a node already serves",
+"already a mount point"); the README's tour (bash scripts/tour.sh) uses its own.
+(\$KYLIX_DATA and \$KYLIX_MOUNT choose others.)
 MSG
