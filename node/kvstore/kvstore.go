@@ -296,10 +296,14 @@ func (s *Store) Get(k Key, fn func([]byte) error) (Tier, error) {
 	s.mu.Lock()
 	if err != nil {
 		s.st.misses++
-		s.st.verifyFailures++
-		if s.m[k] == e && e.gen == gen && e.data == nil {
-			s.dropDisk(e, true)
+		if s.m[k] != e || e.disk == nil || e.gen != gen || e.data != nil {
+			// Evicted, cleared or put again while it was read: a plain
+			// miss (its file may be gone), not the file's fault.
+			s.mu.Unlock()
+			return Miss, nil
 		}
+		s.st.verifyFailures++
+		s.dropDisk(e, true)
 		s.mu.Unlock()
 		s.log.Warn("kv: dropped a block that failed its check on disk", "key", fmt.Sprintf("%x", k.ID[:8]), "ns", k.NS, "err", err)
 		return Miss, nil
@@ -335,9 +339,12 @@ func (s *Store) Contains(k Key) Tier {
 }
 
 // Clear drops every block of namespace ns from both tiers; all: of every
-// namespace. It returns the blocks dropped.
+// namespace. It returns the blocks dropped. The files are removed under
+// the lock: a block put again at once must not lose its new file to a
+// late removal of the old one.
 func (s *Store) Clear(ns uint32, all bool) int {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	var unlink []string
 	n := 0
 	for k, e := range s.m {
@@ -352,7 +359,6 @@ func (s *Store) Clear(ns uint32, all bool) int {
 		}
 		delete(s.m, k)
 	}
-	s.mu.Unlock()
 	removeFiles(unlink)
 	return n
 }
