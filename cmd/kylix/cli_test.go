@@ -161,6 +161,7 @@ func TestHelpStreamsAndExitCodes(t *testing.T) {
 		{[]string{"ls", "--nope"}, []string{"kylix ls: unknown flag: --nope\n", "Run 'kylix ls --help' for its flags and arguments."}},
 		{[]string{"ls", "--jsn"}, []string{"kylix ls: unknown flag: --jsn (did you mean --json?)"}},
 		{[]string{"ls", "--rec"}, []string{"kylix ls: unknown flag: --rec (did you mean --recursive?)"}},
+		{[]string{"ls", "-r"}, []string{"kylix ls: unknown shorthand flag: 'r' in -r (did you mean -R?)"}},
 		{[]string{"stat", "--chunk=1", "x"}, []string{"kylix stat: unknown flag: --chunk (did you mean --chunks?)"}},
 		{[]string{"--nope", "ls"}, []string{"unknown flag: --nope"}},
 		{[]string{"--jsn", "ls"}, []string{"kylix: unknown flag: --jsn (did you mean --json?)"}},

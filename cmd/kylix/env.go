@@ -208,10 +208,22 @@ func (f *flags) helpPointer() {
 }
 
 // flagSuggestion returns " (did you mean --NAME?)" for an unknown long
-// flag that is near a flag of fs (nearestFlag), else "".
+// flag that is near a flag of fs (nearestFlag), or " (did you mean -X?)"
+// for a one-letter flag given in the other case (-r for -R); else "".
 func flagSuggestion(fs *pflag.FlagSet, err error) string {
 	var ne *pflag.NotExistError
-	if !errors.As(err, &ne) || ne.GetSpecifiedShortnames() != "" {
+	if !errors.As(err, &ne) {
+		return ""
+	}
+	if ne.GetSpecifiedShortnames() != "" {
+		c := ne.GetSpecifiedName()
+		other := strings.ToUpper(c)
+		if other == c {
+			other = strings.ToLower(c)
+		}
+		if fl := fs.ShorthandLookup(other); other != c && fl != nil && !fl.Hidden {
+			return fmt.Sprintf(" (did you mean -%s?)", other)
+		}
 		return ""
 	}
 	if name := nearestFlag(fs, ne.GetSpecifiedName(), nil); name != "" {
