@@ -391,7 +391,7 @@ func (w *importWalk) link(ctx context.Context, fd int, st *unix.Stat_t, dirfd in
 	if err != nil {
 		return e, fmt.Errorf("import %s: %w", p, err)
 	}
-	if len(t) == 0 || len(t) > maxSymlink {
+	if len(t) == 0 || len(t) > MaxSymlinkLen {
 		return e, fmt.Errorf("import %s: symlink target of %d bytes: %w", p, len(t), ErrInvalidPath)
 	}
 	// SRC itself is a link here only with NoDereference: followed, it

@@ -12,12 +12,18 @@ import (
 // Limits enforced when decoding manifests, so that a damaged or hostile
 // manifest cannot make the decoder allocate without bound.
 const (
-	MaxNameLen   = 255     // bytes in one path component
-	MaxPathLen   = 4096    // bytes in a namespace path
-	MaxChunkLen  = 1 << 30 // bytes in one chunk
-	maxFileSize  = 1 << 50
-	maxSymlink   = 4096
-	manifestFile = "KXF1"
+	MaxNameLen = 255 // bytes in one path component
+	// MaxPathLen bounds a namespace path. It is not PATH_MAX: the kernel
+	// bounds each path a system call names, but a process whose working
+	// directory is deep in the mount names paths relative to it, and ext4
+	// has no bound on a file's depth, so neither has the mount short of
+	// this guard against runaway input.
+	MaxPathLen = 1 << 16
+	// MaxSymlinkLen bounds a symlink's target (the kernel's PATH_MAX).
+	MaxSymlinkLen = 4096
+	MaxChunkLen   = 1 << 30 // bytes in one chunk
+	maxFileSize   = 1 << 50
+	manifestFile  = "KXF1"
 	// manifestDirV1 is the directory encoding before owners were stored:
 	// still decoded (its entries' owners are OwnerUnknown), and still the
 	// one encoding of the empty directory, whose ID is well known and
@@ -387,7 +393,7 @@ func DecodeDirManifest(b []byte) (*DirManifest, error) {
 			copy(e.ID[:], d.bytes(IDSize))
 		case KindSymlink:
 			tl := d.uvarint()
-			if tl == 0 || tl > maxSymlink {
+			if tl == 0 || tl > MaxSymlinkLen {
 				return nil, fmt.Errorf("dir manifest: entry %q: symlink length %d: %w", e.Name, tl, ErrCorrupt)
 			}
 			e.Target = string(d.bytes(int(tl)))

@@ -517,7 +517,7 @@ func (d *dirNode) Symlink(ctx context.Context, target, name string, out *fuse.En
 	if err := checkName(name); err != 0 {
 		return nil, err
 	}
-	if len(target) == 0 || len(target) > chunkstore.MaxPathLen {
+	if len(target) == 0 || len(target) > chunkstore.MaxSymlinkLen {
 		return nil, syscall.ENAMETOOLONG
 	}
 	f.nsMu.Lock()

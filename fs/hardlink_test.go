@@ -2,8 +2,10 @@ package fs_test
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -182,6 +184,48 @@ func hardlinkCases() []posixCase {
 				{name: "fifo I/O through p2", fn: func(d string) error { return fifoTalk(j(d, "p2")) }, want: ok()},
 			},
 			stat: []string{"p", "p2", "s", "s2", "c", "c2", "l", "l2"},
+		},
+		{
+			name: "deeper than PATH_MAX below the mount, each call's path short (openat)",
+			ops: []op{
+				{name: "mkdirat 24 levels of 250 bytes, a file and a link at the bottom", fn: func(d string) error {
+					fd, err := unix.Open(d, unix.O_DIRECTORY|unix.O_RDONLY, 0)
+					if err != nil {
+						return err
+					}
+					for i := range 24 {
+						name := fmt.Sprintf("%03d%s", i, strings.Repeat("d", 247))
+						if err := unix.Mkdirat(fd, name, 0o755); err != nil {
+							unix.Close(fd)
+							return err
+						}
+						nfd, err := unix.Openat(fd, name, unix.O_DIRECTORY|unix.O_RDONLY, 0)
+						unix.Close(fd)
+						if err != nil {
+							return err
+						}
+						fd = nfd
+					}
+					defer unix.Close(fd)
+					ffd, err := unix.Openat(fd, "f", unix.O_CREAT|unix.O_WRONLY, 0o644)
+					if err != nil {
+						return err
+					}
+					unix.Write(ffd, []byte("deep"))
+					unix.Close(ffd)
+					if err := unix.Linkat(fd, "f", fd, "g", 0); err != nil {
+						return err
+					}
+					var st unix.Stat_t
+					if err := unix.Fstatat(fd, "g", &st, 0); err != nil {
+						return err
+					}
+					if st.Size != 4 || st.Nlink != 2 {
+						return errDiffer
+					}
+					return nil
+				}, want: ok()},
+			},
 		},
 		{
 			name: "an open file linked and unlinked: the descriptor writes the inode",
