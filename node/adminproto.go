@@ -34,6 +34,7 @@ import (
 	"github.com/kylix/kylix/chunkstore"
 	kfs "github.com/kylix/kylix/fs"
 	"github.com/kylix/kylix/internal/unixsock"
+	"github.com/kylix/kylix/node/kvstore"
 	"github.com/kylix/kylix/peers"
 )
 
@@ -132,6 +133,8 @@ type NodeStatus struct {
 	Clients *ClientStats `json:"clients,omitempty"`
 	// Pins is the node's pins (docs/design/pin.md).
 	Pins *PinsStatus `json:"pins,omitempty"`
+	// KV is the KV-cache store (docs/design/kv.md; nil without one).
+	KV *kvstore.Stats `json:"kv,omitempty"`
 }
 
 // PeersStatus is the reply of OpPeers.

@@ -208,6 +208,14 @@ func TestKVThroughClientSocket(t *testing.T) {
 	le32(big[8:], clientproto.MaxKVKeys+1)
 	assert.Equal(t, -int32(syscall.E2BIG), c.req(clientproto.OpKVGet, big, fd).status)
 
+	var status struct {
+		KV *struct {
+			BlockSize int `json:"block_size"`
+		} `json:"kv"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(mustKylix(t, "", "node", "--data", data, "--json")), &status))
+	require.NotNil(t, status.KV, "kylix node --json has the KV store")
+	assert.Equal(t, kvBlock, status.KV.BlockSize)
 	st := kvStatsCLI(t, data)
 	require.True(t, st.Enabled)
 	assert.Equal(t, kvBlock, st.Stats.BlockSize)
@@ -231,6 +239,14 @@ func TestKVThroughClientSocket(t *testing.T) {
 	assert.Equal(t, []byte{2, 2, 0, 2}, c.kvGet(fd, "root", 0, 1, 5, 7), "after the restart, from disk; 5's flipped byte is a miss")
 	assert.Equal(t, []byte{0}, c.kvContains(5), "the damaged block is dropped")
 	assert.Equal(t, int64(1), kvStatsCLI(t, data).Stats.VerifyFailures)
+
+	// Model GC, compaction and fsck never touch the KV tier's files.
+	importFiles(t, data, map[string][]byte{"model": randomBytes(3<<20, 97)})
+	mustKylix(t, "", "rm", "--data", data, "m/model")
+	mustKylix(t, "", "gc", "--data", data, "--compact-threshold", "0.01")
+	mustKylix(t, "", "fsck", "--data", data)
+	assert.NotContains(t, c.kvGet(fd, "root", 0, 1, 2, 3, 4, 6, 7), byte(clientproto.KVMiss), "KV blocks after gc --compact and fsck")
+	assert.Equal(t, int64(7), kvStatsCLI(t, data).Stats.Disk.Blocks, "every block file still there")
 
 	// kylix kv clear drops every block, memory and disk.
 	assert.Contains(t, mustKylix(t, "", "kv", "clear", "--data", data), "dropped")
