@@ -530,3 +530,23 @@ func TestKVStubGPU(t *testing.T) {
 	r = c.req(clientproto.OpKVGet, clientproto.KVBlocksRequest{Device: 7, IPCHandle: dst.handle, Keys: [][32]byte{kvKey(0)}, Offsets: []uint64{0}}.Append(nil))
 	assert.Equal(t, -int32(syscall.ENODEV), r.status, r.msg)
 }
+
+// TestKVCLIUsage: kylix kv's usage errors (exit 2, saying what is wrong)
+// and its answer when no node runs (exit 1, naming the flag to start one).
+func TestKVCLIUsage(t *testing.T) {
+	data := t.TempDir()
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"kv"}, 2, "name what to do: stats or clear"},
+		{[]string{"kv", "frob"}, 2, `unknown subcommand "frob"`},
+		{[]string{"kv", "clear", "--uid", "-5", "--data", data}, 2, "--uid -5 is no uid"},
+		{[]string{"kv", "stats", "--data", data}, 1, "--kv-mem"},
+	} {
+		_, errs, code := kylix(t, "", c.args...)
+		assert.Equal(t, c.code, code, "%v: %s", c.args, errs)
+		assert.Contains(t, errs, c.want, "%v", c.args)
+	}
+}

@@ -28,7 +28,12 @@ func runKV(ctx context.Context, e *env, args []string) error {
 			return nil
 		}
 	}
-	fmt.Fprintf(e.stderr, "Usage: %s\n", kvUsage)
+	if len(args) == 0 {
+		fmt.Fprintf(e.stderr, "kylix kv: name what to do: stats or clear\n")
+	} else {
+		fmt.Fprintf(e.stderr, "kylix kv: unknown subcommand %q: it is stats or clear\n", args[0])
+	}
+	fmt.Fprintf(e.stderr, "Run 'kylix kv --help' for its usage.\n")
 	return errUsage
 }
 
