@@ -11,10 +11,12 @@
 Keys are 32-byte values the caller computes (a hash of the token prefix:
 key(*parts) gives one). Blocks are kept per uid: another local user cannot
 see or read yours. Tensors (or writable bytes-like objects for out) must be
-contiguous, in host memory, and exactly block_size bytes; CUDA tensors are
-refused (the node's GPU path for KV blocks is not built yet: copy to the
-CPU first). The bytes travel through one memfd buffer shared with the
-node (SCM_RIGHTS): one copy on each side, none through the socket.
+contiguous and exactly block_size bytes. Host blocks travel through one
+memfd buffer shared with the node (SCM_RIGHTS): one copy on each side, none
+through the socket. CUDA tensors are read and filled by the node itself,
+by CUDA IPC (one request per allocation, each block at its offset in it),
+as kylix.torch's node fill does: no copy here. That path has run against
+the node on the stub CUDA driver of the tests, not yet on a GPU.
 """
 
 from __future__ import annotations
@@ -77,12 +79,42 @@ def _keys(keys) -> list:
     return out
 
 
+def _is_cuda(obj) -> bool:
+    dev = getattr(obj, "device", None)
+    return getattr(dev, "type", None) == "cuda"
+
+
+def _cuda_ipc(t):
+    """(device index, 64-byte IPC handle, allocation base) of CUDA tensor t,
+    from the driver (kylix._node.ipc_handle, as kylix.torch's fill)."""
+    import torch
+    dev = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    with torch.cuda.device(dev):
+        handle, base, _size = _node.ipc_handle(t.data_ptr())
+    return dev, handle, base
+
+
+def _cuda_sync(dev: int):
+    """Waits for the work queued on device dev (the tensors' writers before
+    a put, their readers before a get overwrites them)."""
+    import torch
+    torch.cuda.synchronize(dev)
+
+
+def _check_cuda(t, block_size: int):
+    if not t.is_contiguous():
+        raise ValueError("a KV block tensor must be contiguous")
+    n = t.numel() * t.element_size()
+    if n != block_size:
+        raise ValueError(f"a KV block is {block_size} bytes, this tensor has {n}")
+
+
 def _span(obj, block_size: int, writable: bool):
     """(address, keepalive) of a tensor or bytes-like object of exactly
     block_size bytes in host memory."""
     if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous"):  # a torch tensor
         if obj.device.type != "cpu":
-            raise KVError(errno.EOPNOTSUPP, f"KV blocks on {obj.device} are not supported yet: use CPU tensors")
+            raise KVError(errno.EOPNOTSUPP, f"KV blocks on {obj.device} are not supported: use CPU or CUDA tensors")
         if not obj.is_contiguous():
             raise ValueError("a KV block tensor must be contiguous")
         n = obj.numel() * obj.element_size()
@@ -151,6 +183,37 @@ class KVStore:
     def _blocks_body(self, keys) -> bytes:
         return struct.pack("<IIIIQ", DEVICE_HOST, 0, len(keys), 0, 0) + b"".join(keys)
 
+    def _cuda_requests(self, keys, tensors, idx):
+        """[(device, body, [index])]: the blocks of CUDA tensors tensors[i]
+        (i in idx), one request per allocation and at most MAX_KEYS keys."""
+        groups = {}
+        for i in idx:
+            _check_cuda(tensors[i], self.block_size)
+            dev, handle, base = _cuda_ipc(tensors[i])
+            g = groups.setdefault((dev, base), (handle, []))
+            g[1].append((i, tensors[i].data_ptr() - base))
+        out = []
+        for (dev, _base), (handle, items) in groups.items():
+            for j in range(0, len(items), MAX_KEYS):
+                part = items[j:j + MAX_KEYS]
+                body = struct.pack("<IIIIQ", dev, 0, len(part), 0, 0) + handle
+                body += b"".join(keys[i] + struct.pack("<Q", off) for i, off in part)
+                out.append((dev, body, [i for i, _ in part]))
+        for dev in {d for d, _, _ in out}:
+            _cuda_sync(dev)
+        return out
+
+    def _put_status(self, rest, n) -> list:
+        got, _bs = struct.unpack_from("<II", rest, 0) if len(rest) >= 8 else (None, None)
+        if got != n or len(rest) != 8 + 4 * n:
+            raise KVError(errno.EPROTO, "KV_PUT reply does not match the request")
+        out = []
+        for st in struct.unpack_from(f"<{n}i", rest, 8):
+            if st not in (0, -errno.ENOSPC):
+                raise KVError(-st, f"node: KV put: {os.strerror(-st)}")
+            out.append(st == 0)
+        return out
+
     def put(self, keys, tensors) -> list:
         """Puts tensors[i] under keys[i]; [True if stored, False if refused
         for room (the host tier is full of blocks not yet on disk: retry
@@ -159,22 +222,22 @@ class KVStore:
         tensors = list(tensors)
         if len(keys) != len(tensors):
             raise ValueError(f"{len(keys)} keys for {len(tensors)} tensors")
-        bs, out = self.block_size, []
-        spans = [_span(t, bs, False) for t in tensors]
+        bs, out = self.block_size, [False] * len(keys)
+        gpu = [i for i, t in enumerate(tensors) if _is_cuda(t)]
+        host = [i for i, t in enumerate(tensors) if not _is_cuda(t)]
+        spans = {i: _span(tensors[i], bs, False) for i in host}
         with self._mu:
-            for i in range(0, len(keys), self._batch):
-                part = keys[i:i + self._batch]
-                base = self._buffer(len(part) * bs)
-                for j, (addr, _) in enumerate(spans[i:i + len(part)]):
-                    ctypes.memmove(base + j * bs, addr, bs)
-                rest = self._client._call(_node.OP_KV_PUT, self._blocks_body(part), self._fd)
-                n, _bs = struct.unpack_from("<II", rest, 0)
-                if n != len(part) or len(rest) != 8 + 4 * n:
-                    raise KVError(errno.EPROTO, "KV_PUT reply does not match the request")
-                for st in struct.unpack_from(f"<{n}i", rest, 8):
-                    if st not in (0, -errno.ENOSPC):
-                        raise KVError(-st, f"node: KV put: {os.strerror(-st)}")
-                    out.append(st == 0)
+            for dev, body, idx in self._cuda_requests(keys, tensors, gpu):
+                for i, ok in zip(idx, self._put_status(self._client._call(_node.OP_KV_PUT, body, None), len(idx))):
+                    out[i] = ok
+            for j0 in range(0, len(host), self._batch):
+                idx = host[j0:j0 + self._batch]
+                base = self._buffer(len(idx) * bs)
+                for j, i in enumerate(idx):
+                    ctypes.memmove(base + j * bs, spans[i][0], bs)
+                rest = self._client._call(_node.OP_KV_PUT, self._blocks_body([keys[i] for i in idx]), self._fd)
+                for i, ok in zip(idx, self._put_status(rest, len(idx))):
+                    out[i] = ok
         return out
 
     def get(self, keys, out) -> list:
@@ -184,17 +247,22 @@ class KVStore:
         out = list(out)
         if len(keys) != len(out):
             raise ValueError(f"{len(keys)} keys for {len(out)} outputs")
-        bs, hits = self.block_size, []
-        spans = [_span(t, bs, True) for t in out]
+        bs, hits = self.block_size, [False] * len(keys)
+        gpu = [i for i, t in enumerate(out) if _is_cuda(t)]
+        host = [i for i, t in enumerate(out) if not _is_cuda(t)]
+        spans = {i: _span(out[i], bs, True) for i in host}
         with self._mu:
-            for i in range(0, len(keys), self._batch):
-                part = keys[i:i + self._batch]
-                base = self._buffer(len(part) * bs)
-                tiers = self._tiers(_node.OP_KV_GET, self._blocks_body(part), self._fd, len(part))
-                for j, t in enumerate(tiers):
+            for dev, body, idx in self._cuda_requests(keys, out, gpu):
+                for i, t in zip(idx, self._tiers(_node.OP_KV_GET, body, None, len(idx))):
+                    hits[i] = bool(t)
+            for j0 in range(0, len(host), self._batch):
+                idx = host[j0:j0 + self._batch]
+                base = self._buffer(len(idx) * bs)
+                tiers = self._tiers(_node.OP_KV_GET, self._blocks_body([keys[i] for i in idx]), self._fd, len(idx))
+                for j, (i, t) in enumerate(zip(idx, tiers)):
                     if t:
-                        ctypes.memmove(spans[i + j][0], base + j * bs, bs)
-                    hits.append(bool(t))
+                        ctypes.memmove(spans[i][0], base + j * bs, bs)
+                    hits[i] = bool(t)
         return hits
 
     def contains(self, keys) -> list:

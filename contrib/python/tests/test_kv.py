@@ -1,22 +1,25 @@
 """kylix.kv against a real node (bin/kylix serve --kv-mem --kv-disk, as root:
 /dev/fuse): CPU tensors and bytes-like blocks round-trip byte-equal through
 the host and disk tiers; misses leave the output alone; contains, stats,
-clear; refusals raise."""
+clear; refusals raise. The CUDA path against a node on the stub CUDA
+driver."""
 
 import errno
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import tempfile
 import time
+import types
 import unittest
 
 import torch
 
 from kylix import kv as kkv
 
-from helpers import KYLIX_BIN, needs
+from helpers import KYLIX_BIN, REPO, needs
 
 BLOCK = 64 << 10
 
@@ -25,11 +28,11 @@ BLOCK = 64 << 10
 @needs(os.path.exists("/dev/fuse") and os.path.exists(KYLIX_BIN), "/dev/fuse (fuse3) and bin/kylix (make build)")
 class KVTest(unittest.TestCase):
     @classmethod
-    def start(cls, *extra):
+    def start(cls, *extra, env=None):
         cls.log = open(os.path.join(cls.tmp, "serve.log"), "a+")
         args = [KYLIX_BIN, "serve", "--data", cls.data, "--mount", cls.mnt, "--client-socket",
                 os.path.join(cls.tmp, "client.sock"), "--kv-block", "64KiB", *extra]
-        cls.node = subprocess.Popen(args, stdout=cls.log, stderr=subprocess.STDOUT)
+        cls.node = subprocess.Popen(args, stdout=cls.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 30
         while not (os.path.ismount(cls.mnt) and os.path.exists(os.path.join(cls.tmp, "client.sock"))):
             if cls.node.poll() is not None or time.monotonic() > deadline:
@@ -174,6 +177,118 @@ class KVTest(unittest.TestCase):
         self.assertEqual(errors, [])
         self.assertEqual(len(hits), 4 * 25 * 3)
         self.assertIn(True, hits)
+
+
+class FakeCudaTensor:
+    """Quacks like a contiguous CUDA tensor of one KV block for kylix.kv:
+    "device memory" of the stub CUDA driver (cuda/testdata/stub), a /dev/shm
+    file that its IPC handle names and the node maps."""
+
+    def __init__(self, alloc, offset):
+        self.alloc, self.offset = alloc, offset
+        self.device = types.SimpleNamespace(type="cuda", index=0)
+
+    def data_ptr(self):
+        return self.alloc.base + self.offset
+
+    def is_contiguous(self):
+        return True
+
+    def numel(self):
+        return BLOCK
+
+    def element_size(self):
+        return 1
+
+
+class ShmAlloc:
+    _next = 1 << 40
+
+    def __init__(self, test, size):
+        fd, self.path = tempfile.mkstemp(prefix="kyk", dir="/dev/shm")
+        test.addCleanup(os.remove, self.path)
+        os.ftruncate(fd, size)
+        os.close(fd)
+        self.size = size
+        self.base, ShmAlloc._next = ShmAlloc._next, ShmAlloc._next + (1 << 32)
+        p = self.path.encode()
+        assert len(p) <= 47
+        self.handle = b"KYLXSHM\0" + struct.pack("<Q", size) + p + bytes(48 - len(p))
+
+    def read(self):
+        with open(self.path, "rb") as f:
+            return f.read()
+
+    def write(self, off, b):
+        with open(self.path, "r+b") as f:
+            f.seek(off)
+            f.write(b)
+
+
+@unittest.skipUnless(os.geteuid() == 0, "needs root (kylix serve mounts with FUSE); CI runs it as root")
+@unittest.skipIf(os.path.exists("/dev/nvidiactl"), "a real GPU is here: the stub driver is for machines without one")
+@needs(os.path.exists("/dev/fuse") and os.path.exists(KYLIX_BIN) and shutil.which("cc") is not None,
+       "/dev/fuse (fuse3), bin/kylix (make build) and cc (gcc libc6-dev) for the stub CUDA driver")
+class KVStubGPUTest(unittest.TestCase):
+    """kylix.kv's CUDA path against a real node on the stub CUDA driver: the
+    requests it builds (one per allocation, each block at its offset), the
+    node's IPC reads and writes. Only kylix.kv's two torch.cuda calls
+    (_cuda_ipc, _cuda_sync) are replaced: they need a GPU."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="kylix-py-kvgpu-")
+        lib = os.path.join(cls.tmp, "lib")
+        os.makedirs(lib)
+        subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", os.path.join(lib, "libcuda.so.1"),
+                        os.path.join(REPO, "cuda", "testdata", "stub", "libcuda.c")], check=True)
+        cls.data, cls.mnt = os.path.join(cls.tmp, "data"), os.path.join(cls.tmp, "mnt")
+        os.makedirs(cls.data)
+        os.makedirs(cls.mnt)
+        env = dict(os.environ, LD_LIBRARY_PATH=lib, CUFILE_ENV_PATH_JSON=os.path.join(lib, "none.json"))
+        KVTest.start.__func__(cls, "--kv-mem", "1MiB", env=env)
+
+    @classmethod
+    def tearDownClass(cls):
+        KVTest.stop.__func__(cls)
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def setUp(self):
+        self.kv = kkv.KVStore(self.mnt)
+        self.addCleanup(self.kv.close)
+        self.synced = []
+        saved = kkv._cuda_ipc, kkv._cuda_sync
+        kkv._cuda_ipc = lambda t: (0, t.alloc.handle, t.alloc.base)
+        kkv._cuda_sync = self.synced.append
+        self.addCleanup(lambda: setattr(kkv, "_cuda_ipc", saved[0]) or setattr(kkv, "_cuda_sync", saved[1]))
+
+    def test_put_and_get_gpu_memory(self):
+        keys = [kkv.key("gpu", i) for i in range(4)]
+        blocks = [os.urandom(BLOCK) for _ in keys]
+        a, b = ShmAlloc(self, 4 * BLOCK), ShmAlloc(self, 2 * BLOCK)
+        a.write(3 * BLOCK, blocks[0])
+        a.write(100, blocks[1])
+        b.write(BLOCK, blocks[2])
+        src = [FakeCudaTensor(a, 3 * BLOCK), FakeCudaTensor(a, 100), FakeCudaTensor(b, BLOCK), bytes(blocks[3])]
+        self.assertEqual(self.kv.put(keys, src), [True] * 4, "two allocations and a host block")
+        self.assertEqual(self.synced, [0], "the device was synchronised before the node read it")
+
+        c = ShmAlloc(self, 4 * BLOCK)
+        host = bytearray(BLOCK)
+        out = [FakeCudaTensor(c, 3 * BLOCK), host, FakeCudaTensor(c, 7), FakeCudaTensor(c, BLOCK + 9)]
+        hits = self.kv.get([keys[0], keys[1], kkv.key("never"), keys[3]], out=out)
+        self.assertEqual(hits, [True, True, False, True])
+        self.assertEqual(bytes(host), blocks[1])
+        want = bytearray(4 * BLOCK)
+        want[BLOCK + 9:2 * BLOCK + 9] = blocks[3]
+        want[3 * BLOCK:4 * BLOCK] = blocks[0]
+        self.assertEqual(c.read(), bytes(want), "each block at its offset, nothing for the miss")
+
+    def test_block_past_the_allocation(self):
+        a = ShmAlloc(self, BLOCK)
+        with self.assertRaises(kkv.KVError) as cm:
+            self.kv.get([kkv.key("x")], out=[FakeCudaTensor(a, 1)])
+        self.assertEqual(cm.exception.errno, errno.EFAULT)
 
 
 if __name__ == "__main__":
