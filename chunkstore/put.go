@@ -659,6 +659,10 @@ func planChunks(f *os.File, name string, size int64) (chunkPlan, error) {
 		spans = chunking.TarSpans
 	case chunking.FormatLines:
 		spans = chunking.LineSpans
+	case chunking.FormatParquet:
+		spans = chunking.ParquetSpans
+	case chunking.FormatArrow:
+		spans = chunking.ArrowSpans
 	default:
 		return chunkPlan{format: FormatOpaque}, nil
 	}
@@ -666,7 +670,7 @@ func planChunks(f *os.File, name string, size int64) (chunkPlan, error) {
 	// still says opaque: its format tells readers how to read the chunks,
 	// and these are plain bytes to every reader.
 	sp, err := spans(f, size, chunking.DefaultCDC())
-	if errors.Is(err, chunking.ErrBadTar) {
+	if errors.Is(err, chunking.ErrBadTar) || errors.Is(err, chunking.ErrBadParquet) || errors.Is(err, chunking.ErrBadArrow) {
 		return chunkPlan{format: FormatOpaque, note: fmt.Sprintf("content-defined chunking: %v", err)}, nil
 	}
 	if err != nil {

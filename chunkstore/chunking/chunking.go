@@ -107,6 +107,12 @@ const (
 	// FormatLines files (*.jsonl, *.ndjson, *.csv, *.tsv) are chunked by
 	// content with every cut at a line's end (LineSpans).
 	FormatLines
+	// FormatParquet files (*.parquet) are chunked at column chunks
+	// (ParquetSpans).
+	FormatParquet
+	// FormatArrow files (*.arrow, *.feather: the Arrow IPC file format)
+	// are chunked at record batches and dictionaries (ArrowSpans).
+	FormatArrow
 )
 
 func (f Format) String() string {
@@ -119,6 +125,10 @@ func (f Format) String() string {
 		return "tar"
 	case FormatLines:
 		return "lines"
+	case FormatParquet:
+		return "parquet"
+	case FormatArrow:
+		return "arrow"
 	}
 	return fmt.Sprintf("Format(%d)", int(f))
 }
@@ -134,9 +144,10 @@ var ErrBadSafetensors = errors.New("file named .safetensors is not valid safeten
 // not, Detect does not fall back silently: it returns an error wrapping
 // ErrBadSafetensors, together with FormatOpaque, the format to use if the
 // caller decides to store the file anyway (with CDC). A name ending in
-// ".tar" is FormatTar and one ending in ".jsonl", ".ndjson", ".csv" or
-// ".tsv" FormatLines, by name alone (TarSpans checks the archive). Any
-// other name is FormatOpaque with no error; its content is not read.
+// ".tar" is FormatTar, one ending in ".jsonl", ".ndjson", ".csv" or ".tsv"
+// FormatLines, ".parquet" FormatParquet and ".arrow" or ".feather"
+// FormatArrow, by name alone (their Spans functions check the content).
+// Any other name is FormatOpaque with no error; its content is not read.
 func Detect(name string, r io.ReaderAt, size int64) (Format, *safetensors.Header, error) {
 	lower := strings.ToLower(name)
 	switch {
@@ -145,6 +156,10 @@ func Detect(name string, r io.ReaderAt, size int64) (Format, *safetensors.Header
 	case strings.HasSuffix(lower, ".jsonl"), strings.HasSuffix(lower, ".ndjson"),
 		strings.HasSuffix(lower, ".csv"), strings.HasSuffix(lower, ".tsv"):
 		return FormatLines, nil, nil
+	case strings.HasSuffix(lower, ".parquet"):
+		return FormatParquet, nil, nil
+	case strings.HasSuffix(lower, ".arrow"), strings.HasSuffix(lower, ".feather"):
+		return FormatArrow, nil, nil
 	}
 	if !strings.HasSuffix(lower, ".safetensors") {
 		return FormatOpaque, nil, nil
