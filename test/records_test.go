@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/parquet-go/parquet-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -97,4 +98,57 @@ func TestRecordChunkingDedups(t *testing.T) {
 	assert.Contains(t, errs, "not a valid tar archive")
 	mustKylix(t, "/", "export", "--data", data, "ds/bad.tar", filepath.Join(work, "bad.out"))
 	run(t, "/", "cmp", filepath.Join(work, "bad.tar"), filepath.Join(work, "bad.out"))
+}
+
+// TestColumnarImport: Parquet files (written by parquet-go) through the
+// CLI: a file of more row groups than an earlier one stores little more
+// than its new row groups; a truncated one and one with a corrupt footer
+// are stored byte for byte with a note saying why they were not cut at
+// column chunks.
+func TestColumnarImport(t *testing.T) {
+	work := t.TempDir()
+	data := filepath.Join(work, "data")
+	type row struct {
+		ID   int64  `parquet:"id"`
+		Text string `parquet:"text"`
+	}
+	write := func(name string, n int) []byte {
+		var buf bytes.Buffer
+		w := parquet.NewGenericWriter[row](&buf, parquet.MaxRowsPerRowGroup(4000))
+		rs := make([]row, 0, 4000)
+		rr := rand.New(rand.NewPCG(33, 34)) // the same rows in every file
+		for i := 0; i < n; i++ {
+			rs = append(rs, row{ID: int64(i), Text: fmt.Sprintf("%x %x", rr.Uint64(), rr.Uint64())})
+			if len(rs) == cap(rs) || i == n-1 {
+				_, err := w.Write(rs)
+				require.NoError(t, err)
+				require.NoError(t, w.Flush())
+				rs = rs[:0]
+			}
+		}
+		require.NoError(t, w.Close())
+		require.NoError(t, os.WriteFile(filepath.Join(work, name), buf.Bytes(), 0o644))
+		return buf.Bytes()
+	}
+	v1 := write("v1.parquet", 60000)
+	v2 := write("v2.parquet", 80000)
+	mustKylix(t, "/", "import", "--data", data, filepath.Join(work, "v1.parquet"), "ds/v1.parquet")
+	u1 := uniqueBytes(t, data, "ds")
+	mustKylix(t, "/", "import", "--data", data, filepath.Join(work, "v2.parquet"), "ds/v2.parquet")
+	u2 := uniqueBytes(t, data, "ds")
+	t.Logf("parquet: v1 %d B stored %d; v2 %d B added %d", len(v1), u1, len(v2), u2-u1)
+	assert.Less(t, u2-u1, int64(len(v2)-len(v1))+int64(len(v2))/20, "v2 stored v1's row groups again")
+
+	for name, b := range map[string][]byte{
+		"cut.parquet":    v1[:len(v1)/2],
+		"footer.parquet": append(append(bytes.Clone(v1[:len(v1)-8]), 0xff, 0xff, 0xff, 0x7f), []byte("PAR1")...),
+	} {
+		require.NoError(t, os.WriteFile(filepath.Join(work, name), b, 0o644))
+		_, errs, code := kylix(t, "/", "import", "--data", data, filepath.Join(work, name), "ds/"+name)
+		assert.Equal(t, 0, code, errs)
+		assert.Contains(t, errs, "not a valid Parquet file", name)
+		out := filepath.Join(work, name+".out")
+		mustKylix(t, "/", "export", "--data", data, "ds/"+name, out)
+		run(t, "/", "cmp", filepath.Join(work, name), out)
+	}
 }
