@@ -236,11 +236,7 @@ func owns(id chunkstore.ID, members []peer, self string, r int) bool {
 // order if fewer than r zones are alive. Readers (Config.Reader) own
 // nothing.
 func owners(id chunkstore.ID, members []peer, r int) []peer {
-	storers := members
-	if slices.ContainsFunc(members, isReader) {
-		storers = slices.DeleteFunc(slices.Clone(members), isReader)
-	}
-	ranked := rank(id, storers)
+	ranked := rank(id, storers(members))
 	if r >= len(ranked) {
 		return ranked
 	}
@@ -267,6 +263,15 @@ func owners(id chunkstore.ID, members []peer, r int) []peer {
 		}
 	}
 	return out
+}
+
+// storers is members without the readers (Config.Reader), which own
+// nothing: the members replicas and stripes (stripes.go) are placed on.
+func storers(members []peer) []peer {
+	if slices.ContainsFunc(members, isReader) {
+		return slices.DeleteFunc(slices.Clone(members), isReader)
+	}
+	return members
 }
 
 func isReader(p peer) bool { return p.reader }
