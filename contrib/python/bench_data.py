@@ -137,10 +137,12 @@ def main():
         del files
         # The same samples as 256 MiB tar shards on the disk, by tarfile.
         os.makedirs(tars)
-        paths, t, size = [], None, 0
+        paths, t, size, last = [], None, 0, None
         for d in sorted(os.listdir(src)):
             for n in sorted(os.listdir(os.path.join(src, d))):
-                if t is None or size >= 256 << 20:
+                key = kd.sample_key(f"{d}/{n}")[0]
+                new, last = key != last, key
+                if t is None or (new and size >= 256 << 20):
                     if t:
                         t.close()
                     paths.append(os.path.join(tars, f"shard-{len(paths):06d}.tar"))
