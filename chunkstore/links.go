@@ -276,6 +276,13 @@ func (tx *NSTx) putName(parts []string, l uint64) error {
 	return nil
 }
 
+// now is the transaction's wall time, the change time it records.
+func (tx *NSTx) now() int64 { return tx.wall }
+
+// Now is the change time (Unix nanoseconds) the transaction records on
+// what it links, unlinks and renames, for a caller that shows it.
+func (tx *NSTx) Now() int64 { return tx.wall }
+
 // dropOld accounts for the live entry at name in d going away or being
 // replaced: one name fewer for a link set, a recount for a directory
 // (which may hold names of link sets).
@@ -380,7 +387,9 @@ func (tx *NSTx) finishLinks() error {
 			t.m.Entries = slices.Delete(t.m.Entries, i, i+1)
 			continue
 		}
-		t.m.Entries[i].Nlink, t.m.Entries[i].HLC = uint32(c), tx.hlc
+		// A link count changed: the inode's change time, as link(2)
+		// and unlink(2) set it on ext4.
+		t.m.Entries[i].Nlink, t.m.Entries[i].HLC, t.m.Entries[i].CTime = uint32(c), tx.hlc, tx.now()
 	}
 	return nil
 }

@@ -235,10 +235,14 @@ type Entry struct {
 	Mode fs.FileMode
 	// UID and GID own the entry; OwnerUnknown for entries recorded before
 	// owners were stored.
-	UID    uint32
-	GID    uint32
-	Size   int64  // file size; 0 for directories; len(Target) for symlinks
-	MTime  int64  // Unix nanoseconds
+	UID   uint32
+	GID   uint32
+	Size  int64 // file size; 0 for directories; len(Target) for symlinks
+	MTime int64 // Unix nanoseconds
+	// CTime is the last change of the entry's metadata or content (Unix
+	// nanoseconds), what stat(2) shows as st_ctime; 0 for entries that
+	// never recorded one (st_ctime is then MTime).
+	CTime  int64
 	ID     ID     // FileManifest (files) or DirManifest (directories)
 	Target string // symlink target
 	// Rdev is a device node's device number, as Linux's dev_t
@@ -268,6 +272,9 @@ const (
 	entryDeleted = 1
 	// entryNlink: a link count follows the entry (link-table entries).
 	entryNlink = 2
+	// entryCtime: a change time follows the entry (before the link
+	// count).
+	entryCtime = 4
 )
 
 // Encode returns the manifest's canonical bytes (KXD2; the empty directory
@@ -295,6 +302,9 @@ func (m *DirManifest) Encode() []byte {
 		if e.Nlink != 0 {
 			flags |= entryNlink
 		}
+		if e.CTime != 0 {
+			flags |= entryCtime
+		}
 		buf.WriteByte(flags)
 		put(uint64(UnixMode(e.Mode)))
 		put(uint64(e.UID))
@@ -312,6 +322,9 @@ func (m *DirManifest) Encode() []byte {
 			put(e.Rdev)
 		case KindHardlink:
 			put(e.Link)
+		}
+		if e.CTime != 0 {
+			buf.Write(tmp[:binary.PutVarint(tmp[:], e.CTime)])
 		}
 		if e.Nlink != 0 {
 			put(uint64(e.Nlink))
@@ -368,7 +381,7 @@ func DecodeDirManifest(b []byte) (*DirManifest, error) {
 		if err := checkName(e.Name); err != nil {
 			return nil, fmt.Errorf("dir manifest: entry %d: %w", i, err)
 		}
-		if flags&^(entryDeleted|entryNlink) != 0 || uid > math.MaxUint32 || gid > math.MaxUint32 || e.Size < 0 || e.Size > maxFileSize {
+		if flags&^(entryDeleted|entryNlink|entryCtime) != 0 || uid > math.MaxUint32 || gid > math.MaxUint32 || e.Size < 0 || e.Size > maxFileSize {
 			return nil, fmt.Errorf("dir manifest: entry %q: bad flags, owner or size: %w", e.Name, ErrCorrupt)
 		}
 		e.UID, e.GID = uint32(uid), uint32(gid)
@@ -385,7 +398,7 @@ func DecodeDirManifest(b []byte) (*DirManifest, error) {
 			}
 			e.Mode = fs.FileMode(mode)
 		}
-		if !v2 && (e.Kind.Special() || e.Kind == KindHardlink || flags&entryNlink != 0) {
+		if !v2 && (e.Kind.Special() || e.Kind == KindHardlink || flags&(entryNlink|entryCtime) != 0) {
 			return nil, fmt.Errorf("dir manifest: entry %q: %v in a KXD1 manifest: %w", e.Name, e.Kind, ErrCorrupt)
 		}
 		switch e.Kind {
@@ -406,6 +419,11 @@ func DecodeDirManifest(b []byte) (*DirManifest, error) {
 			}
 		default:
 			return nil, fmt.Errorf("dir manifest: entry %q: unknown kind %d: %w", e.Name, e.Kind, ErrCorrupt)
+		}
+		if flags&entryCtime != 0 {
+			if e.CTime = d.varint(); e.CTime == 0 && d.err == nil {
+				return nil, fmt.Errorf("dir manifest: entry %q: change time 0 behind its flag: %w", e.Name, ErrCorrupt)
+			}
 		}
 		if flags&entryNlink != 0 {
 			n := d.uvarint()

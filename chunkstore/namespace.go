@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 )
 
 // NamespaceHead is the head holding the root of the namespace tree that
@@ -161,6 +162,7 @@ type NSTx struct {
 	links   map[uint64]int
 	recount bool
 	moving  bool
+	wall    int64 // time.Now at the start, in nanoseconds (ctime)
 }
 
 type txDir struct {
@@ -187,7 +189,7 @@ func (s *Store) updateLocked(fn func(tx *NSTx) error) error {
 	if err != nil {
 		return fmt.Errorf("namespace root: %w", err)
 	}
-	tx := &NSTx{s: s, hlc: s.clock.Now(), root: &txDir{m: rm}}
+	tx := &NSTx{s: s, hlc: s.clock.Now(), root: &txDir{m: rm}, wall: time.Now().UnixNano()}
 	if err := fn(tx); err != nil {
 		return err
 	}
@@ -460,6 +462,7 @@ func (tx *NSTx) Rename(from, to string) error {
 			e.ID = tx.flush(d)
 		}
 	}
+	e.CTime = tx.now() // rename(2) changes the inode's ctime on ext4
 	tx.moving = true
 	err = tx.Remove(from, true)
 	if err == nil {

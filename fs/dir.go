@@ -99,15 +99,20 @@ func dirAttr(f *FS, e chunkstore.Entry, out *fuse.Attr) {
 	if w := e.HLC.Wall().UnixNano(); w > t {
 		t = w
 	}
-	setTimes(out, t)
+	setTimes(out, t, max(t, e.CTime))
 	out.Uid, out.Gid = f.owner(e.UID, e.GID)
 }
 
-func setTimes(out *fuse.Attr, ns int64) {
+// setTimes sets mtime (and atime, which is not kept) to ns and ctime to
+// cns, or to ns when the entry recorded no change time (cns 0).
+func setTimes(out *fuse.Attr, ns, cns int64) {
 	sec, nsec := uint64(ns/1e9), uint32(ns%1e9)
 	out.Mtime, out.Mtimensec = sec, nsec
 	out.Atime, out.Atimensec = sec, nsec
-	out.Ctime, out.Ctimensec = sec, nsec
+	if cns == 0 {
+		cns = ns
+	}
+	out.Ctime, out.Ctimensec = uint64(cns/1e9), uint32(cns%1e9)
 }
 
 // entry returns the directory's store entry.
@@ -159,7 +164,7 @@ func (d *dirNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetA
 			// always the node user's 0755. Saying yes to a change of its
 			// owner or mode would be a lie.
 			old := e
-			setMeta(f, in, &e.Mode, &e.UID, &e.GID, &e.MTime)
+			setMeta(f, in, &e.Mode, &e.UID, &e.GID, &e.MTime, &e.CTime)
 			ou, og := f.owner(old.UID, old.GID)
 			nu, ng := f.owner(e.UID, e.GID)
 			if e.Mode != old.Mode || ou != nu || og != ng {
@@ -167,7 +172,7 @@ func (d *dirNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetA
 			}
 			return nil
 		}
-		setMeta(f, in, &e.Mode, &e.UID, &e.GID, &e.MTime)
+		setMeta(f, in, &e.Mode, &e.UID, &e.GID, &e.MTime, &e.CTime)
 		return tx.Put(p, e)
 	})
 	if err != nil {
@@ -215,7 +220,7 @@ func (d *dirNode) childFor(ctx context.Context, name string, e chunkstore.Entry,
 	if e.Link != 0 && e.Kind != chunkstore.KindDir {
 		if existing != nil {
 			if b := baseOf(existing); b == nil || b.link.Load() != e.Link {
-				unname(existing, d, name)
+				unname(existing, d, name, time.Now().UnixNano())
 			}
 		}
 		return d.nodeForLink(ctx, name, e, out)
@@ -252,7 +257,7 @@ func (d *dirNode) childFor(ctx context.Context, name string, e chunkstore.Entry,
 		}
 		// The name now stands for something else: the old node keeps
 		// serving its open handles, without this name.
-		unname(existing, d, name)
+		unname(existing, d, name, time.Now().UnixNano())
 	}
 	switch e.Kind {
 	case chunkstore.KindDir:
@@ -576,7 +581,9 @@ func (d *dirNode) remove(name string, dir bool) syscall.Errno {
 		}
 	}
 	cp := joinPath(p, name)
+	var now int64
 	err := f.update(func(tx *chunkstore.NSTx) error {
+		now = tx.Now()
 		e, err := tx.Lookup(cp)
 		if err != nil {
 			return err
@@ -593,7 +600,7 @@ func (d *dirNode) remove(name string, dir bool) syscall.Errno {
 		return toErrno(err)
 	}
 	if ch != nil {
-		unname(ch, d, name)
+		unname(ch, d, name, now)
 	}
 	return 0
 }
@@ -658,7 +665,19 @@ func (d *dirNode) Rename(ctx context.Context, name string, newParent gofs.InodeE
 			return syscall.ENOTDIR
 		}
 	}
+	if dst != nil {
+		// Files created in the directory replaced and not committed yet
+		// make it not empty, as rmdir says.
+		if dd, ok := dst.Operations().(*dirNode); ok && dd.hasPending() {
+			if e, err := f.resolve(from); err == nil && e.Kind == chunkstore.KindDir {
+				return syscall.ENOTEMPTY
+			}
+			return syscall.EISDIR
+		}
+	}
+	var now int64
 	err := f.update(func(tx *chunkstore.NSTx) error {
+		now = tx.Now()
 		old, oerr := tx.Lookup(to)
 		if srcFile != nil {
 			// Not in the store yet: only what it replaces changes now.
@@ -683,11 +702,14 @@ func (d *dirNode) Rename(ctx context.Context, name string, newParent gofs.InodeE
 		return toErrno(err)
 	}
 	if dst != nil {
-		unname(dst, np, newName)
+		unname(dst, np, newName, now)
 	}
 	if src != nil {
 		if b := baseOf(src); b != nil {
 			b.parent, b.name = np, newName
+		}
+		if _, isDir := src.Operations().(*dirNode); !isDir {
+			touch(src, now) // as the store's entry (NSTx.Rename)
 		}
 	}
 	return 0

@@ -39,6 +39,7 @@ type fileNode struct {
 	gid   uint32
 	size  int64 // committed size
 	mtime int64
+	ctime int64         // 0: none recorded (stat shows mtime)
 	id    chunkstore.ID // committed version (zero until the first commit)
 	st    *fileState
 }
@@ -92,7 +93,7 @@ var (
 )
 
 func newFileNode(f *FS, parent *dirNode, name string, e chunkstore.Entry, inStore bool) *fileNode {
-	n := &fileNode{inStore: inStore, mode: e.Mode & chunkstore.EntryModeMask, uid: e.UID, gid: e.GID, size: e.Size, mtime: e.MTime, id: e.ID}
+	n := &fileNode{inStore: inStore, mode: e.Mode & chunkstore.EntryModeMask, uid: e.UID, gid: e.GID, size: e.Size, mtime: e.MTime, ctime: e.CTime, id: e.ID}
 	n.place(f, parent, name)
 	n.setLinks(e)
 	return n
@@ -170,6 +171,7 @@ func (n *fileNode) adopt(e chunkstore.Entry) bool {
 		return false
 	}
 	n.mode, n.mtime, n.size, n.inStore = e.Mode&chunkstore.EntryModeMask, e.MTime, e.Size, true
+	n.ctime = e.CTime
 	n.uid, n.gid = e.UID, e.GID
 	return true
 }
@@ -211,7 +213,7 @@ func (n *fileNode) attrLocked(out *fuse.Attr) {
 	out.Blocks = uint64(size+511) / 512
 	out.Blksize = DefaultMaxIO
 	out.Nlink = n.nlinks()
-	setTimes(out, n.mtime)
+	setTimes(out, n.mtime, n.ctime)
 	out.Uid, out.Gid = n.fsys.owner(n.uid, n.gid)
 }
 
@@ -255,7 +257,7 @@ func (n *fileNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.Set
 		}
 	}
 	n.mu.Lock()
-	meta := setMeta(n.fsys, in, &n.mode, &n.uid, &n.gid, &n.mtime)
+	meta := setMeta(n.fsys, in, &n.mode, &n.uid, &n.gid, &n.mtime, &n.ctime)
 	if n.fsys.dropsSGID(ctx, in, n.mode, n.uid, n.gid) {
 		n.mode &^= iofs.ModeSetgid
 		meta = true
@@ -347,6 +349,7 @@ func (n *fileNode) resizeLocked(st *fileState, size int64, priv bool) error {
 	}
 	n.fsys.space.done(st.tmp, 0)
 	n.mtime = time.Now().UnixNano()
+	n.ctime = n.mtime
 	return nil
 }
 
@@ -795,6 +798,7 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	tf := st.tmp
 	tf.ref()
 	n.mtime = time.Now().UnixNano()
+	n.ctime = n.mtime
 	n.mu.Unlock()
 	m, err := tf.f.WriteAt(data, off)
 	n.fsys.space.done(tf, int64(len(data)))

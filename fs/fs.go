@@ -253,6 +253,9 @@ func (f *FS) MountOptions() *gofs.Options {
 		EntryTimeout:    &zero,
 		AttrTimeout:     &zero,
 		NegativeTimeout: &zero,
+		// A mode of 0000 is a mode (open(O_CREAT, 0), chmod 0): without
+		// this go-fuse shows it as 0644.
+		NullPermissions: true,
 		UID:             f.uid,
 		GID:             f.gid,
 	}

@@ -123,13 +123,34 @@ func (d *dirNode) nodeForLink(ctx context.Context, name string, e chunkstore.Ent
 	return in
 }
 
+// touch sets the change time the node shows to ns (a link, unlink or
+// rename changed the inode; the store recorded the same).
+func touch(in *gofs.Inode, ns int64) {
+	switch c := in.Operations().(type) {
+	case *fileNode:
+		c.mu.Lock()
+		c.ctime = ns
+		c.mu.Unlock()
+	case *linkNode:
+		c.mu.Lock()
+		c.ent.CTime = ns
+		c.mu.Unlock()
+	case *specialNode:
+		c.mu.Lock()
+		c.ent.CTime = ns
+		c.mu.Unlock()
+	}
+}
+
 // unname records that (d, name) no longer leads to the node in: a node of
 // a link set with other names keeps them (one fewer); any other becomes
-// an orphan. Callers hold nsMu exclusively (or as orphan says).
-func unname(in *gofs.Inode, d *dirNode, name string) {
+// an orphan; now is the change time a kept node shows. Callers hold nsMu
+// exclusively (or as orphan says).
+func unname(in *gofs.Inode, d *dirNode, name string, now int64) {
 	if b := baseOf(in); b != nil && b.link.Load() != 0 {
 		if n := b.nlink.Load(); n > 1 {
 			b.nlink.Store(n - 1)
+			touch(in, now)
 			if b.parent == d && b.name == name {
 				b.parent = nil
 			}
@@ -202,6 +223,7 @@ func (d *dirNode) Link(ctx context.Context, target gofs.InodeEmbedder, name stri
 	f.links[e.Link] = in
 	switch c := target.(type) {
 	case *fileNode:
+		touch(in, e.CTime)
 		c.fillEntry(out)
 	case *linkNode:
 		c.setEntry(e)

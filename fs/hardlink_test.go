@@ -2,6 +2,7 @@ package fs_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -360,5 +361,83 @@ func TestHardLinksSurviveRestart(t *testing.T) {
 		if err != nil || e.Size != 9 || e.Nlink != 3 {
 			t.Errorf("%s in the store: %+v %v", n, e, err)
 		}
+	}
+}
+
+// TestChangeTime: st_ctime moves with every change of an inode's metadata
+// or names — chmod, chown, utimes, a write, link, unlink of another name,
+// rename — for a file, a fifo and a symlink, and not with a refused chmod;
+// the store keeps it across a remount's lookups (Entry.CTime). (ext4 stamps
+// ctime from a coarse clock, so two changes within a tick look the same
+// there; the mount's clock is the node's, in nanoseconds.)
+func TestChangeTime(t *testing.T) {
+	m := fstest.Mount(t, kfs.Options{})
+	openUp(t, filepath.Dir(m.Dir))
+	j := func(n string) string { return filepath.Join(m.Dir, n) }
+	ctime := func(n string) int64 {
+		t.Helper()
+		var st unix.Stat_t
+		if err := unix.Lstat(j(n), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Ctim.Nano()
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.WriteFile(j("f"), []byte("x"), 0o644))
+	must(unix.Mkfifo(j("p"), 0o644))
+	must(os.Symlink("f", j("l")))
+	steps := []struct {
+		name, path string
+		fn         func() error
+	}{
+		{"chmod f", "f", func() error { return unix.Chmod(j("f"), 0o600) }},
+		{"chown f", "f", func() error { return os.Chown(j("f"), 1000, 1000) }},
+		{"utimes f", "f", func() error { tm := time.Unix(1e9, 0); return os.Chtimes(j("f"), tm, tm) }},
+		{"write f", "f", func() error { return os.WriteFile(j("f"), []byte("yy"), 0o600) }},
+		{"link f g", "f", func() error { return os.Link(j("f"), j("g")) }},
+		{"unlink g", "f", func() error { return os.Remove(j("g")) }},
+		{"rename f f2", "f2", func() error { return os.Rename(j("f"), j("f2")) }},
+		{"chmod p", "p", func() error { return unix.Chmod(j("p"), 0o600) }},
+		{"link p p2", "p", func() error { return os.Link(j("p"), j("p2")) }},
+		{"lchown l", "l", func() error { return os.Lchown(j("l"), 1000, 1000) }},
+		{"rename l l2", "l2", func() error { return os.Rename(j("l"), j("l2")) }},
+	}
+	last := map[string]int64{"f": ctime("f"), "p": ctime("p"), "l": ctime("l")}
+	last["f2"], last["l2"] = last["f"], last["l"]
+	for _, s := range steps {
+		must(s.fn())
+		must(m.FS.Sync())
+		c := ctime(s.path)
+		prev := last[s.path]
+		if c <= prev {
+			t.Errorf("%s: ctime %d did not move past %d", s.name, c, prev)
+		}
+		for k := range last {
+			if k == s.path || (k == "f" && s.path == "f2") || (k == "l" && s.path == "l2") {
+				last[k] = c
+			}
+		}
+		if s.path == "f" {
+			last["f2"] = c
+		}
+		if s.path == "l" {
+			last["l2"] = c
+		}
+	}
+	before := ctime("f2")
+	if err := as(nobody, func() error { return unix.Chmod(j("f2"), 0o777) }); !errors.Is(err, syscall.EPERM) {
+		t.Fatalf("chmod by another user: %v", err)
+	}
+	if c := ctime("f2"); c != before {
+		t.Errorf("a refused chmod moved ctime from %d to %d", before, c)
+	}
+	e, err := m.Store.Lookup("f2")
+	if err != nil || e.CTime != before {
+		t.Errorf("the store's ctime %d (%v), stat shows %d", e.CTime, err, before)
 	}
 }

@@ -52,7 +52,7 @@ func (l *linkNode) attr(out *fuse.Attr) {
 	out.Mode = syscall.S_IFLNK | 0o777
 	out.Size = uint64(len(l.ent.Target))
 	out.Nlink = l.nlinks()
-	setTimes(out, l.ent.MTime)
+	setTimes(out, l.ent.MTime, l.ent.CTime)
 	out.Uid, out.Gid = l.fsys.owner(l.ent.UID, l.ent.GID)
 }
 
@@ -82,18 +82,18 @@ func (l *linkNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.Set
 	ent := l.ent
 	l.mu.Unlock()
 	ent.Mode = 0o777
-	if setMeta(f, in, &ent.Mode, &ent.UID, &ent.GID, &ent.MTime) {
+	if setMeta(f, in, &ent.Mode, &ent.UID, &ent.GID, &ent.MTime, &ent.CTime) {
 		ent.Mode = 0o777
 		f.nsMu.Lock()
 		err := l.putMeta(func(e *chunkstore.Entry) {
-			e.UID, e.GID, e.MTime = ent.UID, ent.GID, ent.MTime
+			e.UID, e.GID, e.MTime, e.CTime = ent.UID, ent.GID, ent.MTime, ent.CTime
 		})
 		if err != nil {
 			f.nsMu.Unlock()
 			return toErrno(err)
 		}
 		l.mu.Lock()
-		l.ent.UID, l.ent.GID, l.ent.MTime = ent.UID, ent.GID, ent.MTime
+		l.ent.UID, l.ent.GID, l.ent.MTime, l.ent.CTime = ent.UID, ent.GID, ent.MTime, ent.CTime
 		l.mu.Unlock()
 		f.nsMu.Unlock()
 	}

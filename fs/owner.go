@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 
@@ -60,8 +61,13 @@ func (f *FS) newOwner(ctx context.Context, parent chunkstore.Entry, mode uint32,
 // an entry's fields and reports whether any of them was set. The kernel
 // has already checked that the caller may make the change and cleared
 // what POSIX says a change clears, so the values are stored as given.
-func setMeta(f *FS, in *fuse.SetAttrIn, mode *iofs.FileMode, uid, gid *uint32, mtime *int64) bool {
+func setMeta(f *FS, in *fuse.SetAttrIn, mode *iofs.FileMode, uid, gid *uint32, mtime, ctime *int64) bool {
 	changed := false
+	defer func() {
+		if changed {
+			*ctime = time.Now().UnixNano()
+		}
+	}()
 	newUID, hasUID := in.GetUID()
 	newGID, hasGID := in.GetGID()
 	if hasUID || hasGID {
@@ -82,6 +88,9 @@ func setMeta(f *FS, in *fuse.SetAttrIn, mode *iofs.FileMode, uid, gid *uint32, m
 	if t, ok := in.GetMTime(); ok {
 		*mtime = t.UnixNano()
 		changed = true
+	}
+	if _, ok := in.GetATime(); ok {
+		changed = true // atime is not kept, but its change is a change (ctime)
 	}
 	return changed
 }

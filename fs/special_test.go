@@ -149,6 +149,24 @@ func specialCases() []posixCase {
 			stat: []string{"f", "s", "s2"},
 		},
 		{
+			name: "mode 0000 is kept; a directory with a file still being written is not empty",
+			ops: []op{
+				{name: "creat z 0000", fn: func(d string) error { return create(j(d, "z"), 0) }, want: ok()},
+				{name: "mkdir a", fn: func(d string) error { return unix.Mkdir(j(d, "a"), 0o755) }, want: ok()},
+				{name: "mkdir b", fn: func(d string) error { return unix.Mkdir(j(d, "b"), 0o755) }, want: ok()},
+				{name: "rename a over b while b/f is open for writing", fn: func(d string) error {
+					fd, err := unix.Open(j(d, "b/f"), unix.O_CREAT|unix.O_WRONLY, 0o644)
+					if err != nil {
+						return err
+					}
+					defer unix.Close(fd)
+					return unix.Rename(j(d, "a"), j(d, "b"))
+				}, want: fails(syscall.ENOTEMPTY)},
+				{name: "chmod a 0", fn: func(d string) error { return unix.Chmod(j(d, "a"), 0) }, want: ok()},
+			},
+			stat: []string{"z", "a", "b", "b/f"},
+		},
+		{
 			name: "rename and unlink of special files",
 			ops: []op{
 				{name: "mkfifo f", fn: func(d string) error { return unix.Mkfifo(j(d, "f"), 0o600) }, want: ok()},
