@@ -20,7 +20,8 @@ func TestMakeTestSummary(t *testing.T) {
 	require.NoError(t, os.WriteFile(fake, []byte(`#!/bin/sh
 case "$2" in
 lint) echo "staticcheck not installed; skipped (make tools)" ;;
-test-c) for i in 1 2 3; do echo "skip: GPU fill into client memory: no GPU here"; done; echo "all tests passed" ;;
+test-c) for i in 1 2 3; do echo "skip: GPU fill into client memory: no GPU here"; done; echo "all tests passed"
+  echo "TestTour: tour: skipped: the rest of the tour: no NVIDIA GPU here" >>"$KYLIX_TEST_SKIPLOG" ;;
 test-unit) echo "--- FAIL: TestX"; exit 3 ;;
 esac
 `), 0o755))
@@ -38,7 +39,8 @@ esac
 	assert.Equal(t, 0, code, out)
 	assert.Contains(t, out, "== make test: 2 of 2 steps ran in ")
 	assert.Regexp(t, `passed:  lint \(\d+ s\), test-c \(\d+ s\)\n`, out)
-	assert.Contains(t, out, "  lint: staticcheck not installed; skipped (make tools)\n  test-c: skip: GPU fill into client memory: no GPU here\nmake test: PASS\n")
+	assert.Contains(t, out, "  lint: staticcheck not installed; skipped (make tools)\n  test-c: skip: GPU fill into client memory: no GPU here\n"+
+		"  test-c: TestTour: tour: skipped: the rest of the tour: no NVIDIA GPU here\nmake test: PASS\n")
 
 	out, code = run("lint", "test-unit", "test-c", "test-python")
 	assert.Equal(t, 1, code, out)
