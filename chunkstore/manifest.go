@@ -242,7 +242,10 @@ type Entry struct {
 	// CTime is the last change of the entry's metadata or content (Unix
 	// nanoseconds), what stat(2) shows as st_ctime; 0 for entries that
 	// never recorded one (st_ctime is then MTime).
-	CTime  int64
+	CTime int64
+	// ATime is the access time last set (utimensat); 0 when none was
+	// (st_atime is then MTime). Reads do not move it (as noatime).
+	ATime  int64
 	ID     ID     // FileManifest (files) or DirManifest (directories)
 	Target string // symlink target
 	// Rdev is a device node's device number, as Linux's dev_t
@@ -275,6 +278,8 @@ const (
 	// entryCtime: a change time follows the entry (before the link
 	// count).
 	entryCtime = 4
+	// entryAtime: an access time follows (after the change time).
+	entryAtime = 8
 )
 
 // Encode returns the manifest's canonical bytes (KXD2; the empty directory
@@ -305,6 +310,9 @@ func (m *DirManifest) Encode() []byte {
 		if e.CTime != 0 {
 			flags |= entryCtime
 		}
+		if e.ATime != 0 {
+			flags |= entryAtime
+		}
 		buf.WriteByte(flags)
 		put(uint64(UnixMode(e.Mode)))
 		put(uint64(e.UID))
@@ -325,6 +333,9 @@ func (m *DirManifest) Encode() []byte {
 		}
 		if e.CTime != 0 {
 			buf.Write(tmp[:binary.PutVarint(tmp[:], e.CTime)])
+		}
+		if e.ATime != 0 {
+			buf.Write(tmp[:binary.PutVarint(tmp[:], e.ATime)])
 		}
 		if e.Nlink != 0 {
 			put(uint64(e.Nlink))
@@ -381,7 +392,7 @@ func DecodeDirManifest(b []byte) (*DirManifest, error) {
 		if err := checkName(e.Name); err != nil {
 			return nil, fmt.Errorf("dir manifest: entry %d: %w", i, err)
 		}
-		if flags&^(entryDeleted|entryNlink|entryCtime) != 0 || uid > math.MaxUint32 || gid > math.MaxUint32 || e.Size < 0 || e.Size > maxFileSize {
+		if flags&^(entryDeleted|entryNlink|entryCtime|entryAtime) != 0 || uid > math.MaxUint32 || gid > math.MaxUint32 || e.Size < 0 || e.Size > maxFileSize {
 			return nil, fmt.Errorf("dir manifest: entry %q: bad flags, owner or size: %w", e.Name, ErrCorrupt)
 		}
 		e.UID, e.GID = uint32(uid), uint32(gid)
@@ -398,7 +409,7 @@ func DecodeDirManifest(b []byte) (*DirManifest, error) {
 			}
 			e.Mode = fs.FileMode(mode)
 		}
-		if !v2 && (e.Kind.Special() || e.Kind == KindHardlink || flags&(entryNlink|entryCtime) != 0) {
+		if !v2 && (e.Kind.Special() || e.Kind == KindHardlink || flags&(entryNlink|entryCtime|entryAtime) != 0) {
 			return nil, fmt.Errorf("dir manifest: entry %q: %v in a KXD1 manifest: %w", e.Name, e.Kind, ErrCorrupt)
 		}
 		switch e.Kind {
@@ -423,6 +434,11 @@ func DecodeDirManifest(b []byte) (*DirManifest, error) {
 		if flags&entryCtime != 0 {
 			if e.CTime = d.varint(); e.CTime == 0 && d.err == nil {
 				return nil, fmt.Errorf("dir manifest: entry %q: change time 0 behind its flag: %w", e.Name, ErrCorrupt)
+			}
+		}
+		if flags&entryAtime != 0 {
+			if e.ATime = d.varint(); e.ATime == 0 && d.err == nil {
+				return nil, fmt.Errorf("dir manifest: entry %q: access time 0 behind its flag: %w", e.Name, ErrCorrupt)
 			}
 		}
 		if flags&entryNlink != 0 {

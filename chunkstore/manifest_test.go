@@ -327,7 +327,7 @@ func linkDir() *DirManifest {
 		{Name: "0000000000000abc", Kind: KindFile, Mode: 0o640, UID: 1, GID: 2, Size: 3, ID: Sum([]byte("c")), HLC: 4, Nlink: 3},
 		{Name: "fifo-set", Kind: KindFifo, Mode: 0o600, HLC: 5, Nlink: 2},
 		{Name: "name", Kind: KindHardlink, Link: 0xabc, HLC: 6},
-		{Name: "with-ctime", Kind: KindFile, ID: Sum([]byte("t")), MTime: 5, CTime: -7, Nlink: 1},
+		{Name: "with-ctime", Kind: KindFile, ID: Sum([]byte("t")), MTime: 5, CTime: -7, ATime: 9, Nlink: 1},
 	}}
 }
 

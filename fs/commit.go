@@ -191,14 +191,14 @@ func (c *committer) commit(batch []*fileNode) {
 				}
 				n := it.n
 				n.mu.Lock()
-				ent := chunkstore.Entry{Mode: n.mode, UID: n.uid, GID: n.gid, MTime: n.mtime, CTime: n.ctime, ID: n.id, Size: n.size}
+				ent := chunkstore.Entry{Mode: n.mode, UID: n.uid, GID: n.gid, MTime: n.mtime, CTime: n.ctime, ATime: n.atime, ID: n.id, Size: n.size}
 				inStore := n.inStore
 				n.mu.Unlock()
 				if it.tf == nil && !inStore {
 					it.nothg = true
 					continue
 				}
-				e := chunkstore.Entry{Kind: chunkstore.KindFile, Mode: ent.Mode, UID: ent.UID, GID: ent.GID, MTime: ent.MTime, CTime: ent.CTime, ID: ent.ID, Size: ent.Size}
+				e := chunkstore.Entry{Kind: chunkstore.KindFile, Mode: ent.Mode, UID: ent.UID, GID: ent.GID, MTime: ent.MTime, CTime: ent.CTime, ATime: ent.ATime, ID: ent.ID, Size: ent.Size}
 				if it.tf != nil {
 					e.ID, e.Size = it.res.ID, it.res.Size
 				}

@@ -99,20 +99,32 @@ func dirAttr(f *FS, e chunkstore.Entry, out *fuse.Attr) {
 	if w := e.HLC.Wall().UnixNano(); w > t {
 		t = w
 	}
-	setTimes(out, t, max(t, e.CTime))
+	setTimes(out, t, max(t, e.CTime), e.ATime)
 	out.Uid, out.Gid = f.owner(e.UID, e.GID)
 }
 
-// setTimes sets mtime (and atime, which is not kept) to ns and ctime to
-// cns, or to ns when the entry recorded no change time (cns 0).
-func setTimes(out *fuse.Attr, ns, cns int64) {
-	sec, nsec := uint64(ns/1e9), uint32(ns%1e9)
-	out.Mtime, out.Mtimensec = sec, nsec
-	out.Atime, out.Atimensec = sec, nsec
+// setTimes sets mtime to ns, ctime to cns and atime to ans, each of the
+// last two being ns when the entry recorded none (0).
+func setTimes(out *fuse.Attr, ns, cns, ans int64) {
 	if cns == 0 {
 		cns = ns
 	}
-	out.Ctime, out.Ctimensec = uint64(cns/1e9), uint32(cns%1e9)
+	if ans == 0 {
+		ans = ns
+	}
+	out.Mtime, out.Mtimensec = splitTime(ns)
+	out.Ctime, out.Ctimensec = splitTime(cns)
+	out.Atime, out.Atimensec = splitTime(ans)
+}
+
+// splitTime is Unix nanoseconds as FUSE's seconds and nanoseconds (for a
+// time before 1970 too: the nanoseconds are never negative).
+func splitTime(ns int64) (uint64, uint32) {
+	sec, nsec := ns/1e9, ns%1e9
+	if nsec < 0 {
+		sec, nsec = sec-1, nsec+1e9
+	}
+	return uint64(sec), uint32(nsec)
 }
 
 // entry returns the directory's store entry.
@@ -164,7 +176,7 @@ func (d *dirNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetA
 			// always the node user's 0755. Saying yes to a change of its
 			// owner or mode would be a lie.
 			old := e
-			setMeta(f, in, &e.Mode, &e.UID, &e.GID, &e.MTime, &e.CTime)
+			setMeta(f, in, &e.Mode, &e.UID, &e.GID, &e.MTime, &e.CTime, &e.ATime)
 			ou, og := f.owner(old.UID, old.GID)
 			nu, ng := f.owner(e.UID, e.GID)
 			if e.Mode != old.Mode || ou != nu || og != ng {
@@ -172,7 +184,7 @@ func (d *dirNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetA
 			}
 			return nil
 		}
-		setMeta(f, in, &e.Mode, &e.UID, &e.GID, &e.MTime, &e.CTime)
+		setMeta(f, in, &e.Mode, &e.UID, &e.GID, &e.MTime, &e.CTime, &e.ATime)
 		return tx.Put(p, e)
 	})
 	if err != nil {

@@ -40,6 +40,7 @@ type fileNode struct {
 	size  int64 // committed size
 	mtime int64
 	ctime int64         // 0: none recorded (stat shows mtime)
+	atime int64         // 0: none recorded (stat shows mtime)
 	id    chunkstore.ID // committed version (zero until the first commit)
 	st    *fileState
 }
@@ -93,7 +94,7 @@ var (
 )
 
 func newFileNode(f *FS, parent *dirNode, name string, e chunkstore.Entry, inStore bool) *fileNode {
-	n := &fileNode{inStore: inStore, mode: e.Mode & chunkstore.EntryModeMask, uid: e.UID, gid: e.GID, size: e.Size, mtime: e.MTime, ctime: e.CTime, id: e.ID}
+	n := &fileNode{inStore: inStore, mode: e.Mode & chunkstore.EntryModeMask, uid: e.UID, gid: e.GID, size: e.Size, mtime: e.MTime, ctime: e.CTime, atime: e.ATime, id: e.ID}
 	n.place(f, parent, name)
 	n.setLinks(e)
 	return n
@@ -171,7 +172,7 @@ func (n *fileNode) adopt(e chunkstore.Entry) bool {
 		return false
 	}
 	n.mode, n.mtime, n.size, n.inStore = e.Mode&chunkstore.EntryModeMask, e.MTime, e.Size, true
-	n.ctime = e.CTime
+	n.ctime, n.atime = e.CTime, e.ATime
 	n.uid, n.gid = e.UID, e.GID
 	return true
 }
@@ -213,7 +214,7 @@ func (n *fileNode) attrLocked(out *fuse.Attr) {
 	out.Blocks = uint64(size+511) / 512
 	out.Blksize = DefaultMaxIO
 	out.Nlink = n.nlinks()
-	setTimes(out, n.mtime, n.ctime)
+	setTimes(out, n.mtime, n.ctime, n.atime)
 	out.Uid, out.Gid = n.fsys.owner(n.uid, n.gid)
 }
 
@@ -257,7 +258,7 @@ func (n *fileNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.Set
 		}
 	}
 	n.mu.Lock()
-	meta := setMeta(n.fsys, in, &n.mode, &n.uid, &n.gid, &n.mtime, &n.ctime)
+	meta := setMeta(n.fsys, in, &n.mode, &n.uid, &n.gid, &n.mtime, &n.ctime, &n.atime)
 	if n.fsys.dropsSGID(ctx, in, n.mode, n.uid, n.gid) {
 		n.mode &^= iofs.ModeSetgid
 		meta = true

@@ -364,7 +364,7 @@ func TestHardLinksSurviveRestart(t *testing.T) {
 	}
 }
 
-// TestChangeTime: st_ctime moves with every change of an inode's metadata
+// TestChangeTime: st_atime is what utimensat set, and st_ctime moves with every change of an inode's metadata
 // or names — chmod, chown, utimes, a write, link, unlink of another name,
 // rename — for a file, a fifo and a symlink, and not with a refused chmod;
 // the store keeps it across a remount's lookups (Entry.CTime). (ext4 stamps
@@ -439,5 +439,21 @@ func TestChangeTime(t *testing.T) {
 	e, err := m.Store.Lookup("f2")
 	if err != nil || e.CTime != before {
 		t.Errorf("the store's ctime %d (%v), stat shows %d", e.CTime, err, before)
+	}
+	// utimensat sets atime and mtime apart, before 1970 too, for a file
+	// and a fifo; the store keeps both.
+	for _, n := range []string{"f2", "p"} {
+		at, mt := time.Unix(1_900_000_000, 5), time.Unix(-1, 0)
+		must(os.Chtimes(j(n), at, mt))
+		must(m.FS.Sync())
+		var st unix.Stat_t
+		must(unix.Lstat(j(n), &st))
+		if st.Atim.Nano() != at.UnixNano() || st.Mtim.Nano() != mt.UnixNano() {
+			t.Errorf("%s: atime %d mtime %d, want %d %d", n, st.Atim.Nano(), st.Mtim.Nano(), at.UnixNano(), mt.UnixNano())
+		}
+		e, err := m.Store.Lookup(n)
+		if err != nil || e.ATime != at.UnixNano() || e.MTime != mt.UnixNano() {
+			t.Errorf("%s in the store: %+v %v", n, e, err)
+		}
 	}
 }

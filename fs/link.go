@@ -52,7 +52,7 @@ func (l *linkNode) attr(out *fuse.Attr) {
 	out.Mode = syscall.S_IFLNK | 0o777
 	out.Size = uint64(len(l.ent.Target))
 	out.Nlink = l.nlinks()
-	setTimes(out, l.ent.MTime, l.ent.CTime)
+	setTimes(out, l.ent.MTime, l.ent.CTime, l.ent.ATime)
 	out.Uid, out.Gid = l.fsys.owner(l.ent.UID, l.ent.GID)
 }
 
@@ -82,18 +82,18 @@ func (l *linkNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.Set
 	ent := l.ent
 	l.mu.Unlock()
 	ent.Mode = 0o777
-	if setMeta(f, in, &ent.Mode, &ent.UID, &ent.GID, &ent.MTime, &ent.CTime) {
+	if setMeta(f, in, &ent.Mode, &ent.UID, &ent.GID, &ent.MTime, &ent.CTime, &ent.ATime) {
 		ent.Mode = 0o777
 		f.nsMu.Lock()
 		err := l.putMeta(func(e *chunkstore.Entry) {
-			e.UID, e.GID, e.MTime, e.CTime = ent.UID, ent.GID, ent.MTime, ent.CTime
+			e.UID, e.GID, e.MTime, e.CTime, e.ATime = ent.UID, ent.GID, ent.MTime, ent.CTime, ent.ATime
 		})
 		if err != nil {
 			f.nsMu.Unlock()
 			return toErrno(err)
 		}
 		l.mu.Lock()
-		l.ent.UID, l.ent.GID, l.ent.MTime, l.ent.CTime = ent.UID, ent.GID, ent.MTime, ent.CTime
+		l.ent.UID, l.ent.GID, l.ent.MTime, l.ent.CTime, l.ent.ATime = ent.UID, ent.GID, ent.MTime, ent.CTime, ent.ATime
 		l.mu.Unlock()
 		f.nsMu.Unlock()
 	}

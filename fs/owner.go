@@ -61,7 +61,7 @@ func (f *FS) newOwner(ctx context.Context, parent chunkstore.Entry, mode uint32,
 // an entry's fields and reports whether any of them was set. The kernel
 // has already checked that the caller may make the change and cleared
 // what POSIX says a change clears, so the values are stored as given.
-func setMeta(f *FS, in *fuse.SetAttrIn, mode *iofs.FileMode, uid, gid *uint32, mtime, ctime *int64) bool {
+func setMeta(f *FS, in *fuse.SetAttrIn, mode *iofs.FileMode, uid, gid *uint32, mtime, ctime, atime *int64) bool {
 	changed := false
 	defer func() {
 		if changed {
@@ -89,8 +89,11 @@ func setMeta(f *FS, in *fuse.SetAttrIn, mode *iofs.FileMode, uid, gid *uint32, m
 		*mtime = t.UnixNano()
 		changed = true
 	}
-	if _, ok := in.GetATime(); ok {
-		changed = true // atime is not kept, but its change is a change (ctime)
+	if t, ok := in.GetATime(); ok {
+		if *atime = t.UnixNano(); *atime == 0 {
+			*atime = 1 // 0 is "none recorded"; 1 ns after the epoch is as old
+		}
+		changed = true
 	}
 	return changed
 }

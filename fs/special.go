@@ -108,7 +108,7 @@ func (s *specialNode) attr(out *fuse.Attr) {
 	out.Rdev = fuseDev(s.ent.Rdev)
 	out.Blksize = 4096
 	out.Nlink = s.nlinks()
-	setTimes(out, s.ent.MTime, s.ent.CTime)
+	setTimes(out, s.ent.MTime, s.ent.CTime, s.ent.ATime)
 	out.Uid, out.Gid = s.fsys.owner(s.ent.UID, s.ent.GID)
 }
 
@@ -137,10 +137,10 @@ func (s *specialNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.
 	s.mu.Lock()
 	ent := s.ent
 	s.mu.Unlock()
-	if setMeta(f, in, &ent.Mode, &ent.UID, &ent.GID, &ent.MTime, &ent.CTime) {
+	if setMeta(f, in, &ent.Mode, &ent.UID, &ent.GID, &ent.MTime, &ent.CTime, &ent.ATime) {
 		f.nsMu.Lock()
 		err := s.putMeta(func(e *chunkstore.Entry) {
-			e.Mode, e.UID, e.GID, e.MTime, e.CTime = ent.Mode, ent.UID, ent.GID, ent.MTime, ent.CTime
+			e.Mode, e.UID, e.GID, e.MTime, e.CTime, e.ATime = ent.Mode, ent.UID, ent.GID, ent.MTime, ent.CTime, ent.ATime
 		})
 		if err != nil {
 			f.nsMu.Unlock()
