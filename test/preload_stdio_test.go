@@ -8,6 +8,7 @@ package test
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kylix/kylix/internal/damage"
 	"github.com/kylix/kylix/internal/testneeds"
 )
 
@@ -257,4 +259,57 @@ func TestPreloadStdioPermissions(t *testing.T) {
 	require.Equal(t, hexSHA(public), strings.Fields(string(out))[0])
 	require.Equal(t, uint64(len(public)), st.Bypassed, "every file in the pack readable now: %+v", st)
 	require.Equal(t, uint64(1), st.Streams, "%+v", st)
+}
+
+// TestPreloadStdioPacks: a fine-tune whose extents lie in its own pack
+// and in its base's shared pack, read through every stdio call (the C
+// program against glibc's stream on the source); and a flipped byte in a
+// base pack: sha256sum under the shim never prints a digest of wrong
+// bytes (the damaged pack is not handed out; the mount fails the damaged
+// range with EIO).
+func TestPreloadStdioPacks(t *testing.T) {
+	requireFUSE(t)
+	lib, ctest := preloadLib(t)
+	t.Run("fine-tune", func(t *testing.T) {
+		data, mnt := dirs(t)
+		files := faultFiles(t, data)
+		require.Greater(t, len(extentsOf(t, data, "ft.bin")), 2, "ft.bin is a multi-extent file")
+		startClientNode(t, data, mnt)
+		src := filepath.Join(t.TempDir(), "ft.bin")
+		require.NoError(t, os.WriteFile(src, files["ft.bin"], 0o644))
+		out, st := shimRun(t, lib, nil, ctest, "stdio", filepath.Join(mnt, "ft.bin"), src, "served")
+		require.Equal(t, "ok\n", string(out))
+		require.Positive(t, st.Streams, "%+v", st)
+		require.Positive(t, st.Bypassed, "%+v", st)
+	})
+	t.Run("damaged", func(t *testing.T) {
+		data, mnt := dirs(t)
+		files := faultFiles(t, data)
+		base := extentsOf(t, data, "base.bin")
+		require.NotEmpty(t, base)
+		damage.FlipByte(t, base[0].PackPath, base[0].PackOff+1000)
+		startClientNode(t, data, mnt)
+		for _, name := range []string{"base.bin", "ft.bin"} {
+			dir := t.TempDir()
+			stats := filepath.Join(dir, "stats.json")
+			cmd := exec.Command("sha256sum", filepath.Join(mnt, name))
+			cmd.Env = append(os.Environ(), "LD_PRELOAD="+lib, "KYLIX_PRELOAD_STATS="+stats)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			out, err := cmd.Output()
+			if err == nil {
+				require.Equal(t, hexSHA(files[name]), strings.Fields(string(out))[0], "%s: a digest, so of the right bytes", name)
+			} else {
+				require.Contains(t, stderr.String(), "Input/output error", "%s", name)
+				require.Empty(t, out, "%s: no digest printed", name)
+			}
+			b, rerr := os.ReadFile(stats)
+			require.NoError(t, rerr)
+			var st preloadStats
+			require.NoError(t, json.Unmarshal(b, &st))
+			if name == "base.bin" {
+				require.Zero(t, st.Bypassed+st.Streams, "a damaged whole-file pack is not handed out: %+v", st)
+			}
+		}
+	})
 }

@@ -13,7 +13,7 @@
  *   preload-test stdio FILE SRC K  every stdio read call on FILE compared
  *                                  with glibc's stream on SRC (fopen,
  *                                  fopen64+setvbuf, fdopen, freopen, fork,
- *                                  read() on fileno()); K: served (FILE's
+ *                                  read() on fileno(), 8 threads); K: served (FILE's
  *                                  stream must be the shim's), plain, any
  *   preload-test stdio-wide FILE SRC K   fgetwc, fgetws, ungetwc, fwide
  *   preload-test stdio-rewrite FILE a stream reads on after FILE is
@@ -453,6 +453,48 @@ static void two_close(struct two *t)
 	}
 }
 
+struct sctx {
+	const char *path;
+	const unsigned char *want;
+	size_t n;
+	unsigned seed;
+	int bad;
+};
+
+/* stdio_reader: a thread's own stream on the file: fread in odd pieces
+ * to the end, then fseeko+fread at random offsets, against the bytes. */
+static void *stdio_reader(void *arg)
+{
+	struct sctx *c = arg;
+	FILE *f = fopen(c->path, "r");
+	if (!f) {
+		c->bad++;
+		return NULL;
+	}
+	unsigned s = c->seed;
+	unsigned char *b = malloc(200000);
+	size_t at = 0;
+	while (b) {
+		s = s * 1103515245u + 12345u;
+		size_t k = fread(b, 1, 1 + (s >> 8) % 200000, f);
+		if (k == 0 || memcmp(b, c->want + at, k) != 0)
+			break;
+		at += k;
+	}
+	if (at != c->n || !feof(f))
+		c->bad++;
+	for (int i = 0; i < 50 && b && c->n; i++) {
+		s = s * 1103515245u + 12345u;
+		size_t off = (size_t)s % c->n, len = 1 + (s >> 8) % 100000;
+		size_t want = off + len > c->n ? c->n - off : len;
+		if (fseeko(f, (off_t)off, SEEK_SET) != 0 || fread(b, 1, len, f) != want || memcmp(b, c->want + off, want) != 0)
+			c->bad++;
+	}
+	free(b);
+	fclose(f);
+	return NULL;
+}
+
 static void stdio_compare(const char *path, const char *src, const char *kind)
 {
 	struct stat st;
@@ -530,6 +572,17 @@ static void stdio_compare(const char *path, const char *src, const char *kind)
 	CHECK(fcntl(d0, F_GETFD) == -1 && errno == EBADF, "fclose closed the fdopen'ed descriptor");
 	close(fd0);
 	close(fd1);
+	/* 8 threads, a stream each. */
+	pthread_t th[8];
+	struct sctx cs[8];
+	for (int i = 0; i < 8; i++) {
+		cs[i] = (struct sctx){path, t.want, t.n, (unsigned)i * 7919u + 3, 0};
+		pthread_create(&th[i], NULL, stdio_reader, &cs[i]);
+	}
+	for (int i = 0; i < 8; i++) {
+		pthread_join(th[i], NULL);
+		CHECK(cs[i].bad == 0, "stdio thread %d: %d bad reads", i, cs[i].bad);
+	}
 	/* Streams opened for writing are glibc's. */
 	if (!strcmp(kind, "served")) {
 		FILE *w = fopen(path, "r+");
