@@ -264,6 +264,13 @@ static void unit(const char *dir)
  * as POSIX says) reads SRC's bytes at the stream's position. "served" asserts FILE's stream is the
  * shim's (a cookie stream: _fileno -2), "plain" that it is glibc's. */
 
+/* glibc's _FORTIFY_SOURCE entry points (what fread, fread_unlocked and
+ * fgets become in fortified programs), declared here: the test is built
+ * without _FORTIFY_SOURCE. */
+extern size_t __fread_chk(void *, size_t, size_t, size_t, FILE *);
+extern size_t __fread_unlocked_chk(void *, size_t, size_t, size_t, FILE *);
+extern char *__fgets_chk(char *, size_t, int, FILE *);
+
 struct two {
 	FILE *f[2];
 	size_t n; /* SRC's size */
@@ -284,7 +291,7 @@ static void same_state(struct two *t, const char *op)
 
 static void one_op(struct two *t, unsigned char *b0, unsigned char *b1, size_t cap)
 {
-	unsigned op = (unsigned)(next() % 16);
+	unsigned op = (unsigned)(next() % 17);
 	size_t len = next() % 4 == 0 ? 1 + next() % cap : 1 + next() % 20000;
 	if (len > cap)
 		len = cap;
@@ -413,6 +420,20 @@ static void one_op(struct two *t, unsigned char *b0, unsigned char *b1, size_t c
 		      ftell(t->f[0]));
 		r0 = fseek(t->f[0], -(long)(next() % (t->n + 1)), SEEK_END), r1 = fseek(t->f[1], ftell(t->f[0]) - (long)t->n, SEEK_END);
 		break;
+	case 13:
+		r0 = (long)__fread_chk(b0, cap, 1, len, t->f[0]);
+		r1 = (long)__fread_chk(b1, cap, 1, len, t->f[1]);
+		CHECK(r0 == r1 && !memcmp(b0, b1, (size_t)r0), "%s: __fread_chk %ld vs %ld", name, r0, r1);
+		r0 = (long)__fread_unlocked_chk(b0, cap, 1, len % 3000, t->f[0]);
+		r1 = (long)__fread_unlocked_chk(b1, cap, 1, len % 3000, t->f[1]);
+		CHECK(r0 == r1 && !memcmp(b0, b1, (size_t)r0), "%s: __fread_unlocked_chk %ld vs %ld", name, r0, r1);
+		break;
+	case 14: {
+		int sz = (int)(1 + next() % 300);
+		char *s0 = __fgets_chk((char *)b0, cap, sz, t->f[0]), *s1 = __fgets_chk((char *)b1, cap, sz, t->f[1]);
+		CHECK(!s0 == !s1 && (!s0 || !memcmp(b0, b1, strlen((char *)b1) + 1)), "%s: __fgets_chk", name);
+		break;
+	}
 	default: {
 		size_t k = len > 64 ? 64 : len;
 		r0 = (long)fread(b0, 1, k, t->f[0]);
@@ -530,9 +551,14 @@ static void stdio_compare(const char *path, const char *src, const char *kind)
 	posix_fadvise(fileno(t.f[0]), 0, 0, POSIX_FADV_SEQUENTIAL);
 	ops(&t, 1500);
 	/* fork: the child goes on with both streams (the descriptors' offsets
-	 * are shared with the parent, as with any FILE), then the parent. */
+	 * are shared with the parent, as with any FILE), then the parent,
+	 * after the fseek to its position that POSIX asks of a handle that
+	 * becomes active again (glibc's stream would trust its cached
+	 * offset, the shim's asks the descriptor the child moved). */
 	fflush(stdout);
 	fflush(stderr);
+	off_t at_fork = ftello(t.f[0]);
+	CHECK(at_fork == ftello(t.f[1]), "ftello at fork");
 	pid_t pid = fork();
 	if (pid == 0) {
 		ops(&t, 300);
@@ -541,6 +567,7 @@ static void stdio_compare(const char *path, const char *src, const char *kind)
 	int status = 0;
 	waitpid(pid, &status, 0);
 	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "forked child's stdio");
+	CHECK(fseeko(t.f[0], at_fork, SEEK_SET) == 0 && fseeko(t.f[1], at_fork, SEEK_SET) == 0, "fseeko after the child");
 	ops(&t, 300);
 	/* freopen: the same file again by name and by NULL. */
 	t.f[0] = freopen(path, "r", t.f[0]);
@@ -707,6 +734,11 @@ static void stdio_unit(const char *dir)
 
 int main(int argc, char **argv)
 {
+	/* PRELOAD_TEST_SEED: another sequence of random calls (the stdio
+	 * comparisons, the offsets of compare). */
+	const char *seed = getenv("PRELOAD_TEST_SEED");
+	if (seed && strtoull(seed, NULL, 10))
+		rng = strtoull(seed, NULL, 10);
 	if (argc == 3 && !strcmp(argv[1], "unit"))
 		unit(argv[2]);
 	else if (argc == 4 && !strcmp(argv[1], "compare"))
