@@ -92,7 +92,8 @@ var (
 
 func dirAttr(f *FS, e chunkstore.Entry, out *fuse.Attr) {
 	out.Mode = syscall.S_IFDIR | chunkstore.UnixMode(e.Mode)
-	out.Nlink = 2
+	// As on ext4: its name, its ".", and each subdirectory's "..".
+	out.Nlink = 2 + f.cache.subdirs(e.ID, e.Name == "")
 	out.Size = 4096
 	out.Blksize = 4096
 	t := e.MTime

@@ -553,6 +553,35 @@ type dirCache struct {
 	mu      sync.Mutex
 	m       map[chunkstore.ID]*chunkstore.DirManifest
 	n       int
+	nsub    map[chunkstore.ID]uint32 // subdirectories of the manifests in m
+}
+
+// subdirs returns the number of live subdirectories of the directory
+// manifest id (the root's link table not counted), for its link count; 0
+// when it cannot be read (the directory is then shown with 2).
+func (c *dirCache) subdirs(id chunkstore.ID, root bool) uint32 {
+	c.mu.Lock()
+	n, ok := c.nsub[id]
+	c.mu.Unlock()
+	if ok {
+		return n
+	}
+	m, err := c.get(id)
+	if err != nil {
+		return 0
+	}
+	for _, e := range m.Entries {
+		if e.Kind == chunkstore.KindDir && !e.Deleted && !(root && e.Name == chunkstore.LinkTable) {
+			n++
+		}
+	}
+	c.mu.Lock()
+	if c.nsub == nil || len(c.nsub) > c.max {
+		c.nsub = map[chunkstore.ID]uint32{}
+	}
+	c.nsub[id] = n
+	c.mu.Unlock()
+	return n
 }
 
 func newDirCache(s *chunkstore.Store, max int) *dirCache {

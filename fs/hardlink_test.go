@@ -229,6 +229,23 @@ func hardlinkCases() []posixCase {
 			},
 		},
 		{
+			name: "a directory's link count: 2 and one per subdirectory",
+			ops: []op{
+				{name: "mkdir a, a/b, a/c, and a file a/f", fn: func(d string) error {
+					for _, p := range []string{"a", "a/b", "a/c"} {
+						if err := unix.Mkdir(j(d, p), 0o755); err != nil {
+							return err
+						}
+					}
+					return create(j(d, "a/f"), 0o644)
+				}, want: ok()},
+				{name: "rename a/b e", fn: rename("a/b", "e"), want: ok()},
+				{name: "rmdir a/c", fn: func(d string) error { return unix.Rmdir(j(d, "a/c")) }, want: ok()},
+				{name: "mkdir e/x", fn: func(d string) error { return unix.Mkdir(j(d, "e/x"), 0o755) }, want: ok()},
+			},
+			stat: []string{"a", "e", "e/x", "."},
+		},
+		{
 			name: "an open file linked and unlinked: the descriptor writes the inode",
 			ops: []op{
 				{name: "write, link, unlink, write through the fd", fn: func(d string) error {
