@@ -23,7 +23,8 @@ import (
 )
 
 // TestPreloadStdio: real programs that read through stdio under the shim
-// (sha256sum, Debian's numpy.fromfile, C++'s std::ifstream, the C program's every stdio read
+// (sha256sum and other coreutils, sed, Debian's numpy.fromfile, C++'s
+// std::ifstream, the C program's every stdio read
 // call compared with glibc's stream on the source, plain and ASan+UBSan)
 // read byte-equal files whose bytes the stats show came from the packs,
 // not FUSE (before the stdio streams, sha256sum's were all FUSE's).
@@ -53,6 +54,22 @@ func TestPreloadStdio(t *testing.T) {
 	require.Equal(t, uint64(len(large)), st.Bypassed, "sha256sum's fread from the packs: %+v", st)
 	require.Zero(t, st.Fuse, "%+v", st)
 	require.Equal(t, uint64(1), st.Streams, "%+v", st)
+
+	// Other stdio readers of coreutils and sed: the same output as on the
+	// source, every byte from the packs.
+	for _, argv := range [][]string{{"sort"}, {"cut", "-c1-5"}, {"nl"}, {"od", "-An", "-tx1"},
+		{"sed", "-n", "5p;$p"}, {"paste", "-s", "-d,"}, {"fold", "-w", "50"}, {"md5sum"}} {
+		want, err := exec.Command(argv[0], append(argv[1:], filepath.Join(src, "text.txt"))...).Output()
+		require.NoError(t, err, "%v", argv)
+		out, st := shimRun(t, lib, nil, append(argv, m("text.txt"))...)
+		if argv[0] == "md5sum" {
+			want, out = bytes.Fields(want)[0], bytes.Fields(out)[0]
+		}
+		require.Equal(t, string(want), string(out), "%v", argv)
+		require.Equal(t, uint64(1), st.Streams, "%v: %+v", argv, st)
+		require.GreaterOrEqual(t, st.Bypassed, uint64(len(files["text.txt"])), "%v: %+v", argv, st)
+		require.Zero(t, st.Fuse, "%v: %+v", argv, st)
+	}
 
 	// The switch: glibc's streams, FUSE (the shim sees none of it).
 	out, st = shimRun(t, lib, []string{"KYLIX_PRELOAD_STDIO=0"}, "sha256sum", m("large.bin"))
