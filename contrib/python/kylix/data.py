@@ -441,10 +441,15 @@ def _map(x, fn):
 
 
 def to_device(batches, device="cuda", *, prefetch: int = 2):
-    """Yields each batch of batches on device. For a CUDA device, tensors
-    are staged through pinned memory and copied on a side stream up to
-    prefetch batches ahead; the consumer's stream waits for the copy. For
-    the CPU, batches pass through unchanged (there is nothing to copy)."""
+    """Yields each batch of batches on device. For a CUDA device, each
+    batch's tensors are copied into pinned memory (torch's pin_memory,
+    which copies with several threads; tensors already pinned are used as
+    they are) and on to the device on a side stream, up to prefetch
+    batches ahead of the consumer, whose stream waits for each copy. For
+    the CPU, batches pass through unchanged; a CUDA device without CUDA is
+    an error, not a silent CPU fallback. (Measured on the H200: a thread
+    pool pinning several batches at once ran slower than this: 34.6 vs
+    45 GB/s; docs/bench.md, "Batches to the GPU".)"""
     if torch is None:
         raise RuntimeError("kylix.data.to_device needs torch")
     dev = torch.device(device)
@@ -457,19 +462,24 @@ def to_device(batches, device="cuda", *, prefetch: int = 2):
     queue = []
 
     def start(b):
+        hb = _map(b, lambda t: t if t.is_pinned() else t.pin_memory())
         with torch.cuda.stream(stream):
-            out = _map(b, lambda t: t.pin_memory().to(dev, non_blocking=True))
+            db = _map(hb, lambda t: t.to(dev, non_blocking=True))
             ev = torch.cuda.Event()
             ev.record(stream)
-        return out, ev
+        return db, ev
+
+    def finish(db, ev):
+        cur = torch.cuda.current_stream(dev)
+        cur.wait_event(ev)
+        # Made on the side stream, used on the consumer's: the caching
+        # allocator must not hand the memory out again while it is in use.
+        _map(db, lambda t: t.record_stream(cur))
+        return db
 
     for b in batches:
         queue.append(start(b))
         if len(queue) > prefetch:
-            out, ev = queue.pop(0)
-            torch.cuda.current_stream(dev).wait_event(ev)
-            yield out
-    for out, ev in queue:
-        torch.cuda.current_stream(dev).wait_event(ev)
-        yield out
-
+            yield finish(*queue.pop(0))
+    for db, ev in queue:
+        yield finish(db, ev)
