@@ -943,9 +943,10 @@ EXPORT void closefrom(int lowfd)
  * file the shim serves, in a read-only mode, return a glibc cookie stream
  * (fopencookie) whose read is shim_read on the stream's own descriptor and
  * whose seek is lseek on it: every stdio function then works on it as
- * glibc's own code, and the descriptor's offset moves exactly as under a
- * plain stream (mixing read() on fileno() with fread sees the same
- * bytes). What a cookie stream lacks is supplied here: fileno answers
+ * glibc's own code, and the descriptor's offset is the stream's position
+ * plus what its buffer holds, as under a plain stream (read() on fileno()
+ * after an fseek reads on from the stream's position). What a cookie
+ * stream lacks is supplied here: fileno answers
  * the descriptor (glibc says -1), freopen reopens in place, and the wide
  * character reads (glibc's cookie streams have no wide buffer: fgetwc on
  * one crashes) are done over the byte stream with mbrtowc. Any other

@@ -532,8 +532,17 @@ static void stdio_compare(const char *path, const char *src, const char *kind)
 	if (!t.f[0] || !t.f[1])
 		return;
 	check_kind(t.f[0], kind, "fopen");
+	CHECK(fcntl(fileno(t.f[0]), F_GETFD) == 0, "no 'e': the descriptor is inherited across exec");
 	ops(&t, 1500);
 	two_close(&t);
+	/* The descriptor number is the one glibc's fopen takes (the lowest
+	 * free). */
+	int probe = dup(0);
+	close(probe);
+	FILE *pf = fopen(path, "r");
+	CHECK(pf && fileno(pf) == probe, "fopen's descriptor %d, want the lowest free %d", pf ? fileno(pf) : -1, probe);
+	if (pf)
+		fclose(pf);
 	/* 2. fopen64 "rbe" + setvbuf with equal 8 KiB buffers (sha256sum's
 	 * pattern): the descriptor is shared with read(), lseek. */
 	t.f[0] = fopen64(path, "rbe");
