@@ -103,7 +103,7 @@ class Node:
 def count(ds, workers):
     n = 0
     for s in DataLoader(ds, batch_size=None, num_workers=workers):
-        n += 1
+        n += len(s) if isinstance(s, list) else 1
     return n
 
 
@@ -159,6 +159,7 @@ def main():
             "ext4 tarfile": (False, lambda: TarfileShards(paths)),
             "kylix files": (True, lambda: kd.Samples(os.path.join(node.mnt, "ds", "d"))),
             "kylix shards": (True, lambda: kd.Shards(os.path.join(node.mnt, "ds", "d.shards"))),
+            "kylix shards, batch 64": (True, lambda: kd.Shards(os.path.join(node.mnt, "ds", "d.shards"), batch=64)),
         }
         info = {"samples": samples, "files": a.files, "bytes": total, "machine": os.uname().nodename, "cpus": os.cpu_count()}
         print(json.dumps({"setup": info}), flush=True)

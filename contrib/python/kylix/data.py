@@ -33,6 +33,9 @@ process that met it: a DataLoader worker's count stays in the worker), and
 reading goes on with the next member when the tar structure allows it. No
 sample ever carries wrong bytes: bytes come only from successful reads.
 
+batch=N makes Shards yield lists of N samples (the last may be shorter),
+so a DataLoader worker hands over one list at a time (batch_size=None).
+
 to_device(batches, device) moves batches (tensors, or dicts/lists/tuples
 of them) to a device, staging through pinned memory with copies on a
 side stream prefetch batches ahead, so the copy overlaps the consumer.
@@ -351,7 +354,8 @@ class Shards(_IterableDataset):
 
     def __init__(self, root_or_paths, *, shuffle: bool = False, seed: int = 0, shuffle_buffer: int = 0,
                  rank: Optional[int] = None, world_size: Optional[int] = None,
-                 transform: Optional[Callable] = None, on_error="raise", read_size: int = 8 << 20):
+                 transform: Optional[Callable] = None, on_error="raise", read_size: int = 8 << 20,
+                 batch: Optional[int] = None):
         if isinstance(root_or_paths, (str, os.PathLike)):
             root = os.fspath(root_or_paths)
             idx = os.path.join(root, "index.json")
@@ -369,6 +373,9 @@ class Shards(_IterableDataset):
         self.shuffle, self.seed, self.shuffle_buffer = shuffle, seed, shuffle_buffer
         self.rank, self.world_size = rank, world_size
         self.transform, self.read_size = transform, read_size
+        if batch is not None and batch < 1:
+            raise ValueError(f"batch={batch}: give a positive number of samples, or None")
+        self.batch = batch
         self._policy = _ErrorPolicy(on_error)
         self.epoch = 0
 
@@ -413,8 +420,22 @@ class Shards(_IterableDataset):
         it = self._samples(self.my_shards())
         if self.shuffle_buffer > 0:
             it = _buffer_shuffle(it, self.shuffle_buffer, random.Random(f"{self.seed}/{self.epoch}/{rank}/{wid}"))
+        if self.transform:
+            it = (self.transform(s) for s in it)
+        if not self.batch:
+            yield from it
+            return
+        # Lists of samples: a DataLoader worker then hands over one list
+        # (one pickle) instead of one sample at a time, which is what
+        # bounds loaders with workers (docs/bench.md, "Datasets").
+        out = []
         for s in it:
-            yield self.transform(s) if self.transform else s
+            out.append(s)
+            if len(out) == self.batch:
+                yield out
+                out = []
+        if out:
+            yield out
 
 
 def _buffer_shuffle(it, n, rng):

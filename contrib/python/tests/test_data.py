@@ -117,6 +117,17 @@ class ShardReaderTest(unittest.TestCase):
         self.assertNotEqual(orders[0], orders[1])
         self.assertEqual(orders[0], orders[2])
 
+    def test_batches_exactly_once(self):
+        seen = []
+        for rank in range(2):
+            ds = kd.Shards(self.paths, shuffle=True, seed=2, rank=rank, world_size=2, batch=8)
+            for b in DataLoader(ds, batch_size=None, num_workers=2):
+                self.assertLessEqual(len(b), 8)
+                seen += [s["__key__"] for s in b]
+        self.assertEqual(sorted(seen), sorted({kd.sample_key(r)[0] for r in self.files}))
+        with self.assertRaises(ValueError):
+            kd.Shards(self.paths, batch=0)
+
     def test_truncated_and_corrupt_header(self):
         p = self.paths[0]
         with open(p, "rb") as f:
