@@ -507,6 +507,15 @@ func (f *FS) Reconcile() {
 			var se *chunkstore.Entry
 			if ok && !m.Entries[i].Deleted {
 				se = &m.Entries[i]
+				if se.Kind == chunkstore.KindHardlink {
+					// Its set's entry (a changed set is also
+					// caught by its number, below).
+					if r, err := f.resolve(joinPath(path, name)); err == nil {
+						se = &r
+					} else {
+						se = nil
+					}
+				}
 			}
 			switch c := ch.Operations().(type) {
 			case *dirNode:
@@ -532,11 +541,19 @@ func (f *FS) Reconcile() {
 		}
 	}
 	walk(f.root, "")
+	// A link set changed behind the mount changes the link table, not
+	// the directories of its names: its node is brought up to date by
+	// the set's number, and the kernel's attributes and pages of the
+	// inode are dropped.
+	inodes := f.reconcileLinks()
 	f.nsMu.RUnlock()
 	// Notify without locks held: the kernel takes the directory's lock,
 	// which a lookup waiting for nsMu may hold.
 	for _, t := range todo {
 		t.parent.NotifyEntry(t.name)
+	}
+	for _, in := range inodes {
+		in.NotifyContent(0, 0)
 	}
 	for _, d := range dirs {
 		d.NotifyContent(0, 0)

@@ -234,3 +234,69 @@ func (d *dirNode) Link(ctx context.Context, target gofs.InodeEmbedder, name stri
 	}
 	return in, 0
 }
+
+// reconcileLinks updates the nodes of link sets whose entry in the link
+// table differs from what they show (a merge or an import changed the set
+// behind the mount) and returns their inodes, for the caller to drop from
+// the kernel's caches. A file open or being written here keeps its
+// version, as any open file does when replaced behind the mount. Callers
+// hold nsMu (shared).
+func (f *FS) reconcileLinks() []*gofs.Inode {
+	if len(f.links) == 0 {
+		return nil
+	}
+	root, err := f.resolve("")
+	if err != nil {
+		return nil
+	}
+	rootM, err := f.cache.get(root.ID)
+	if err != nil {
+		return nil
+	}
+	var out []*gofs.Inode
+	for l, in := range f.links {
+		e, err := f.resolveLink(rootM, chunkstore.Entry{Kind: chunkstore.KindHardlink, Link: l})
+		if err != nil {
+			continue // no set any more: its names went, and the walk saw that
+		}
+		changed := false
+		switch c := in.Operations().(type) {
+		case *fileNode:
+			changed = c.refresh(e)
+		case *linkNode:
+			if changed = c.changed(e); changed {
+				c.setEntry(e)
+			}
+		case *specialNode:
+			if changed = c.changed(e); changed {
+				c.setEntry(e)
+			}
+		}
+		if changed {
+			out = append(out, in)
+		}
+	}
+	return out
+}
+
+// refresh takes the link set's entry e as the node's committed version and
+// metadata, unless the node is open or has bytes of its own; it reports
+// whether anything changed.
+func (n *fileNode) refresh(e chunkstore.Entry) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.st != nil || !n.inStore {
+		return false
+	}
+	if e.ID == n.id && e.Mode&chunkstore.EntryModeMask == n.mode && e.UID == n.uid && e.GID == n.gid &&
+		e.MTime == n.mtime && e.CTime == n.ctime && e.ATime == n.atime && e.Nlink == n.nlink.Load() {
+		return false
+	}
+	if e.ID != n.id {
+		n.notPT = false
+	}
+	n.id, n.size, n.mode, n.uid, n.gid = e.ID, e.Size, e.Mode&chunkstore.EntryModeMask, e.UID, e.GID
+	n.mtime, n.ctime, n.atime = e.MTime, e.CTime, e.ATime
+	n.nlink.Store(e.Nlink)
+	return true
+}

@@ -474,3 +474,56 @@ func TestChangeTime(t *testing.T) {
 		}
 	}
 }
+
+// TestHardLinkChangedBehindTheMount: a link set whose content and mode
+// change in the store behind the mount (as a merge or FixLinks changes
+// only the link table, not the directories of its names, here a and b) is
+// seen through every name after Reconcile, though the kernel had cached
+// the inode.
+func TestHardLinkChangedBehindTheMount(t *testing.T) {
+	m := fstest.Mount(t, kfs.Options{})
+	j := func(n string) string { return filepath.Join(m.Dir, n) }
+	if err := os.MkdirAll(j("b"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(j("a"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(j("a/f"), []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(j("a/f"), j("b/g")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(j("new"), []byte("brand new"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.FS.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"a/f", "b/g"} {
+		if b, _ := os.ReadFile(j(n)); string(b) != "old" {
+			t.Fatalf("%s: %q", n, b)
+		}
+	}
+	nw, err := m.Store.Lookup("new")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, _ := m.Store.Lookup("b/g")
+	if err := m.Store.Update(func(tx *chunkstore.NSTx) error {
+		f.ID, f.Size, f.Mode = nw.ID, nw.Size, 0o640
+		return tx.PutLinked(f.Link, f)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	m.FS.Reconcile()
+	for _, n := range []string{"a/f", "b/g"} {
+		if b, err := os.ReadFile(j(n)); err != nil || string(b) != "brand new" {
+			t.Errorf("%s after the set changed behind the mount: %q %v", n, b, err)
+		}
+		if st, err := os.Stat(j(n)); err != nil || st.Mode().Perm() != 0o640 {
+			t.Errorf("%s: %v %v", n, st.Mode(), err)
+		}
+	}
+}
