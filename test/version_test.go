@@ -29,7 +29,14 @@ func TestVersionStamp(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "kylix")
 	// -o libkylix: the C library is not what this test is about.
 	mk := exec.Command("make", "-s", "-C", repo, "-o", "libkylix", "build", "BIN="+bin)
-	mk.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false")
+	// Not the flags of a make test this runs under (its jobserver, its
+	// variables).
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); k != "MAKEFLAGS" && k != "MFLAGS" && k != "MAKELEVEL" && k != "GOFLAGS" {
+			mk.Env = append(mk.Env, kv)
+		}
+	}
+	mk.Env = append(mk.Env, "GOFLAGS=-buildvcs=false")
 	b, err := mk.CombinedOutput()
 	require.NoError(t, err, "make build: %s", b)
 	out, err := exec.Command(bin, "--version").Output()
