@@ -82,6 +82,11 @@ tour_has() {
     command -v getfattr >/dev/null || { echo "no getfattr (apt-get install attr)"; return 1; } ;;
   preload)
     [ -e bin/libkylix_preload.so ] || { echo "no bin/libkylix_preload.so (make build builds it with a C compiler)"; return 1; } ;;
+  pins)
+    local l
+    l=$(bin/kylix doctor 2>/dev/null | grep -E '^no +pins ') || return 0
+    echo "kylix pin cannot lock memory here: $(echo "${l#no}" | sed 's/^ *pins *//')"
+    return 1 ;;
   esac
 }
 
@@ -96,14 +101,15 @@ tour_needs() {
 
 # tour_if NEED CMD...: run the README's line CMD where NEED is here. A
 # missing test client (torch, attr, the preload library) fails the tour
-# unless KYLIX_TEST_ALLOW_SKIP=1, as in the tests (internal/testneeds).
+# unless KYLIX_TEST_ALLOW_SKIP=1, as in the tests (internal/testneeds);
+# what the machine cannot do (pins: no memory locking) is skipped, saying so.
 tour_if() {
   local need=$1 why
   shift
   if why=$(tour_has "$need"); then
     echo "\$ $*" >&2
     env "$@"
-  elif [ "${KYLIX_TEST_ALLOW_SKIP:-}" = 1 ]; then
+  elif [ "$need" = pins ] || [ "${KYLIX_TEST_ALLOW_SKIP:-}" = 1 ]; then
     tour_skip "$*" "$why"
   else
     echo "tour: missing client: $why (KYLIX_TEST_ALLOW_SKIP=1 skips this step)" >&2
@@ -165,7 +171,7 @@ tour_if preload cat $T/preload.json
 tour_if attr getfattr -n user.kylix.path $KYLIX_MOUNT/models/llama/model-00001-of-00002.safetensors
 bin/kylix top --count 2
 bin/kylix warm models/llama
-bin/kylix pin models/llama
+tour_if pins bin/kylix pin models/llama
 bin/kylix ls models/llama
 bin/kylix cluster-key > $T/k && chmod 600 $T/k
 bin/kylix serve --data $T/a --mount $T/ma --listen 127.0.0.2:7946 --cluster-key $T/k &
@@ -175,7 +181,7 @@ tour_started $T/b
 bin/kylix import --data $T/a $T/demo/base models/llama
 tour_until cmp $T/demo/base/config.json $T/mb/models/llama/config.json
 bin/kylix peers --data $T/b
-bin/kylix pin --data $T/b models/llama
+tour_if pins bin/kylix pin --data $T/b models/llama
 bin/kylix stat --data $T/b models/llama/model-00001-of-00002.safetensors
 tour_needs gpu || exit 0
 bin/kylix load --device cuda:0 models/llama
