@@ -101,8 +101,10 @@ type FS struct {
 	dirty   map[*fileNode]struct{} // nodes with a working copy
 
 	// links is the node of each link set the kernel may know, so that
-	// every name of a set is one inode (hardlink.go). Guarded by nsMu.
-	links map[uint64]*gofs.Inode
+	// every name of a set is one inode (hardlink.go). Guarded by linksMu
+	// (not nsMu: go-fuse calls OnForget holding its own locks).
+	linksMu sync.Mutex
+	links   map[uint64]*gofs.Inode
 
 	// beforeCommit, when set (tests), runs before each commit batch.
 	beforeCommit func()

@@ -58,18 +58,52 @@ func (b *base) putMeta(fn func(*chunkstore.Entry)) error {
 }
 
 // linkedNode returns the live node of link set l, nil when the kernel
-// holds none. Callers hold nsMu.
+// holds none.
 func (f *FS) linkedNode(l uint64) *gofs.Inode {
+	f.linksMu.Lock()
+	defer f.linksMu.Unlock()
 	in := f.links[l]
 	if in == nil {
 		return nil
 	}
-	if b := baseOf(in); b == nil || b.gone.Load() || in.Forgotten() {
+	if b := baseOf(in); b == nil || b.gone.Load() {
 		delete(f.links, l)
 		return nil
 	}
 	return in
 }
+
+// setLinked makes in the node of link set l.
+func (f *FS) setLinked(l uint64, in *gofs.Inode) {
+	f.linksMu.Lock()
+	f.links[l] = in
+	f.linksMu.Unlock()
+}
+
+var (
+	_ = (gofs.NodeOnForgetter)((*fileNode)(nil))
+	_ = (gofs.NodeOnForgetter)((*linkNode)(nil))
+	_ = (gofs.NodeOnForgetter)((*specialNode)(nil))
+)
+
+// forgotten drops the node in from the link sets once the kernel forgot
+// it: the next lookup of a name of its set makes a new one.
+func (b *base) forgotten(in *gofs.Inode) {
+	l := b.link.Load()
+	if l == 0 || b.fsys == nil {
+		return
+	}
+	f := b.fsys
+	f.linksMu.Lock()
+	if f.links[l] == in {
+		delete(f.links, l)
+	}
+	f.linksMu.Unlock()
+}
+
+func (n *fileNode) OnForget()    { n.forgotten(&n.Inode) }
+func (l *linkNode) OnForget()    { l.forgotten(&l.Inode) }
+func (s *specialNode) OnForget() { s.forgotten(&s.Inode) }
 
 // nodeForLink returns the node for the store entry e of a link set at
 // name in d, reusing the set's node. Callers hold nsMu.
@@ -119,7 +153,7 @@ func (d *dirNode) nodeForLink(ctx context.Context, name string, e chunkstore.Ent
 		c.fillEntry(out)
 		in = d.NewInode(ctx, c, gofs.StableAttr{Mode: syscall.S_IFREG})
 	}
-	f.links[e.Link] = in
+	f.setLinked(e.Link, in)
 	return in
 }
 
@@ -220,7 +254,7 @@ func (d *dirNode) Link(ctx context.Context, target gofs.InodeEmbedder, name stri
 		return nil, toErrno(err)
 	}
 	b.setLinks(e)
-	f.links[e.Link] = in
+	f.setLinked(e.Link, in)
 	switch c := target.(type) {
 	case *fileNode:
 		touch(in, e.CTime)
@@ -242,7 +276,13 @@ func (d *dirNode) Link(ctx context.Context, target gofs.InodeEmbedder, name stri
 // version, as any open file does when replaced behind the mount. Callers
 // hold nsMu (shared).
 func (f *FS) reconcileLinks() []*gofs.Inode {
-	if len(f.links) == 0 {
+	f.linksMu.Lock()
+	links := make(map[uint64]*gofs.Inode, len(f.links))
+	for l, in := range f.links {
+		links[l] = in
+	}
+	f.linksMu.Unlock()
+	if len(links) == 0 {
 		return nil
 	}
 	root, err := f.resolve("")
@@ -254,7 +294,7 @@ func (f *FS) reconcileLinks() []*gofs.Inode {
 		return nil
 	}
 	var out []*gofs.Inode
-	for l, in := range f.links {
+	for l, in := range links {
 		e, err := f.resolveLink(rootM, chunkstore.Entry{Kind: chunkstore.KindHardlink, Link: l})
 		if err != nil {
 			continue // no set any more: its names went, and the walk saw that

@@ -286,38 +286,14 @@ func hardlinkCases() []posixCase {
 // and compares every errno and the resulting type, mode, owner, link count
 // and size; inode identity is checked by the cases (sameInode).
 func TestHardLinksLikeExt4(t *testing.T) {
-	fstest.RequireFUSE(t)
-	ref := ext4Dir(t)
-	openUp(t, ref)
-	m := fstest.Mount(t, kfs.Options{})
-	openUp(t, filepath.Dir(m.Dir))
-	for _, c := range hardlinkCases() {
-		t.Run(c.name, func(t *testing.T) {
-			want := runPosixCase(t, ref, c, fullStat)
-			got := runPosixCase(t, m.Dir, c, fullStat)
-			compareLines(t, want, got)
-		})
-	}
+	likeExt4(t, hardlinkCases())
 }
 
 // TestHardLinksSurviveRestart: a link set made through the mount is one
 // inode with the right link count and content after the store is closed
 // and mounted again, and after the names were looked up cold.
 func TestHardLinksSurviveRestart(t *testing.T) {
-	fstest.RequireFUSE(t)
-	data := t.TempDir()
-	s, err := chunkstore.Open(chunkstore.Options{Dir: data})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fsys, err := kfs.New(s, kfs.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mnt := t.TempDir()
-	if err := fsys.Mount(mnt); err != nil {
-		t.Fatal(err)
-	}
+	data, s, fsys, mnt := mountToRestart(t)
 	if err := os.MkdirAll(filepath.Join(mnt, "a", "b"), 0o755); err != nil {
 		t.Fatal(err)
 	}

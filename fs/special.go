@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	iofs "io/fs"
 	"sync"
 	"syscall"
 	"time"
@@ -173,19 +174,10 @@ func (d *dirNode) Mknod(ctx context.Context, name string, mode uint32, dev uint3
 	}
 	f.nsMu.Lock()
 	defer f.nsMu.Unlock()
-	p, ok := d.path()
-	if !ok {
-		return nil, syscall.ENOENT
+	p, uid, gid, m, errno := d.newName(ctx, name, mode)
+	if errno != 0 {
+		return nil, errno
 	}
-	if d.exists(p, name) {
-		return nil, syscall.EEXIST
-	}
-	pe, err := f.resolve(p)
-	if err != nil {
-		return nil, toErrno(err)
-	}
-	d.forget(name)
-	uid, gid, m := f.newOwner(ctx, pe, mode, false)
 	e := chunkstore.Entry{Kind: kind, Mode: m, UID: uid, GID: gid, MTime: time.Now().UnixNano()}
 	if kind.IsDevice() {
 		e.Rdev = storeDev(dev)
@@ -200,27 +192,39 @@ func (d *dirNode) Mknod(ctx context.Context, name string, mode uint32, dev uint3
 	return d.NewInode(ctx, c, gofs.StableAttr{Mode: specialType(kind)}), 0
 }
 
+// newName checks that name is free in d for a new entry (not a
+// directory) of the caller's with mode, and returns d's path and the new
+// entry's owner, group and mode. Callers hold nsMu exclusively.
+func (d *dirNode) newName(ctx context.Context, name string, mode uint32) (string, uint32, uint32, iofs.FileMode, syscall.Errno) {
+	f := d.fsys
+	p, ok := d.path()
+	if !ok {
+		return "", 0, 0, 0, syscall.ENOENT
+	}
+	if d.exists(p, name) {
+		return "", 0, 0, 0, syscall.EEXIST
+	}
+	pe, err := f.resolve(p)
+	if err != nil {
+		return "", 0, 0, 0, toErrno(err)
+	}
+	d.forget(name)
+	uid, gid, m := f.newOwner(ctx, pe, mode, false)
+	return p, uid, gid, m, 0
+}
+
 // mknodFile is mknod(2) of a regular file: an empty file, in the store at
 // once (there is no open handle whose release would commit it).
 func (d *dirNode) mknodFile(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	f := d.fsys
 	f.nsMu.Lock()
 	defer f.nsMu.Unlock()
-	p, ok := d.path()
-	if !ok {
-		return nil, syscall.ENOENT
+	p, uid, gid, m, errno := d.newName(ctx, name, mode)
+	if errno != 0 {
+		return nil, errno
 	}
-	if d.exists(p, name) {
-		return nil, syscall.EEXIST
-	}
-	pe, err := f.resolve(p)
-	if err != nil {
-		return nil, toErrno(err)
-	}
-	d.forget(name)
-	uid, gid, m := f.newOwner(ctx, pe, mode, false)
 	e := chunkstore.Entry{Kind: chunkstore.KindFile, Mode: m, UID: uid, GID: gid, MTime: time.Now().UnixNano()}
-	err = f.update(func(tx *chunkstore.NSTx) error {
+	err := f.update(func(tx *chunkstore.NSTx) error {
 		e.ID = tx.PutFile(&chunkstore.FileManifest{})
 		return tx.Put(joinPath(p, name), e)
 	})

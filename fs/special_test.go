@@ -210,6 +210,23 @@ func runPosixCase(t *testing.T, root string, c posixCase, statFn func(string) st
 	return out
 }
 
+// likeExt4 runs each case on ext4 and on a fresh mount and compares them;
+// it returns the mount.
+func likeExt4(t *testing.T, cases []posixCase) *fstest.Mounted {
+	t.Helper()
+	fstest.RequireFUSE(t)
+	ref := ext4Dir(t)
+	openUp(t, ref)
+	m := fstest.Mount(t, kfs.Options{})
+	openUp(t, filepath.Dir(m.Dir))
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			compareLines(t, runPosixCase(t, ref, c, fullStat), runPosixCase(t, m.Dir, c, fullStat))
+		})
+	}
+	return m
+}
+
 func compareLines(t *testing.T, want, got []string) {
 	t.Helper()
 	for i := range want {
@@ -228,18 +245,7 @@ func compareLines(t *testing.T, want, got []string) {
 // resulting type, mode, owner, device number and link count; then it
 // checks that the store recorded what stat showed.
 func TestSpecialFilesLikeExt4(t *testing.T) {
-	fstest.RequireFUSE(t)
-	ref := ext4Dir(t)
-	openUp(t, ref)
-	m := fstest.Mount(t, kfs.Options{})
-	openUp(t, filepath.Dir(m.Dir))
-	for _, c := range specialCases() {
-		t.Run(c.name, func(t *testing.T) {
-			want := runPosixCase(t, ref, c, fullStat)
-			got := runPosixCase(t, m.Dir, c, fullStat)
-			compareLines(t, want, got)
-		})
-	}
+	m := likeExt4(t, specialCases())
 	// What the store holds is what stat showed.
 	c := specialCases()[0]
 	rel := fmt.Sprintf("case-%x", len(c.name)*7919+int(c.name[0]))
@@ -274,10 +280,10 @@ func TestSpecialFilesNodev(t *testing.T) {
 	}
 }
 
-// TestSpecialFilesBehindTheMount: special files survive a remount of the
-// same store (they are in the namespace, not in the node's memory), and
-// one removed behind the mount's back is gone after Reconcile.
-func TestSpecialFilesBehindTheMount(t *testing.T) {
+// mountToRestart opens a fresh store and mounts it, for a test that
+// unmounts and closes it itself and mounts the data directory again.
+func mountToRestart(t *testing.T) (string, *chunkstore.Store, *kfs.FS, string) {
+	t.Helper()
 	fstest.RequireFUSE(t)
 	data := t.TempDir()
 	s, err := chunkstore.Open(chunkstore.Options{Dir: data})
@@ -286,12 +292,22 @@ func TestSpecialFilesBehindTheMount(t *testing.T) {
 	}
 	fsys, err := kfs.New(s, kfs.Options{})
 	if err != nil {
+		s.Close()
 		t.Fatal(err)
 	}
 	mnt := t.TempDir()
 	if err := fsys.Mount(mnt); err != nil {
+		s.Close()
 		t.Fatal(err)
 	}
+	return data, s, fsys, mnt
+}
+
+// TestSpecialFilesBehindTheMount: special files survive a remount of the
+// same store (they are in the namespace, not in the node's memory), and
+// one removed behind the mount's back is gone after Reconcile.
+func TestSpecialFilesBehindTheMount(t *testing.T) {
+	data, s, fsys, mnt := mountToRestart(t)
 	if err := unix.Mkfifo(filepath.Join(mnt, "f"), 0o610); err != nil {
 		t.Fatal(err)
 	}
