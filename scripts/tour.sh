@@ -24,7 +24,7 @@ bin=${KYLIX_TOUR_BIN:-$repo/bin}
 
 # The tour runs in a directory of its own whose bin/ is $bin, so that its
 # lines read as in the README (bin/kylix, $PWD/bin/...).
-W=$(mktemp -d /tmp/kylix-tour-run.XXXXXX)
+W=$(mktemp -d -t kylix-tour-run.XXXXXX)
 T=""
 pids=()
 socks=()
