@@ -188,6 +188,10 @@ func (n *Node) fetchDirect(ctx context.Context, id chunkstore.ID, size uint32, i
 		}
 		return data, nil
 	}
+	if sm, ok := n.stripeOf(id); ok {
+		// No member sent it: rebuild it from its stripe (stripestore.go).
+		return n.fetchStriped(ctx, id, sm, into)
+	}
 	if lastErr != nil {
 		return nil, fmt.Errorf("chunk %s: no member of %d asked sent it (last: %v): %w", id.Short(), asked, lastErr, chunkstore.ErrNotLocal)
 	}

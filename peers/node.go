@@ -169,6 +169,10 @@ type Node struct {
 	intoMu      sync.Mutex
 	intoFlights map[chunkstore.ID]*intoFlight
 	intoShared  atomic.Int64
+	// stripes: the stripes this node knows chunks of; stripeReads counts
+	// chunks rebuilt from them (stripestore.go).
+	stripes     stripeIndex
+	stripeReads atomic.Int64
 	ctx         context.Context
 	cancel      context.CancelFunc
 	wg          sync.WaitGroup

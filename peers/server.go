@@ -64,8 +64,9 @@ type server struct {
 	ln  net.Listener
 	log *slog.Logger
 	// corrupt flips the first byte of every chunk served: a test hook for
-	// a member that serves wrong bytes (docs/design/peers.md).
-	corrupt bool
+	// a member that serves wrong bytes (docs/design/peers.md); atomic so
+	// that a test can turn a running member into a liar.
+	corrupt atomic.Bool
 	stats   *Stats
 	// received counts chunks other members pushed here.
 	received func(chunks, bytes int64)
@@ -92,8 +93,9 @@ type serverLimits struct {
 
 func newServer(s *chunkstore.Store, ln net.Listener, sec security, log *slog.Logger, stats *Stats, corrupt bool,
 	received func(chunks, bytes int64), owner func() func(chunkstore.ID) bool, lim serverLimits) *server {
-	sv := &server{s: s, ln: sec.listener(ln), log: log, stats: stats, corrupt: corrupt, received: received, owner: owner, conns: map[net.Conn]struct{}{},
+	sv := &server{s: s, ln: sec.listener(ln), log: log, stats: stats, received: received, owner: owner, conns: map[net.Conn]struct{}{},
 		limits: connlimit.New(dataPlaneCaps), handshake: lim.handshake, idle: lim.idle, refusedLog: connlimit.Every{Period: 10 * time.Second}}
+	sv.corrupt.Store(corrupt)
 	if sv.handshake <= 0 {
 		sv.handshake = DefaultHandshakeTimeout
 	}
@@ -204,7 +206,7 @@ func (sv *server) serveConn(c net.Conn) {
 	var busy atomic.Int32 // answers being made or sent
 	r := bufio.NewReaderSize(&idleReader{c: c, idle: sv.idle, busy: &busy}, 16<<10)
 	w := &answerWriter{c: c, idle: sv.idle, bw: bufio.NewWriterSize(idleWriter{c: c, idle: sv.idle}, 64<<10)}
-	if pc, ok := c.(*plainConn); ok && !sv.corrupt {
+	if pc, ok := c.(*plainConn); ok && !sv.corrupt.Load() {
 		// Plaintext over TCP: chunks go from the pack to the socket with
 		// sendfile (sendChunk). Not with TLS, which must encrypt them,
 		// nor with the corrupting test hook, which changes them.
@@ -442,7 +444,7 @@ func (sv *server) answer(rq request, sendfile bool) answer {
 			return answer{st: stError, payload: errMsg(errLength)}
 		}
 		sv.stats.served(int64(len(data)))
-		if sv.corrupt {
+		if sv.corrupt.Load() {
 			data = append([]byte(nil), data...)
 			data[0] ^= 0xff
 		}
@@ -501,7 +503,7 @@ func (sv *server) fromPack(id chunkstore.ID, size uint32, sendfile bool) (answer
 	}
 	sv.stats.served(int64(size))
 	sv.stats.ServedPackBytes.Add(int64(size))
-	if sv.corrupt {
+	if sv.corrupt.Load() {
 		(*f)[frameHeader] ^= 0xff
 	}
 	return answer{st: stOK, frame: f}, true

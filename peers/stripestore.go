@@ -1,0 +1,278 @@
+package peers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/peers/stripe"
+)
+
+// Coded data over the data plane, the first piece of issue 19's real path
+// (docs/design/erasure.md, "Shards over the data plane"): a member codes
+// chunks it holds into stripes and stores each shard on its holder (a
+// shard is a chunk under its own id: the put op, verified on receipt and
+// committed before the answer), and a fetch that finds a chunk nowhere
+// rebuilds it from its stripe. Which chunks are in which stripe is kept in
+// this node's memory only (AddStripes); recording stripes in the metadata
+// log and spreading them to the members is not built, nor is any caller in
+// the node: conversion, repair and tiers are the next steps.
+
+// stripeIndex maps a chunk to the stripe it is a member of, as this node
+// was told (AddStripes).
+type stripeIndex struct {
+	mu     sync.Mutex
+	member map[chunkstore.ID]stripeMember
+}
+
+type stripeMember struct {
+	rec *stripe.Record
+	idx int // data shard index of the chunk
+}
+
+// AddStripes makes this node rebuild the member chunks of recs from their
+// stripes when no member sends them.
+func (n *Node) AddStripes(recs []*stripe.Record) {
+	n.stripes.mu.Lock()
+	defer n.stripes.mu.Unlock()
+	if n.stripes.member == nil {
+		n.stripes.member = map[chunkstore.ID]stripeMember{}
+	}
+	for _, r := range recs {
+		for i, c := range r.Chunks {
+			n.stripes.member[c.ID] = stripeMember{rec: r, idx: i}
+		}
+	}
+}
+
+func (n *Node) stripeOf(id chunkstore.ID) (stripeMember, bool) {
+	n.stripes.mu.Lock()
+	defer n.stripes.mu.Unlock()
+	m, ok := n.stripes.member[id]
+	return m, ok
+}
+
+// EncodeStripes codes chunks (stored on this node) into stripes of the
+// cluster's shape (StripeShape; *ClusterTooSmallError when it has none),
+// grouped by length (stripe.Group), and stores shard i of each on the
+// i-th of its holders (stripeHolders): data shards are the chunks
+// themselves, parity shards new chunks. It returns when every holder has
+// committed its shards, with the stripes' records (also given to
+// AddStripes). It drops nothing: the replicas stay until a caller drops
+// them.
+func (n *Node) EncodeStripes(ctx context.Context, chunks []chunkstore.ChunkRef) ([]*stripe.Record, error) {
+	sh, err := n.StripeShape()
+	if err != nil {
+		return nil, err
+	}
+	codec, err := stripe.New(sh.K, sh.M)
+	if err != nil {
+		return nil, err
+	}
+	members := n.placementMembers()
+	var recs []*stripe.Record
+	for _, g := range stripe.Group(chunks, sh.K) {
+		data := make([]stripe.Chunk, len(g))
+		for i, c := range g {
+			b, err := n.s.ReadChunk(ctx, c.ID)
+			if err != nil {
+				return nil, fmt.Errorf("coding chunk %s: %w", c.ID.Short(), err)
+			}
+			data[i] = stripe.Chunk{ID: c.ID, Data: b}
+		}
+		rec, parity, err := codec.Encode(data, nil)
+		if err != nil {
+			return nil, err
+		}
+		sid, err := rec.ID()
+		if err != nil {
+			return nil, err
+		}
+		holders, err := stripeHolders(sid, members, sh)
+		if err != nil {
+			return nil, err
+		}
+		shard := func(i int) (chunkstore.ID, []byte, bool) {
+			id, _, ok := rec.ShardID(i)
+			switch {
+			case !ok:
+				return id, nil, false
+			case i < len(data):
+				return id, data[i].Data, true
+			}
+			return id, parity[i-rec.K], true
+		}
+		var wg sync.WaitGroup
+		errs := make([]error, len(holders))
+		for i, p := range holders {
+			id, b, ok := shard(i)
+			if !ok {
+				continue // a known zero shard: not stored
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = n.storeShard(ctx, p, id, b)
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return nil, fmt.Errorf("storing the shards of stripe %s: %w", sid.Short(), err)
+		}
+		recs = append(recs, rec)
+	}
+	n.AddStripes(recs)
+	return recs, nil
+}
+
+// storeShard stores shard bytes b (id its BLAKE3) on member p: in this
+// node's packs when p is this node, else by the put op, which the member
+// verifies against the id and commits before it answers.
+func (n *Node) storeShard(ctx context.Context, p peer, id chunkstore.ID, b []byte) error {
+	if p.name == n.self {
+		if n.s.HasChunk(id) {
+			return nil
+		}
+		im := n.s.NewImporter()
+		if err := im.PutReceived(id, b); err != nil {
+			im.Abort()
+			return err
+		}
+		return im.Close()
+	}
+	held, err := n.askHas(ctx, p, []chunkstore.ChunkRef{{ID: id, Len: uint32(len(b))}})
+	if err != nil {
+		return fmt.Errorf("member %s: %w", p.name, err)
+	}
+	if held[0] {
+		return nil
+	}
+	if _, err := n.request(ctx, p, request{op: opPut, raw: appendPut(nil, id, b)}, 0); err != nil {
+		return fmt.Errorf("member %s: %w", p.name, err)
+	}
+	return nil
+}
+
+// fetchStriped rebuilds chunk id of stripe sm from other shards: it asks
+// for as many shards as the rebuild needs at once, each from the member
+// that holds it (stripeHolders; its own position first, then the other
+// members of the set), and for another shard each time one fails (not
+// held, an error, bytes that fail their id: the fetch checks every shard
+// against its id as it arrives, and counts a liar's bad chunks). The
+// rebuilt chunk is checked against its id (stripe.Codec). With into, the
+// chunk is rebuilt into it. Fewer than enough good shards is ErrNotLocal
+// (the mount's EIO) wrapping stripe.ErrTooFewShards.
+func (n *Node) fetchStriped(ctx context.Context, id chunkstore.ID, sm stripeMember, into []byte) ([]byte, error) {
+	rec := sm.rec
+	codec, err := stripe.New(rec.K, rec.M)
+	if err != nil {
+		return nil, err
+	}
+	sid, err := rec.ID()
+	if err != nil {
+		return nil, err
+	}
+	// Where the shards should be; with members gone past what the set
+	// needs (left, or failed past the grace: repair, not built, would
+	// have moved their shards), every live member is asked.
+	holders, _ := stripeHolders(sid, n.placementMembers(), StripeShape{K: rec.K, M: rec.M})
+	shards, err := stripe.NewShards(rec)
+	if err != nil {
+		return nil, err
+	}
+	// Candidates: the other data shards, then the parity.
+	var cand []int
+	for i := range rec.Shards() {
+		if _, _, ok := rec.ShardID(i); ok && i != sm.idx {
+			cand = append(cand, i)
+		}
+	}
+	need := len(rec.Chunks) // good stored shards that rebuild a stripe (the zero ones count too)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type got struct {
+		i    int
+		data []byte
+	}
+	results := make(chan got, len(cand))
+	next := 0
+	launch := func() {
+		i := cand[next]
+		next++
+		go func() {
+			results <- got{i, n.fetchShard(ctx, rec, i, holders)}
+		}()
+	}
+	for next < len(cand) && next < need {
+		launch()
+	}
+	pending := next
+	for pending > 0 && !shards.Enough() {
+		r := <-results
+		pending--
+		if r.data != nil {
+			if err := shards.AddVerified(r.i, r.data); err == nil {
+				continue
+			}
+		}
+		if next < len(cand) {
+			launch()
+			pending++
+		}
+	}
+	cancel()
+	if into == nil {
+		into = make([]byte, rec.Chunks[sm.idx].Len, rec.ShardSize)
+	}
+	if err := codec.ChunksInto(shards, []int{sm.idx}, [][]byte{into}); err != nil {
+		return nil, fmt.Errorf("chunk %s: rebuilding from its stripe %s: %w", id.Short(), sid.Short(), err)
+	}
+	n.stripeReads.Add(1)
+	return into, nil
+}
+
+// fetchShard returns shard i of rec, checked against its id, from the
+// member the stripe placed it on, else from the other holders (holders may
+// be nil), else from the other live members (a holder pushed out of the set by a join keeps
+// its shards until repair moves them, which is not built); nil when none
+// sends it.
+func (n *Node) fetchShard(ctx context.Context, rec *stripe.Record, i int, holders []peer) []byte {
+	sid, size, _ := rec.ShardID(i)
+	var order []peer
+	inSet := map[string]bool{}
+	if i < len(holders) {
+		order = append(order, holders[i])
+		inSet[holders[i].name] = true
+	}
+	for _, p := range holders {
+		if !inSet[p.name] {
+			order = append(order, p)
+			inSet[p.name] = true
+		}
+	}
+	for _, p := range n.livePeers() {
+		if !inSet[p.name] {
+			order = append(order, p)
+		}
+	}
+	for _, p := range order {
+		if ctx.Err() != nil {
+			return nil
+		}
+		if p.name == n.self {
+			if b, err := n.s.ReadChunk(ctx, sid); err == nil {
+				return b
+			}
+			continue
+		}
+		if b, err := n.ask(ctx, p, opChunk, sid, size, nil); err == nil {
+			return b
+		}
+	}
+	return nil
+}
+
+// StripeReads is how many chunks this node rebuilt from their stripes.
+func (n *Node) StripeReads() int64 { return n.stripeReads.Load() }

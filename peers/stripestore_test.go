@@ -1,0 +1,173 @@
+package peers
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/peers/stripe"
+)
+
+// codedCluster starts 8 storing members and a reader, imports a 12 MiB
+// file on the first member, codes its chunks into stripes stored on their
+// holders (6+2: every member holds one shard of each full stripe), and
+// drops the first member's copies of the chunks it does not hold as a
+// shard: each chunk is then on one member only, its stripe holder. The
+// reader (no peer cache) is told of the stripes (AddStripes: spreading
+// them is not built).
+func codedCluster(t *testing.T) (ms []*testNode, reader *testNode, data []byte, recs []*stripe.Record) {
+	key, _ := NewKey()
+	// Each member joins every one started before it: a join exchanges
+	// state with each directly, so no member depends on gossip reaching it
+	// (peers.md, "How fast a join is seen").
+	var join []string
+	for i := range 8 {
+		n, err := startNodeCfg(t, Config{Name: fmt.Sprintf("m%d", i), Key: key, NoPlacement: true, Join: join})
+		require.NoError(t, err)
+		ms = append(ms, n)
+		join = append(join, n.cfg.Listen)
+	}
+	reader, err := startNodeCfg(t, Config{Name: "reader", Key: key, NoPlacement: true, Reader: true, Join: join})
+	require.NoError(t, err)
+	// Runs before each member's own cleanup: leaving one at a time costs
+	// about 1.5 s each.
+	t.Cleanup(func() { closeAll(t, append([]*testNode{reader}, ms...)...) })
+	for _, n := range append([]*testNode{reader}, ms...) {
+		eventually(t, "9 members alive on "+n.self, func() bool { return len(n.livePeers()) == 8 })
+	}
+	sh, err := ms[1].StripeShape()
+	require.NoError(t, err)
+	require.Equal(t, StripeShape{6, 2}, sh, "the reader counts for nothing")
+
+	data = randBytes(12<<20 + 4321)
+	importBytes(t, ms[0], "cold/model.bin", data)
+	f, _, err := ms[0].s.OpenPath("cold/model.bin")
+	require.NoError(t, err)
+	recs, err = ms[0].EncodeStripes(context.Background(), f.M.Chunks)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(recs), 2)
+
+	// Every stored shard is on its holder; the importer keeps only its own.
+	var drop []chunkstore.ID
+	for _, r := range recs {
+		holders := stripeHoldersOf(t, ms[0], r)
+		for i := range r.Shards() {
+			id, _, ok := r.ShardID(i)
+			if !ok {
+				continue
+			}
+			require.True(t, nodeNamed(ms, holders[i].name).s.HasChunk(id), "shard %d of a stripe not on %s", i, holders[i].name)
+			if i < len(r.Chunks) && holders[i].name != ms[0].self {
+				drop = append(drop, id)
+			}
+		}
+	}
+	_, _, err = ms[0].s.DropChunks(context.Background(), drop)
+	require.NoError(t, err)
+	eventually(t, "the file on the reader", func() bool {
+		_, err := reader.s.Lookup("cold/model.bin")
+		return err == nil
+	})
+	reader.AddStripes(recs)
+	return ms, reader, data, recs
+}
+
+func stripeHoldersOf(t *testing.T, n *testNode, r *stripe.Record) []peer {
+	sid, err := r.ID()
+	require.NoError(t, err)
+	hs, err := stripeHolders(sid, n.placementMembers(), StripeShape{K: r.K, M: r.M})
+	require.NoError(t, err)
+	return hs
+}
+
+// closeAll closes nodes at once.
+func closeAll(t *testing.T, nodes ...*testNode) {
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			require.NoError(t, n.Close())
+		}()
+	}
+	wg.Wait()
+}
+
+func nodeNamed(ms []*testNode, name string) *testNode {
+	for _, n := range ms {
+		if n.self == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// TestStripedReads, on one coded cluster (each chunk on one member, its
+// stripe's data shard), in turn:
+//
+//   - healthy: the file reads byte-equal through the reader's store with
+//     no rebuild;
+//   - a liar: the member holding stripe 0's first chunk (its only copy)
+//     flips the first byte of everything it serves. The file still reads
+//     byte-equal: that chunk's bytes fail their id as they arrive (counted
+//     as the liar's bad chunks) and it is rebuilt from the other shards;
+//   - two gone (m = 2): the members holding stripe 0's first two chunks
+//     are closed; the file reads byte-equal, each of those two chunks
+//     fetched alone is one rebuild;
+//   - three gone: with stripe 0's first parity's member closed too, its
+//     lost chunks fail with ErrNotLocal (the mount's EIO) and
+//     stripe.ErrTooFewShards, quickly, with no bytes; its chunks still
+//     held read right.
+func TestStripedReads(t *testing.T) {
+	ms, reader, data, recs := codedCluster(t)
+	ctx := context.Background()
+	got, err := readAll(reader, "cold/model.bin")
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(data, got), "healthy read differs")
+	require.Zero(t, reader.StripeReads(), "a healthy read rebuilt chunks")
+
+	r := recs[0]
+	require.Len(t, r.Chunks, r.K, "stripe 0 is full")
+	holders := stripeHoldersOf(t, reader, r)
+	fetchRight := func(i int) {
+		t.Helper()
+		b, err := reader.Fetch(ctx, r.Chunks[i].ID, r.Chunks[i].Len)
+		require.NoError(t, err)
+		require.Equal(t, r.Chunks[i].ID, chunkstore.Sum(b))
+	}
+
+	liar := nodeNamed(ms, holders[0].name)
+	liar.srv.corrupt.Store(true)
+	got, err = readAll(reader, "cold/model.bin")
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(data, got), "a read with a lying member differs")
+	require.Positive(t, reader.statsFor(liar.self).BadChunks.Load(), "the liar's bytes were not caught")
+	before := reader.StripeReads()
+	require.Positive(t, before, "the liar's chunk was not rebuilt")
+	fetchRight(0)
+	require.Equal(t, before+1, reader.StripeReads())
+
+	closeAll(t, nodeNamed(ms, holders[0].name), nodeNamed(ms, holders[1].name))
+	got, err = readAll(reader, "cold/model.bin")
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(data, got), "the read with two members gone differs")
+	before = reader.StripeReads()
+	fetchRight(0)
+	fetchRight(1)
+	require.Equal(t, before+2, reader.StripeReads())
+
+	require.NoError(t, nodeNamed(ms, holders[r.K].name).Close()) // stripe 0's first parity
+	start := time.Now()
+	b, err := reader.Fetch(ctx, r.Chunks[0].ID, r.Chunks[0].Len)
+	require.ErrorIs(t, err, chunkstore.ErrNotLocal)
+	require.ErrorIs(t, err, stripe.ErrTooFewShards)
+	require.Nil(t, b)
+	require.Less(t, time.Since(start), 10*time.Second)
+	fetchRight(2)
+}
