@@ -25,6 +25,26 @@ import (
 type stripeIndex struct {
 	mu     sync.Mutex
 	member map[chunkstore.ID]stripeMember
+	codecs map[StripeShape]*stripe.Codec // one per shape, made when first used
+}
+
+// codec returns the codec of shape sh (a Codec is safe for concurrent use;
+// making one builds reedsolomon's matrices).
+func (n *Node) codec(sh StripeShape) (*stripe.Codec, error) {
+	n.stripes.mu.Lock()
+	defer n.stripes.mu.Unlock()
+	if c, ok := n.stripes.codecs[sh]; ok {
+		return c, nil
+	}
+	c, err := stripe.New(sh.K, sh.M)
+	if err != nil {
+		return nil, err
+	}
+	if n.stripes.codecs == nil {
+		n.stripes.codecs = map[StripeShape]*stripe.Codec{}
+	}
+	n.stripes.codecs[sh] = c
+	return c, nil
 }
 
 type stripeMember struct {
@@ -67,7 +87,7 @@ func (n *Node) EncodeStripes(ctx context.Context, chunks []chunkstore.ChunkRef) 
 	if err != nil {
 		return nil, err
 	}
-	codec, err := stripe.New(sh.K, sh.M)
+	codec, err := n.codec(sh)
 	if err != nil {
 		return nil, err
 	}
@@ -166,7 +186,7 @@ func (n *Node) storeShard(ctx context.Context, p peer, id chunkstore.ID, b []byt
 // (the mount's EIO) wrapping stripe.ErrTooFewShards.
 func (n *Node) fetchStriped(ctx context.Context, id chunkstore.ID, sm stripeMember, into []byte) ([]byte, error) {
 	rec := sm.rec
-	codec, err := stripe.New(rec.K, rec.M)
+	codec, err := n.codec(StripeShape{K: rec.K, M: rec.M})
 	if err != nil {
 		return nil, err
 	}
