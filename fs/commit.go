@@ -140,15 +140,18 @@ func (c *committer) loop() {
 }
 
 type commitItem struct {
-	n     *fileNode
-	tf    *tempFile
-	name  string
-	res   chunkstore.PutResult
-	err   error
-	ent   chunkstore.Entry
-	put   bool // written into the namespace
-	gone  bool // the node has no name any more
-	nothg bool // nothing to write yet (created, still open)
+	n    *fileNode
+	tf   *tempFile
+	name string
+	res  chunkstore.PutResult
+	err  error
+	ent  chunkstore.Entry
+	put  bool // written into the namespace
+	gone bool // the node has no name any more
+	// metaSeq is the node's metadata change count the entry written
+	// carries.
+	metaSeq uint64
+	nothg   bool // nothing to write yet (created, still open)
 }
 
 func (c *committer) commit(batch []*fileNode) {
@@ -193,6 +196,7 @@ func (c *committer) commit(batch []*fileNode) {
 				n.mu.Lock()
 				ent := chunkstore.Entry{Mode: n.mode, UID: n.uid, GID: n.gid, MTime: n.mtime, CTime: n.ctime, ATime: n.atime, ID: n.id, Size: n.size}
 				inStore := n.inStore
+				it.metaSeq = n.metaSeq
 				n.mu.Unlock()
 				if it.tf == nil && !inStore {
 					it.nothg = true
@@ -263,6 +267,7 @@ func (c *committer) commit(batch []*fileNode) {
 		case it.put:
 			f.stats.commits.Add(1)
 			n.id, n.size, n.inStore, n.notPT = it.ent.ID, it.ent.Size, true, false
+			n.metaDone = max(n.metaDone, it.metaSeq)
 			if st != nil {
 				st.commitErr = nil
 				st.cmtime = 0

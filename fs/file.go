@@ -42,7 +42,12 @@ type fileNode struct {
 	ctime int64         // 0: none recorded (stat shows mtime)
 	atime int64         // 0: none recorded (stat shows mtime)
 	id    chunkstore.ID // committed version (zero until the first commit)
-	st    *fileState
+	// metaSeq counts changes of mode, owner and times made here;
+	// metaDone is the last one the committer wrote. While they differ
+	// the node's metadata is newer than the store's, and a lookup that
+	// reads the store's entry must not take it back.
+	metaSeq, metaDone uint64
+	st                *fileState
 }
 
 // fileState is a file's open and write state. While it is being written, a
@@ -171,6 +176,10 @@ func (n *fileNode) adopt(e chunkstore.Entry) bool {
 	if e.ID != n.id {
 		return false
 	}
+	if n.metaSeq != n.metaDone {
+		n.inStore = true
+		return true // a chmod, chown or utimes here waits for the committer
+	}
 	n.mode, n.mtime, n.size, n.inStore = e.Mode&chunkstore.EntryModeMask, e.MTime, e.Size, true
 	n.ctime, n.atime = e.CTime, e.ATime
 	n.uid, n.gid = e.UID, e.GID
@@ -182,7 +191,7 @@ func (n *fileNode) adopt(e chunkstore.Entry) bool {
 func (n *fileNode) stale(se *chunkstore.Entry) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.hasLocalLocked() || !n.inStore {
+	if n.hasLocalLocked() || !n.inStore || n.metaSeq != n.metaDone {
 		return false
 	}
 	return se == nil || se.Kind != chunkstore.KindFile || se.ID != n.id || se.Link != n.link.Load() || se.Nlink != n.nlink.Load() ||
@@ -262,6 +271,9 @@ func (n *fileNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.Set
 	if n.fsys.dropsSGID(ctx, in, n.mode, n.uid, n.gid) {
 		n.mode &^= iofs.ModeSetgid
 		meta = true
+	}
+	if meta {
+		n.metaSeq++
 	}
 	n.attrLocked(&out.Attr)
 	n.mu.Unlock()

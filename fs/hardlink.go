@@ -325,7 +325,7 @@ func (f *FS) reconcileLinks() []*gofs.Inode {
 func (n *fileNode) refresh(e chunkstore.Entry) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.st != nil || !n.inStore {
+	if n.st != nil || !n.inStore || n.metaSeq != n.metaDone {
 		return false
 	}
 	if e.ID == n.id && e.Mode&chunkstore.EntryModeMask == n.mode && e.UID == n.uid && e.GID == n.gid &&
