@@ -163,6 +163,14 @@ func (n *Node) fetchInto(ctx context.Context, id chunkstore.ID, dst []byte) erro
 // the chunk, fails, or sends wrong bytes (counted as a bad chunk, shown by
 // `kylix peers`).
 func (n *Node) fetchDirect(ctx context.Context, id chunkstore.ID, size uint32, into []byte) ([]byte, error) {
+	if b, ok := n.stripeRecent(id); ok && uint32(len(b)) == size {
+		// A chunk of a stripe rebuilt lately (stripestore.go).
+		if into != nil {
+			copy(into, b)
+			return into, nil
+		}
+		return b, nil
+	}
 	var lastErr error
 	asked := 0
 	tried := map[string]bool{}
@@ -234,7 +242,11 @@ func (n *Node) ask(ctx context.Context, p peer, op byte, id chunkstore.ID, size 
 // throughput (pickHolder).
 func (n *Node) holders(id chunkstore.ID) (own, rest []peer) {
 	first := map[string]bool{}
-	for _, p := range owners(id, n.members(), n.cfg.Replicas) {
+	homes := owners(id, n.members(), n.cfg.Replicas)
+	if p, ok := n.stripeHome(id); ok {
+		homes = []peer{p} // a coded chunk's home is its stripe holder (stripestore.go)
+	}
+	for _, p := range homes {
 		if p.name != n.self && p.addr != "" {
 			own = append(own, p)
 			first[p.name] = true

@@ -26,6 +26,13 @@ type stripeIndex struct {
 	mu     sync.Mutex
 	member map[chunkstore.ID]stripeMember
 	codecs map[StripeShape]*stripe.Codec // one per shape, made when first used
+	// flights: the stripes being rebuilt now; recent: the member chunks of
+	// the stripes rebuilt lately (recentOrder, oldest first, recentBytes
+	// in all), served from memory.
+	flights     map[chunkstore.ID]*stripeFlight
+	recent      map[chunkstore.ID][]byte
+	recentOrder []*stripe.Record
+	recentBytes int64
 }
 
 // codec returns the codec of shape sh (a Codec is safe for concurrent use;
@@ -49,7 +56,8 @@ func (n *Node) codec(sh StripeShape) (*stripe.Codec, error) {
 
 type stripeMember struct {
 	rec *stripe.Record
-	idx int // data shard index of the chunk
+	id  chunkstore.ID // the record's
+	idx int           // data shard index of the chunk
 }
 
 // AddStripes makes this node rebuild the member chunks of recs from their
@@ -61,10 +69,29 @@ func (n *Node) AddStripes(recs []*stripe.Record) {
 		n.stripes.member = map[chunkstore.ID]stripeMember{}
 	}
 	for _, r := range recs {
+		sid, err := r.ID()
+		if err != nil {
+			continue // not a valid record: nothing to rebuild from
+		}
 		for i, c := range r.Chunks {
-			n.stripes.member[c.ID] = stripeMember{rec: r, idx: i}
+			n.stripes.member[c.ID] = stripeMember{rec: r, id: sid, idx: i}
 		}
 	}
+}
+
+// stripeHome is the member a coded chunk was stored on: its stripe's
+// holder at the chunk's position (false: not coded, as far as this node
+// knows, or no holder set).
+func (n *Node) stripeHome(id chunkstore.ID) (peer, bool) {
+	sm, ok := n.stripeOf(id)
+	if !ok {
+		return peer{}, false
+	}
+	hs, err := stripeHolders(sm.id, n.placementMembers(), StripeShape{K: sm.rec.K, M: sm.rec.M})
+	if err != nil {
+		return peer{}, false
+	}
+	return hs[sm.idx], true
 }
 
 func (n *Node) stripeOf(id chunkstore.ID) (stripeMember, bool) {
@@ -175,34 +202,100 @@ func (n *Node) storeShard(ctx context.Context, p peer, id chunkstore.ID, b []byt
 	return nil
 }
 
-// fetchStriped rebuilds chunk id of stripe sm from other shards: it asks
-// for as many shards as the rebuild needs at once, each from the member
-// that holds it (stripeHolders; its own position first, then the other
-// members of the set), and for another shard each time one fails (not
-// held, an error, bytes that fail their id: the fetch checks every shard
-// against its id as it arrives, and counts a liar's bad chunks). The
-// rebuilt chunk is checked against its id (stripe.Codec). With into, the
-// chunk is rebuilt into it. Fewer than enough good shards is ErrNotLocal
-// (the mount's EIO) wrapping stripe.ErrTooFewShards.
+// fetchStriped rebuilds chunk id of stripe sm from other shards, once for
+// all the chunks of the stripe (stripeRebuild): the other lost chunks of a
+// stripe, which a sequential read asks for next, and the chunks gathered
+// to rebuild them are kept a while (recentStripeBytes) and served from
+// memory. With into, the chunk is copied into it. Fewer good shards than a
+// rebuild needs is ErrNotLocal (the mount's EIO) wrapping
+// stripe.ErrTooFewShards.
 func (n *Node) fetchStriped(ctx context.Context, id chunkstore.ID, sm stripeMember, into []byte) ([]byte, error) {
+	b, ok := n.stripeRecent(id)
+	if !ok {
+		f := n.stripeRebuild(sm)
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if f.err != nil {
+			return nil, fmt.Errorf("chunk %s: rebuilding from its stripe %s: %w", id.Short(), sm.id.Short(), f.err)
+		}
+		b = f.chunks[sm.idx]
+	}
+	if uint32(len(b)) != sm.rec.Chunks[sm.idx].Len {
+		return nil, fmt.Errorf("chunk %s: rebuilt %d bytes, want %d: %w", id.Short(), len(b), sm.rec.Chunks[sm.idx].Len, chunkstore.ErrCorrupt)
+	}
+	if into != nil {
+		copy(into, b)
+		return into, nil
+	}
+	return b, nil
+}
+
+// recentStripeBytes bounds the chunks of stripes rebuilt lately that this
+// node keeps in memory (the oldest stripe goes first).
+const recentStripeBytes = 64 << 20
+
+// stripeFlight is one rebuild of a stripe, which every fetch of its
+// chunks at that time waits for.
+type stripeFlight struct {
+	done   chan struct{}
+	chunks [][]byte // by data shard index, each checked against its id
+	err    error
+}
+
+// stripeRebuild returns the rebuild of stripe sm, starting it unless one
+// runs: it gathers as many good shards as a rebuild needs (each fetched
+// and checked against its id by fetchShard; a shard that fails is
+// replaced by another), rebuilds every member chunk it did not gather
+// (each checked against its id by the codec) and keeps them all in the
+// recent cache. It runs under the node's context and the fetch time
+// limit, not a caller's: the others waiting on it may outlive the first.
+func (n *Node) stripeRebuild(sm stripeMember) *stripeFlight {
+	n.stripes.mu.Lock()
+	if f, ok := n.stripes.flights[sm.id]; ok {
+		n.stripes.mu.Unlock()
+		return f
+	}
+	f := &stripeFlight{done: make(chan struct{})}
+	if n.stripes.flights == nil {
+		n.stripes.flights = map[chunkstore.ID]*stripeFlight{}
+	}
+	n.stripes.flights[sm.id] = f
+	n.stripes.mu.Unlock()
+	go func() {
+		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.FetchTimeout)
+		f.chunks, f.err = n.rebuildStripe(ctx, sm)
+		cancel()
+		n.stripes.mu.Lock()
+		delete(n.stripes.flights, sm.id)
+		if f.err == nil {
+			n.keepRecent(sm.rec, f.chunks)
+		}
+		n.stripes.mu.Unlock()
+		close(f.done)
+	}()
+	return f
+}
+
+// rebuildStripe is stripeRebuild's work.
+func (n *Node) rebuildStripe(ctx context.Context, sm stripeMember) ([][]byte, error) {
 	rec := sm.rec
 	codec, err := n.codec(StripeShape{K: rec.K, M: rec.M})
-	if err != nil {
-		return nil, err
-	}
-	sid, err := rec.ID()
 	if err != nil {
 		return nil, err
 	}
 	// Where the shards should be; with members gone past what the set
 	// needs (left, or failed past the grace: repair, not built, would
 	// have moved their shards), every live member is asked.
-	holders, _ := stripeHolders(sid, n.placementMembers(), StripeShape{K: rec.K, M: rec.M})
+	holders, _ := stripeHolders(sm.id, n.placementMembers(), StripeShape{K: rec.K, M: rec.M})
 	shards, err := stripe.NewShards(rec)
 	if err != nil {
 		return nil, err
 	}
-	// Candidates: the other data shards, then the parity.
+	// Candidates: the other data shards (the chunk asked for was just
+	// sought everywhere), then the parity.
 	var cand []int
 	for i := range rec.Shards() {
 		if _, _, ok := rec.ShardID(i); ok && i != sm.idx {
@@ -229,11 +322,13 @@ func (n *Node) fetchStriped(ctx context.Context, id chunkstore.ID, sm stripeMemb
 		launch()
 	}
 	pending := next
+	gathered := map[int]bool{}
 	for pending > 0 && !shards.Enough() {
 		r := <-results
 		pending--
 		if r.data != nil {
 			if err := shards.AddVerified(r.i, r.data); err == nil {
+				gathered[r.i] = true
 				continue
 			}
 		}
@@ -243,14 +338,61 @@ func (n *Node) fetchStriped(ctx context.Context, id chunkstore.ID, sm stripeMemb
 		}
 	}
 	cancel()
-	if into == nil {
-		into = make([]byte, rec.Chunks[sm.idx].Len, rec.ShardSize)
+	all := make([]int, len(rec.Chunks))
+	for i := range all {
+		all[i] = i
 	}
-	if err := codec.ChunksInto(shards, []int{sm.idx}, [][]byte{into}); err != nil {
-		return nil, fmt.Errorf("chunk %s: rebuilding from its stripe %s: %w", id.Short(), sid.Short(), err)
+	out, err := codec.Chunks(shards, all)
+	if err != nil {
+		return nil, err
 	}
-	n.stripeReads.Add(1)
-	return into, nil
+	for i := range all {
+		if !gathered[i] {
+			n.stripeReads.Add(1)
+		}
+	}
+	return out, nil
+}
+
+// keepRecent keeps the member chunks of a stripe just rebuilt, dropping
+// the oldest stripes kept beyond recentStripeBytes. n.stripes.mu is held.
+func (n *Node) keepRecent(rec *stripe.Record, chunks [][]byte) {
+	x := &n.stripes
+	size := rec.Logical()
+	if size > recentStripeBytes {
+		return
+	}
+	for len(x.recentOrder) > 0 && x.recentBytes+size > recentStripeBytes {
+		old := x.recentOrder[0]
+		x.recentOrder = x.recentOrder[1:]
+		for _, c := range old.Chunks {
+			delete(x.recent, c.ID)
+		}
+		x.recentBytes -= old.Logical()
+	}
+	if x.recent == nil {
+		x.recent = map[chunkstore.ID][]byte{}
+	}
+	for i, c := range rec.Chunks {
+		x.recent[c.ID] = chunks[i]
+	}
+	x.recentOrder = append(x.recentOrder, rec)
+	x.recentBytes += size
+}
+
+// stripeRecent returns chunk id if a stripe rebuilt lately holds it.
+func (n *Node) stripeRecent(id chunkstore.ID) ([]byte, bool) {
+	n.stripes.mu.Lock()
+	defer n.stripes.mu.Unlock()
+	b, ok := n.stripes.recent[id]
+	return b, ok
+}
+
+// forgetRecent drops the chunks of the stripes rebuilt lately.
+func (n *Node) forgetRecent() {
+	n.stripes.mu.Lock()
+	defer n.stripes.mu.Unlock()
+	n.stripes.recent, n.stripes.recentOrder, n.stripes.recentBytes = nil, nil, 0
 }
 
 // fetchShard returns shard i of rec, checked against its id, from the

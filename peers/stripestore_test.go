@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -22,31 +24,43 @@ import (
 // reader (no peer cache) is told of the stripes (AddStripes: spreading
 // them is not built).
 func codedCluster(t *testing.T) (ms []*testNode, reader *testNode, data []byte, recs []*stripe.Record) {
+	start := func(cfg Config) *testNode {
+		n, err := startNodeCfg(t, cfg)
+		require.NoError(t, err)
+		return n
+	}
+	return codedClusterWith(t, start, 12<<20+4321)
+}
+
+// codedClusterWith is codedCluster with members started by start and a
+// file of size bytes.
+func codedClusterWith(t testing.TB, start func(Config) *testNode, size int) (ms []*testNode, reader *testNode, data []byte, recs []*stripe.Record) {
 	key, _ := NewKey()
 	// Each member joins every one started before it: a join exchanges
 	// state with each directly, so no member depends on gossip reaching it
 	// (peers.md, "How fast a join is seen").
 	var join []string
 	for i := range 8 {
-		n, err := startNodeCfg(t, Config{Name: fmt.Sprintf("m%d", i), Key: key, NoPlacement: true, Join: join})
-		require.NoError(t, err)
+		n := start(Config{Name: fmt.Sprintf("m%d", i), Key: key, NoPlacement: true, Join: join})
 		ms = append(ms, n)
 		join = append(join, n.cfg.Listen)
 	}
-	reader, err := startNodeCfg(t, Config{Name: "reader", Key: key, NoPlacement: true, Reader: true, Join: join})
-	require.NoError(t, err)
+	reader = start(Config{Name: "reader", Key: key, NoPlacement: true, Reader: true, Join: join})
 	// Runs before each member's own cleanup: leaving one at a time costs
 	// about 1.5 s each.
 	t.Cleanup(func() { closeAll(t, append([]*testNode{reader}, ms...)...) })
 	for _, n := range append([]*testNode{reader}, ms...) {
-		eventually(t, "9 members alive on "+n.self, func() bool { return len(n.livePeers()) == 8 })
+		waitFor(t, "9 members alive on "+n.self, func() bool { return len(n.livePeers()) == 8 })
 	}
 	sh, err := ms[1].StripeShape()
 	require.NoError(t, err)
 	require.Equal(t, StripeShape{6, 2}, sh, "the reader counts for nothing")
 
-	data = randBytes(12<<20 + 4321)
-	importBytes(t, ms[0], "cold/model.bin", data)
+	data = randBytes(size)
+	src := filepath.Join(t.TempDir(), "src")
+	require.NoError(t, os.WriteFile(src, data, 0o644))
+	_, err = ms[0].s.Import(context.Background(), src, "cold/model.bin", chunkstore.ImportOptions{})
+	require.NoError(t, err)
 	f, _, err := ms[0].s.OpenPath("cold/model.bin")
 	require.NoError(t, err)
 	recs, err = ms[0].EncodeStripes(context.Background(), f.M.Chunks)
@@ -70,7 +84,7 @@ func codedCluster(t *testing.T) (ms []*testNode, reader *testNode, data []byte, 
 	}
 	_, _, err = ms[0].s.DropChunks(context.Background(), drop)
 	require.NoError(t, err)
-	eventually(t, "the file on the reader", func() bool {
+	waitFor(t, "the file on the reader", func() bool {
 		_, err := reader.s.Lookup("cold/model.bin")
 		return err == nil
 	})
@@ -78,7 +92,17 @@ func codedCluster(t *testing.T) (ms []*testNode, reader *testNode, data []byte, 
 	return ms, reader, data, recs
 }
 
-func stripeHoldersOf(t *testing.T, n *testNode, r *stripe.Record) []peer {
+// waitFor is eventually for tests and benchmarks.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+func stripeHoldersOf(t testing.TB, n *testNode, r *stripe.Record) []peer {
 	sid, err := r.ID()
 	require.NoError(t, err)
 	hs, err := stripeHolders(sid, n.placementMembers(), StripeShape{K: r.K, M: r.M})
@@ -87,7 +111,7 @@ func stripeHoldersOf(t *testing.T, n *testNode, r *stripe.Record) []peer {
 }
 
 // closeAll closes nodes at once.
-func closeAll(t *testing.T, nodes ...*testNode) {
+func closeAll(t testing.TB, nodes ...*testNode) {
 	var wg sync.WaitGroup
 	for _, n := range nodes {
 		wg.Add(1)
@@ -118,12 +142,13 @@ func nodeNamed(ms []*testNode, name string) *testNode {
 //     byte-equal: that chunk's bytes fail their id as they arrive (counted
 //     as the liar's bad chunks) and it is rebuilt from the other shards;
 //   - two gone (m = 2): the members holding stripe 0's first two chunks
-//     are closed; the file reads byte-equal, each of those two chunks
-//     fetched alone is one rebuild;
-//   - three gone: with stripe 0's first parity's member closed too, its
-//     lost chunks fail with ErrNotLocal (the mount's EIO) and
-//     stripe.ErrTooFewShards, quickly, with no bytes; its chunks still
-//     held read right.
+//     are closed; the file reads byte-equal; with the rebuilt stripes
+//     forgotten, fetching those two chunks alone rebuilds stripe 0 once
+//     (both chunks: two rebuilt), the second served from that rebuild;
+//   - three gone: with stripe 0's first parity's member closed too (and
+//     the rebuilt stripes forgotten), its lost chunks fail with
+//     ErrNotLocal (the mount's EIO) and stripe.ErrTooFewShards, quickly,
+//     with no bytes; its chunks still held read right.
 func TestStripedReads(t *testing.T) {
 	ms, reader, data, recs := codedCluster(t)
 	ctx := context.Background()
@@ -144,25 +169,25 @@ func TestStripedReads(t *testing.T) {
 
 	liar := nodeNamed(ms, holders[0].name)
 	liar.srv.corrupt.Store(true)
+	fetchRight(0) // past the store's chunk cache: the liar is asked
+	require.Positive(t, reader.statsFor(liar.self).BadChunks.Load(), "the liar's bytes were not caught")
+	require.Positive(t, reader.StripeReads(), "the liar's chunk was not rebuilt")
 	got, err = readAll(reader, "cold/model.bin")
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(data, got), "a read with a lying member differs")
-	require.Positive(t, reader.statsFor(liar.self).BadChunks.Load(), "the liar's bytes were not caught")
-	before := reader.StripeReads()
-	require.Positive(t, before, "the liar's chunk was not rebuilt")
-	fetchRight(0)
-	require.Equal(t, before+1, reader.StripeReads())
 
 	closeAll(t, nodeNamed(ms, holders[0].name), nodeNamed(ms, holders[1].name))
 	got, err = readAll(reader, "cold/model.bin")
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(data, got), "the read with two members gone differs")
-	before = reader.StripeReads()
+	reader.forgetRecent()
+	before := reader.StripeReads()
 	fetchRight(0)
 	fetchRight(1)
-	require.Equal(t, before+2, reader.StripeReads())
+	require.Equal(t, before+2, reader.StripeReads(), "one rebuild of stripe 0 for both chunks")
 
 	require.NoError(t, nodeNamed(ms, holders[r.K].name).Close()) // stripe 0's first parity
+	reader.forgetRecent()
 	start := time.Now()
 	b, err := reader.Fetch(ctx, r.Chunks[0].ID, r.Chunks[0].Len)
 	require.ErrorIs(t, err, chunkstore.ErrNotLocal)
