@@ -56,6 +56,10 @@ type Config struct {
 	// NoPassthrough serves every file through the node, never by FUSE
 	// passthrough.
 	NoPassthrough bool
+	// ReadOnly mounts read-only with no OPEN, RELEASE or FLUSH round trips
+	// (fs.Options.ReadOnly): for data sets of many small files a job only
+	// reads. Imports and other store commands still change the namespace.
+	ReadOnly bool
 	// Debug logs every FUSE request.
 	Debug bool
 	// Reserve is the free space kept from writers through the mount whose
@@ -248,7 +252,7 @@ func New(cfg Config) (*Node, error) {
 	if n.client != nil {
 		sockPath = n.client.path
 	}
-	n.fsys, err = kfs.New(n.s, kfs.Options{Logger: cfg.Logger, NoPassthrough: cfg.NoPassthrough, Debug: cfg.Debug,
+	n.fsys, err = kfs.New(n.s, kfs.Options{Logger: cfg.Logger, NoPassthrough: cfg.NoPassthrough, ReadOnly: cfg.ReadOnly, Debug: cfg.Debug,
 		ScrubRate: cfg.ScrubRate, Reserve: cfg.Reserve, ClientSocket: sockPath, KeepLocal: keepLocal})
 	if err != nil {
 		return nil, err
