@@ -196,3 +196,47 @@ func TestStripedReads(t *testing.T) {
 	require.Less(t, time.Since(start), 10*time.Second)
 	fetchRight(2)
 }
+
+// TestRecentStripesBounded: the stripes kept after a rebuild stay within
+// recentStripeBytes, the oldest dropped first; one larger than that is
+// not kept.
+func TestRecentStripesBounded(t *testing.T) {
+	n := &Node{}
+	rec := func(seed byte, lens ...uint32) *stripe.Record {
+		r := &stripe.Record{K: len(lens), M: 2}
+		for i, l := range lens {
+			r.Chunks = append(r.Chunks, stripe.Member{ID: chunkstore.Sum([]byte{seed, byte(i)}), Len: l})
+		}
+		return r
+	}
+	chunks := func(r *stripe.Record) [][]byte {
+		out := make([][]byte, len(r.Chunks))
+		for i := range out {
+			out[i] = []byte{byte(i)}
+		}
+		return out
+	}
+	keep := func(r *stripe.Record) {
+		n.stripes.mu.Lock()
+		n.keepRecent(r, chunks(r))
+		n.stripes.mu.Unlock()
+	}
+	has := func(r *stripe.Record) bool {
+		_, ok := n.stripeRecent(r.Chunks[0].ID)
+		return ok
+	}
+	a, b, c := rec(1, 20<<20, 10<<20), rec(2, 24<<20), rec(3, 30<<20)
+	keep(a)
+	keep(b)
+	require.True(t, has(a) && has(b))
+	keep(c) // 30+24+30 > 64: a goes
+	require.False(t, has(a))
+	require.True(t, has(b) && has(c))
+	require.LessOrEqual(t, n.stripes.recentBytes, int64(recentStripeBytes))
+	huge := rec(4, 40<<20, 30<<20)
+	keep(huge)
+	require.False(t, has(huge), "a stripe larger than the bound was kept")
+	require.True(t, has(b) && has(c), "a stripe too large to keep dropped others")
+	n.forgetRecent()
+	require.False(t, has(b) || has(c))
+}
