@@ -49,7 +49,8 @@ What it does, step by step:
 Limits: one KV cache group (no hybrid models), tensor and pipeline
 parallel size 1 (keys carry no rank yet), prompts with multimodal inputs or
 prompt embeddings are neither matched nor saved (their token ids do not
-name their content), only prompt tokens are saved.
+name their content), only prompt tokens are saved, and blocks a request
+got from vLLM's own prefix cache are not saved from it.
 """
 
 from __future__ import annotations
