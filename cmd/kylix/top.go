@@ -45,6 +45,14 @@ func rate(name string) func(prev, cur sample, dt float64) float64 {
 	}
 }
 
+// rateOf is rate of one series (a metric with its labels, as
+// flatten keys it).
+func rateOf(series string) func(prev, cur sample, dt float64) float64 {
+	return func(prev, cur sample, dt float64) float64 {
+		return max(0, cur.series[series]-prev.series[series]) / dt
+	}
+}
+
 func now(name string) func(prev, cur sample, dt float64) float64 {
 	return func(_, cur sample, _ float64) float64 { return cur.byName[name] }
 }
@@ -75,6 +83,9 @@ var topColumns = []topColumn{
 	{"gpu", "fill", "gpu_fill_bytes_per_second", true, rate("kylix_gpu_fill_bytes_total")},
 	{"store", "import", "import_bytes_per_second", true, rate("kylix_import_bytes_total")},
 	{"store", "export", "export_bytes_per_second", true, rate("kylix_export_bytes_total")},
+	{"kv", "mem/s", "kv_memory_hits_per_second", false, rateOf(`kylix_kv_hits_total{tier="memory"}`)},
+	{"kv", "disk/s", "kv_disk_hits_per_second", false, rateOf(`kylix_kv_hits_total{tier="disk"}`)},
+	{"kv", "miss/s", "kv_misses_per_second", false, rate("kylix_kv_misses_total")},
 }
 
 // topJSON is one line of kylix top --json.
@@ -100,7 +111,9 @@ files, bytes the node served to reads through the mount, and the sizes of
 files opened by passthrough (the kernel reads those without the node);
 the chunk cache's hit rate and misses; chunk read errors; client-socket
 requests, refusals and pack fds handed out; GPU fills; imports and
-exports. Rates are per second over the interval.
+exports; the KV-cache store's block gets answered from host memory and
+from disk, and its misses (0 on a node without one). Rates are per second
+over the interval.
 
 The figures come from the node's metrics (docs/design/metrics.md): through
 its admin socket, or with --url from a node's --metrics endpoint

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -51,4 +52,43 @@ func TestShortBytes(t *testing.T) {
 	for v, want := range map[float64]string{0: "0", 1023: "1023", 1024: "1.0K", 1536: "1.5K", 150 << 20: "150M", 3 << 40: "3.0T"} {
 		assert.Equal(t, want, shortBytes(v), "%v", v)
 	}
+}
+
+// TestTopKVColumns: the KV store's gets per tier and its misses, as rates
+// of the node's kylix_kv_* counters between two scrapes.
+func TestTopKVColumns(t *testing.T) {
+	scrape := func(mem, disk, miss int) sample {
+		fams, err := parseMetrics(strings.NewReader(fmt.Sprintf(`# TYPE kylix_kv_hits_total counter
+kylix_kv_hits_total{tier="memory"} %d
+kylix_kv_hits_total{tier="disk"} %d
+# TYPE kylix_kv_misses_total counter
+kylix_kv_misses_total %d
+# TYPE kylix_kv_get_seconds histogram
+kylix_kv_get_seconds_bucket{tier="memory",le="+Inf"} %d
+kylix_kv_get_seconds_sum{tier="memory"} 0.5
+kylix_kv_get_seconds_count{tier="memory"} %d
+`, mem, disk, miss, mem, mem)))
+		require.NoError(t, err)
+		return flattenMap(fams)
+	}
+	prev, cur := scrape(10, 4, 1), scrape(70, 24, 9)
+	got := map[string]float64{}
+	for _, c := range topColumns {
+		got[c.key] = c.value(prev, cur, 2)
+	}
+	assert.Equal(t, 30.0, got["kv_memory_hits_per_second"])
+	assert.Equal(t, 10.0, got["kv_disk_hits_per_second"])
+	assert.Equal(t, 4.0, got["kv_misses_per_second"])
+	// A node restarted between scrapes (counters lower) shows 0, not a negative rate.
+	got = map[string]float64{}
+	for _, c := range topColumns {
+		got[c.key] = c.value(cur, prev, 2)
+	}
+	assert.Zero(t, got["kv_memory_hits_per_second"])
+	assert.Zero(t, got["kv_misses_per_second"])
+	hdr := strings.Split(topHeader(), "\n")
+	assert.Contains(t, hdr[0], "kv")
+	assert.Contains(t, hdr[1], "disk/s")
+	fields := strings.Fields(topLine(prev, cur, 2))
+	assert.Equal(t, []string{"30", "10", "4"}, fields[len(fields)-3:])
 }
