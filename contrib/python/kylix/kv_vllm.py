@@ -15,7 +15,7 @@ tested by contrib/python/tests/test_kv_vllm.py, a harness that makes the
 scheduler's and the worker's calls in vLLM's order on objects shaped as
 vLLM's, against a real node. Not tested: vLLM itself, CUDA KV caches
 (kylix.kv's CUDA path is, on an H200, but not through this adapter),
-chunked prefill across steps beyond the harness's, preemption, and vLLM's
+vLLM's transport of the metadata (the harness pickles it), and vLLM's
 handling of the load errors this reports.
 
 How blocks map. The scheduler keys each full block of a prompt by a chain
@@ -281,8 +281,8 @@ class KylixConnectorCore:
         return meta
 
     def request_finished(self, request, block_ids):
-        self._reqs.pop(request.request_id, None)
-        self._to_load.pop(request.request_id, None)
+        for d in (self._reqs, self._to_load, self._matched):
+            d.pop(request.request_id, None)
         return False, None
 
     # --- worker side ---

@@ -8,6 +8,7 @@ cache of the flash-attention layout (2, num_blocks, block_size, heads,
 head_dim) per layer, CPU tensors. vLLM itself is not installed here."""
 
 import os
+import pickle
 import shutil
 import tempfile
 import types
@@ -85,7 +86,7 @@ class Engine:
     def forward(self, meta, prompt, ids, start, end):
         """Worker side of one step: loads, then per layer the attention's
         writes of tokens [start, end) and the connector's save."""
-        self.worker.bind_connector_metadata(meta)
+        self.worker.bind_connector_metadata(pickle.loads(pickle.dumps(meta)))  # to another process
         self.worker.start_load_kv(NS(attn_metadata={}))
         for name in LAYERS:
             self.worker.wait_for_layer_load(name)
@@ -242,6 +243,34 @@ class VLLMConnectorTest(unittest.TestCase):
         ext, ids_b, _meta, errors = b.run("b", prompt)
         self.assertEqual((ext, errors), (4 * BS, set()))
         b.check_blocks(prompt, ids_b, 4)
+
+    def test_preempted_then_resumed(self):
+        # A request computes 2 of its 4 blocks, is preempted (its blocks
+        # freed), and resumes with other blocks: its 2 saved blocks come
+        # from the node, the rest is computed and saved.
+        prompt = tokens(12, 4 * BS + 2)
+        e = Engine(self, self.mnt, range(NUM_BLOCKS))
+        request, _ext, ids, meta = e.schedule("a", prompt, chunk=2 * BS)
+        e.forward(meta, prompt, ids, 0, 2 * BS)
+        ext, _ = e.sched.get_num_new_matched_tokens(request, 0)  # back in the waiting queue
+        self.assertEqual(ext, 2 * BS)
+        new_ids = list(range(40, 45))
+        e.sched.update_state_after_alloc(request, NS(get_block_ids=lambda: (new_ids,)), ext)
+        step = NS(scheduled_new_reqs=[], num_scheduled_tokens={"a": len(prompt) - ext}, finished_req_ids=set(),
+                  scheduled_cached_reqs=NS(req_ids=["a"], resumed_req_ids={"a"}, new_block_ids=[(new_ids,)],
+                                           num_computed_tokens=[ext]))
+        meta = e.sched.build_connector_meta(step)
+        self.assertEqual([bid for bid, _ in meta.requests[0].loads], new_ids[:2])
+        self.assertEqual([bid for bid, _ in meta.requests[0].saves], new_ids[2:4])
+        for b in new_ids:  # the old contents are gone with the preemption
+            for name in LAYERS:
+                e.caches[name][:, b] = 0
+        self.assertEqual(e.forward(meta, prompt, new_ids, ext, len(prompt)), set())
+        e.check_blocks(prompt, new_ids, 4)
+        step = NS(scheduled_new_reqs=[], num_scheduled_tokens={}, finished_req_ids={"a"},
+                  scheduled_cached_reqs=NS(req_ids=[], resumed_req_ids=set(), new_block_ids=[], num_computed_tokens=[]))
+        e.sched.build_connector_meta(step)
+        self.assertNotIn("a", e.sched._reqs, "a finished request's state is dropped")
 
     def test_multimodal_prompts_are_not_cached(self):
         e = Engine(self, self.mnt, range(NUM_BLOCKS))
