@@ -293,7 +293,8 @@ func (s *Store) load(ctx context.Context, refs []ChunkRef, locs []Location, entr
 	if len(reqs) == 0 {
 		return
 	}
-	s.io.Read(ctx, reqs) // per-request errors are examined below
+	gen := s.pverify.prog.gen.Load() // packprogress.go: reads begun after this count
+	s.io.Read(ctx, reqs)             // per-request errors are examined below
 	errs := make([]error, len(pend))
 	parallelFor(len(pend), func(k int) {
 		p := pend[k]
@@ -313,6 +314,7 @@ func (s *Store) load(ctx context.Context, refs []ChunkRef, locs []Location, entr
 			fail(p.i, errs[k])
 			continue
 		}
+		s.noteVerifiedChunk(gen, locs[p.i].Pack, p.rq.Fd, p.rq.Off, uint32(len(p.rq.Buf)), refs[p.i].ID)
 		s.cache.finish(entries[p.i], p.rq.Buf, nil, keep)
 	}
 }

@@ -44,6 +44,10 @@ var (
 	// ErrNotWholeFile: no pack holds exactly the file's bytes, so it cannot
 	// be served by FUSE passthrough (the node serves it).
 	ErrNotWholeFile = errors.New("no pack holds exactly the file")
+	// ErrPackUnchecked: the file's pack has no valid check yet; the check
+	// runs in the background (Store.TryOpenPassthrough) and the open is
+	// served by the node, which hashes every chunk, until it passes.
+	ErrPackUnchecked = errors.New("served by the node until the pack check finishes")
 	// ErrUnsafeSymlink: export, run as root, met a symlink owned by
 	// another user on the way to its destination, and did not follow it:
 	// that user could point it anywhere (docs/design/rootops.md).

@@ -81,8 +81,12 @@ type PackCheck struct {
 	At       time.Time     `json:"at"`
 	// Verity: fs-verity is enabled on the pack, so the kernel also checks
 	// every page read from it after this check.
-	Verity bool       `json:"verity"`
-	Bad    []BadChunk `json:"bad,omitempty"`
+	Verity bool `json:"verity"`
+	// ByReads: not hashed by the check itself: the node read and hashed
+	// every chunk of the file from this pack, under this identity
+	// (packprogress.go).
+	ByReads bool       `json:"by_reads,omitempty"`
+	Bad     []BadChunk `json:"bad,omitempty"`
 }
 
 // OK reports whether every chunk matched.
@@ -120,6 +124,15 @@ type PackVerifyStats struct {
 	ScrubBytes   int64 `json:"scrub_bytes"`   // bytes the scrub hashed
 	ScrubFailed  int64 `json:"scrub_failed"`  // packs the scrub found bad
 	VerityOpened int64 `json:"verity_opened"` // passthrough opens of fs-verity packs
+	// Deferred: opens answered ErrPackUnchecked (served by the node while
+	// the pack's check runs in the background).
+	Deferred int64 `json:"deferred"`
+	// ByReads: checks recorded because the node's own reads hashed every
+	// chunk of the pack (counted in Verified too, not in Bytes).
+	ByReads int64 `json:"by_reads"`
+	// ProgressDropped: records of verified chunks dropped because the pack
+	// changed while the node read it.
+	ProgressDropped int64 `json:"progress_dropped"`
 }
 
 // packVerifier holds the record of verified packs; its zero value is ready.
@@ -130,6 +143,10 @@ type packVerifier struct {
 
 	verified, failed, bytes                     atomic.Int64
 	scrubPasses, scrubBytes, scrubFailed, verOp atomic.Int64
+	deferred, byReads, progDropped              atomic.Int64
+
+	prog progressTable   // the node's verified reads of packs being checked
+	bg   backgroundState // background checks (packprogress.go)
 
 	verityOnce sync.Once
 	verityErr  error
@@ -149,6 +166,12 @@ type verifyFlight struct {
 	done  chan struct{}
 	check *PackCheck
 	err   error
+	// Background checks only (packprogress.go): pctx ends their pacing
+	// waits; hurry: an opener waits, go unpaced; superseded: the node's
+	// reads proved the pack, stop.
+	pctx              context.Context
+	pcancel           context.CancelFunc
+	hurry, superseded atomic.Bool
 }
 
 // PackVerifyStats returns the counters.
@@ -156,7 +179,8 @@ func (s *Store) PackVerifyStats() PackVerifyStats {
 	v := &s.pverify
 	return PackVerifyStats{Verified: v.verified.Load(), Failed: v.failed.Load(), Bytes: v.bytes.Load(),
 		ScrubPasses: v.scrubPasses.Load(), ScrubBytes: v.scrubBytes.Load(), ScrubFailed: v.scrubFailed.Load(),
-		VerityOpened: v.verOp.Load()}
+		VerityOpened: v.verOp.Load(), Deferred: v.deferred.Load(), ByReads: v.byReads.Load(),
+		ProgressDropped: v.progDropped.Load()}
 }
 
 // PassthroughCandidate returns the pack that may hold exactly this file's
@@ -315,6 +339,10 @@ func (s *Store) OpenPassthrough(ctx context.Context, f *File) (*os.File, error) 
 			close(fl.done)
 		} else {
 			v.mu.Unlock()
+			if fl.pcancel != nil { // a paced background check: this open waits for it
+				fl.hurry.Store(true)
+				fl.pcancel()
+			}
 			select {
 			case <-fl.done:
 			case <-ctx.Done():
@@ -341,7 +369,9 @@ func (s *Store) record(key packFileKey, c *PackCheck, err error) {
 	if c.OK() || (old != nil && old.OK()) {
 		s.persistCheck(c)
 	}
-	v.bytes.Add(c.Bytes)
+	if !c.ByReads {
+		v.bytes.Add(c.Bytes)
+	}
 	if c.OK() {
 		v.verified.Add(1)
 		return

@@ -307,6 +307,7 @@ func (s *Store) Close() error {
 
 func (s *Store) closeAll() error {
 	var errs []error
+	s.stopBackground() // background pack checks (packprogress.go)
 	s.packs.close()
 	s.mu.Lock()
 	if s.shared != nil {

@@ -549,9 +549,10 @@ func (n *fileNode) waitPassthroughClosed() {
 
 // tryPassthrough opens the file for FUSE passthrough if a pack holds
 // exactly its bytes and that pack passed its check (chunkstore
-// OpenPassthrough: hashed whole at its first open after a boot or after it
-// changed). The check runs without n.mu (it reads the whole pack), so the
-// node's state is checked again after it.
+// TryOpenPassthrough: a large pack not checked since the boot or since it
+// changed is checked in the background while this open is served by the
+// node; a small one is hashed inline). The store is asked without n.mu,
+// so the node's state is checked again after it.
 func (n *fileNode) tryPassthrough(ctx context.Context) gofs.FileHandle {
 	n.mu.Lock()
 	st := n.stateLocked()
@@ -564,7 +565,14 @@ func (n *fileNode) tryPassthrough(ctx context.Context) gofs.FileHandle {
 	if err != nil {
 		return nil
 	}
-	pf, err := n.fsys.s.OpenPassthrough(ctx, sf)
+	pf, err := n.fsys.s.TryOpenPassthrough(ctx, sf, n.fsys.backgroundCheckRate())
+	if errors.Is(err, chunkstore.ErrPackUnchecked) {
+		// Not waited for: this open is served by the node (every chunk
+		// hashed, its reads also count as the pack's check) while the
+		// pack is checked in the background; later opens get passthrough
+		// once it passed (ptstate.go).
+		return nil
+	}
 	if err != nil {
 		if errors.Is(err, chunkstore.ErrNotWholeFile) {
 			n.mu.Lock()

@@ -77,12 +77,7 @@ func (n *fileNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint
 			v = "writing"
 		}
 	case xattrPath:
-		v = "daemon"
-		if sf != nil && n.fsys.passthrough {
-			if _, c, ok := n.fsys.s.PackState(sf); ok && (c == nil || c.OK()) {
-				v = "passthrough"
-			}
-		}
+		v = n.fsys.servedByText(sf) // ptstate.go
 	case xattrVerify:
 		v = n.fsys.verifyText(sf)
 	case xattrID:
@@ -154,6 +149,8 @@ func (f *FS) verifyText(sf *chunkstore.File) string {
 	switch {
 	case !ok:
 		return daemon
+	case c == nil && sf.Size() > chunkstore.InlineCheckMax:
+		return "daemon until the pack check finishes (every chunk hashed as the node reads it; the pack is hashed in the background, or proven by the node reading every chunk), then passthrough"
 	case c == nil:
 		return "passthrough after a check: the pack is hashed whole at the next open"
 	case !c.OK():

@@ -232,6 +232,8 @@ func passthroughCheck(n *node.Node, s *chunkstore.Store, f *chunkstore.File) (st
 	}
 	_, c, _ := s.PackState(f)
 	switch {
+	case c == nil && f.Size() > chunkstore.InlineCheckMax:
+		return path, "the node, until the pack check finishes (not checked since the boot or since the pack changed: the next open is served by the node, every chunk hashed, while the pack is checked in the background; then passthrough)"
 	case c == nil:
 		return path, "passthrough after a check: not checked since the boot or since the pack changed; the next open hashes it whole first"
 	case !c.OK():
