@@ -55,14 +55,18 @@ class Engine:
     paged KV cache per layer, and a block pool that hands out block ids in
     its own order (so a reload lands in other blocks than the save)."""
 
-    def __init__(self, test, mount, order, **cfg):
+    def __init__(self, test, mount, order, hnd=False, **cfg):
         self.test = test
         conf = vllm_config(mount, **cfg)
         self.sched = kv_vllm.KylixConnectorCore(conf, NS(name="SCHEDULER"), kv_cache_config())
         self.worker = kv_vllm.KylixConnectorCore(conf, NS(name="WORKER"), kv_cache_config())
         test.addCleanup(self.sched.shutdown)
         test.addCleanup(self.worker.shutdown)
-        self.caches = {n: torch.zeros(2, NUM_BLOCKS, BS, HEADS, HEAD_DIM, dtype=torch.float16) for n in LAYERS}
+        if hnd:  # heads before tokens in memory, seen through a permuted view: a block is not contiguous
+            self.caches = {n: torch.zeros(2, NUM_BLOCKS, HEADS, BS, HEAD_DIM, dtype=torch.float16).permute(0, 1, 3, 2, 4)
+                           for n in LAYERS}
+        else:
+            self.caches = {n: torch.zeros(2, NUM_BLOCKS, BS, HEADS, HEAD_DIM, dtype=torch.float16) for n in LAYERS}
         self.worker.register_kv_caches(self.caches)
         self.free = list(order)
 
@@ -163,6 +167,20 @@ class VLLMConnectorTest(unittest.TestCase):
         self.assertEqual(meta.requests[0].saves, [], "what the node holds is not saved again")
         b.check_blocks(prompt, ids_b, 5)  # byte-equal, and the harness computed none of these tokens
         self.assertEqual(b.worker.stats["loaded_blocks"], 5)
+
+    def test_non_contiguous_layout(self):
+        # Blocks that are strided views of vLLM's tensor go through a staging
+        # copy both ways; an engine of the plain layout reads them back.
+        prompt = tokens(13, 3 * BS + 1)
+        a = Engine(self, self.mnt, range(NUM_BLOCKS), hnd=True)
+        self.assertFalse(a.caches[LAYERS[0]][0][0].is_contiguous())
+        a.run("a", prompt)
+        self.assertEqual(a.worker.stats["saved_pieces"], 3 * len(LAYERS) * 2)
+        for hnd in (True, False):
+            b = Engine(self, self.mnt, reversed(range(NUM_BLOCKS)), hnd=hnd)
+            ext, ids, _meta, errors = b.run("b", prompt)
+            self.assertEqual((ext, errors), (3 * BS, set()))
+            b.check_blocks(prompt, ids, 3)
 
     def test_whole_blocks_leave_one_token(self):
         prompt = tokens(2, 3 * BS)  # exactly 3 blocks: the last must be computed
