@@ -8,8 +8,6 @@ allocator shaped as LMCache's. LMCache itself is not installed here."""
 import asyncio
 import enum
 import os
-import shutil
-import tempfile
 import threading
 import types
 import unittest
@@ -17,8 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-import test_kv
-from kylix import kv as kkv
+import kvnode
 from kylix import kv_lmcache
 
 from helpers import KYLIX_BIN, needs
@@ -98,24 +95,11 @@ def byte_equal(a, b):
 
 @unittest.skipUnless(os.geteuid() == 0, "needs root (kylix serve mounts with FUSE); CI runs it as root")
 @needs(os.path.exists("/dev/fuse") and os.path.exists(KYLIX_BIN), "/dev/fuse (fuse3) and bin/kylix (make build)")
-class LMCacheBackendTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="kylix-py-kvlmc-")
-        cls.data, cls.mnt = os.path.join(cls.tmp, "data"), os.path.join(cls.tmp, "mnt")
-        os.makedirs(cls.data)
-        os.makedirs(cls.mnt)
-        test_kv.KVTest.start.__func__(cls, "--kv-block", str(BLOCK), "--kv-mem", "2MiB")
-
-    @classmethod
-    def tearDownClass(cls):
-        test_kv.KVTest.stop.__func__(cls)
-        shutil.rmtree(cls.tmp, ignore_errors=True)
+class LMCacheBackendTest(kvnode.KVNodeCase):
+    NODE_ARGS = ("--kv-block", str(BLOCK), "--kv-mem", "2MiB")
 
     def setUp(self):
-        self.kv = kkv.KVStore(self.mnt)
-        self.addCleanup(self.kv.close)
-        self.kv.clear()
+        super().setUp()
         self.alloc = Allocator()
         self.b = kv_lmcache.KylixBackendCore(self.mnt, allocator=self.alloc, formats=Fmt)
         self.addCleanup(self.b.close)

@@ -9,15 +9,12 @@ head_dim) per layer, CPU tensors. vLLM itself is not installed here."""
 
 import os
 import pickle
-import shutil
-import tempfile
 import types
 import unittest
 
 import torch
 
-import test_kv
-from kylix import kv as kkv
+import kvnode
 from kylix import kv_vllm
 
 from helpers import KYLIX_BIN, needs
@@ -130,24 +127,8 @@ def tokens(seed, n):
 
 @unittest.skipUnless(os.geteuid() == 0, "needs root (kylix serve mounts with FUSE); CI runs it as root")
 @needs(os.path.exists("/dev/fuse") and os.path.exists(KYLIX_BIN), "/dev/fuse (fuse3) and bin/kylix (make build)")
-class VLLMConnectorTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="kylix-py-kvvllm-")
-        cls.data, cls.mnt = os.path.join(cls.tmp, "data"), os.path.join(cls.tmp, "mnt")
-        os.makedirs(cls.data)
-        os.makedirs(cls.mnt)
-        test_kv.KVTest.start.__func__(cls, "--kv-block", str(PIECE), "--kv-mem", "4MiB")
-
-    @classmethod
-    def tearDownClass(cls):
-        test_kv.KVTest.stop.__func__(cls)
-        shutil.rmtree(cls.tmp, ignore_errors=True)
-
-    def setUp(self):
-        self.kv = kkv.KVStore(self.mnt)
-        self.addCleanup(self.kv.close)
-        self.kv.clear()
+class VLLMConnectorTest(kvnode.KVNodeCase):
+    NODE_ARGS = ("--kv-block", str(PIECE), "--kv-mem", "4MiB")
 
     def test_save_then_reload_into_other_blocks(self):
         prompt = tokens(1, 5 * BS + 3)  # 5 full blocks and a partial one
