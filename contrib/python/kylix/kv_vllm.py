@@ -157,6 +157,9 @@ class KylixConnectorCore:
         if len(groups) > 1:
             raise NotImplementedError(f"KylixKVConnector supports one KV cache group, this model has {len(groups)}")
         self._layer_names = list(groups[0].layer_names) if groups else []
+        if self._role_name == "SCHEDULER" and not self._layer_names:
+            raise ValueError("KylixKVConnector's scheduler side keys blocks per layer and needs vLLM's kv_cache_config "
+                             "with the layer names (vLLM versions that pass it to connectors)")
         if store is None:
             if not mount:
                 raise ValueError('kv_connector_extra_config needs "kylix_mount": the Kylix mount point whose node keeps the blocks')
@@ -287,6 +290,10 @@ class KylixConnectorCore:
 
     # --- worker side ---
     def register_kv_caches(self, kv_caches: dict):
+        if self._layer_names and set(self._layer_names) != set(kv_caches):
+            raise ValueError(f"the KV caches registered ({sorted(kv_caches)}) are not the layers of kv_cache_config "
+                             f"({sorted(self._layer_names)}), which the scheduler keys")
+        layers = {}
         for name, t in kv_caches.items():
             pieces = layer_pieces(t)
             if len(pieces) != self._pieces:
@@ -296,9 +303,8 @@ class KylixConnectorCore:
             if n != self._kv.block_size:
                 raise ValueError(f"layer {name}: one block of its KV cache is {n} bytes, the node's KV blocks are "
                                  f"{self._kv.block_size}: start the node with --kv-block {n}")
-            self._layers[name] = pieces
-        if not self._layer_names:
-            self._layer_names = list(kv_caches)
+            layers[name] = pieces
+        self._layers, self._layer_names = layers, list(kv_caches)
 
     def _pairs(self, pieces_of, layer_names, items):
         """(keys, block views, vLLM block id per key) for items [(block id, hash)]."""

@@ -280,9 +280,13 @@ class VLLMConnectorTest(kvnode.KVNodeCase):
         w = kv_vllm.KylixConnectorCore(vllm_config(self.mnt), NS(name="WORKER"), kv_cache_config())
         self.addCleanup(w.shutdown)
         with self.assertRaisesRegex(ValueError, r"--kv-block 4096"):
-            w.register_kv_caches({LAYERS[0]: torch.zeros(2, 8, BS, 2, HEAD_DIM, dtype=torch.float16)})
+            w.register_kv_caches({n: torch.zeros(2, 8, BS, 2, HEAD_DIM, dtype=torch.float16) for n in LAYERS})
         with self.assertRaisesRegex(ValueError, "kylix_kv_pieces"):  # MLA-like: one piece, the scheduler keys two
-            w.register_kv_caches({LAYERS[0]: torch.zeros(8, BS, HEADS * HEAD_DIM, dtype=torch.float16)})
+            w.register_kv_caches({n: torch.zeros(8, BS, HEADS * HEAD_DIM, dtype=torch.float16) for n in LAYERS})
+        with self.assertRaisesRegex(ValueError, "not the layers of kv_cache_config"):
+            w.register_kv_caches({"other.layer": torch.zeros(2, 8, BS, HEADS, HEAD_DIM, dtype=torch.float16)})
+        with self.assertRaisesRegex(ValueError, "needs vLLM's kv_cache_config"):
+            kv_vllm.KylixConnectorCore(vllm_config(self.mnt), NS(name="SCHEDULER"), None)
         with self.assertRaisesRegex(NotImplementedError, "parallel size 1"):
             conf = vllm_config(self.mnt)
             conf.parallel_config.tensor_parallel_size = 2
