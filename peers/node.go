@@ -332,7 +332,7 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 		go n.placeLoop()
 	}
 	if len(n.cfg.Join) > 0 {
-		if _, err := n.serf.Join(n.cfg.Join, true); err != nil {
+		if err := n.joinAtStart(); err != nil {
 			n.Close()
 			return fmt.Errorf("cluster: join %s: %w (every member must use the same cluster key and --data-plane)", strings.Join(n.cfg.Join, ","), err)
 		}
@@ -340,6 +340,31 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 	n.log.Info("cluster: member", "name", n.self, "gossip", n.cfg.Listen, "data_plane", ln.Addr().String(),
 		"members", n.serf.NumNodes(), "replicas", n.cfg.Replicas)
 	return nil
+}
+
+// JoinRetryFor is how long a member starting with --join keeps trying
+// the members it names before it gives up: members of a cluster are often
+// started at once (a DaemonSet, a script), and the one named may not
+// listen yet. Consul's retry_join does the same.
+const JoinRetryFor = 30 * time.Second
+
+// joinAtStart joins cfg.Join, trying again (every 250 ms, then up to 2 s
+// apart) while every member named refuses the connection (not listening
+// yet), until JoinRetryFor has passed. Any other failure (another cluster
+// key, another data plane) is final at once. memberlist words the dial
+// error with %v, so the refusal is known by its text only.
+func (n *Node) joinAtStart() error {
+	deadline := time.Now().Add(JoinRetryFor)
+	wait := 250 * time.Millisecond
+	for {
+		_, err := n.serf.Join(n.cfg.Join, true)
+		if err == nil || !strings.Contains(err.Error(), "connection refused") || time.Now().Add(wait).After(deadline) {
+			return err
+		}
+		n.log.Info("cluster: no member to join answered yet; trying again", "join", strings.Join(n.cfg.Join, ","), "in", wait, "err", err)
+		time.Sleep(wait)
+		wait = min(2*wait, 2*time.Second)
+	}
 }
 
 // Join joins the members at addrs (their gossip addresses) after Start:

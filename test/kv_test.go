@@ -491,7 +491,9 @@ func TestKVStubGPU(t *testing.T) {
 
 	// Get them (and a miss) into another allocation, at other offsets.
 	dst := newShmAlloc(t, 6*kvBlock)
-	getOffs := []uint64{0, 3*kvBlock + 1, kvBlock + 9, 4 * kvBlock}
+	// Apart by at least a block: the keys of one request are written in
+	// parallel, so overlapping places would leave either block's bytes.
+	getOffs := []uint64{0, 3*kvBlock + 1, kvBlock + 9, 4*kvBlock + 8}
 	r = c.req(clientproto.OpKVGet, gpuReq(dst, []int{2, 0, 99, 1}, getOffs))
 	require.Zero(t, r.status, r.msg)
 	_, tiers, err := clientproto.ParseKVTiers(r.fields)
@@ -501,7 +503,7 @@ func TestKVStubGPU(t *testing.T) {
 	want := make([]byte, dst.size)
 	copy(want[0:], kvBlockOf(2, "gpu"))
 	copy(want[3*kvBlock+1:], kvBlockOf(0, "gpu"))
-	copy(want[4*kvBlock:], kvBlockOf(1, "gpu"))
+	copy(want[4*kvBlock+8:], kvBlockOf(1, "gpu"))
 	require.True(t, bytes.Equal(got, want), "the allocation holds exactly the blocks at their offsets, nothing for the miss")
 
 	// GPU put, host get: the same bytes.

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -39,8 +40,9 @@ func TestLeakCheckSeesKilledNode(t *testing.T) {
 	require.NoError(t, os.WriteFile(state, before, 0o600))
 
 	n := startNode(t, data, mnt)
+	// The start-up message may follow the mount's first answer.
+	waitFor(t, 10*time.Second, "the node's start-up message naming its client socket", func() bool { return n.clientSocket() != "" })
 	sock := n.clientSocket()
-	require.NotEmpty(t, sock, "the node named no client socket: %s", n.log)
 	n.kill9()
 	var st syscall.Statfs_t
 	require.ErrorIs(t, syscall.Statfs(mnt, &st), syscall.ENOTCONN, "statfs of the mount of a node killed with SIGKILL")

@@ -25,6 +25,9 @@ test-c) for i in 1 2 3; do echo "skip: GPU fill into client memory: no GPU here"
 test-unit) echo "--- FAIL: TestX"; exit 3 ;;
 esac
 `), 0o755))
+	// Under `make test` itself the outer run's own log files are there
+	// too: only files this test's runs made count.
+	before, _ := filepath.Glob("../.make-test.*")
 	run := func(steps ...string) (string, int) {
 		cmd := exec.Command("bash", append([]string{"../scripts/make-test.sh"}, steps...)...)
 		cmd.Env = append(os.Environ(), "MAKE="+fake)
@@ -48,6 +51,6 @@ esac
 	assert.Contains(t, out, "   FAILED:  test-unit (exit 3)\n   not run: test-c test-python\n")
 	assert.NotContains(t, out, "== make test-c")
 	assert.Contains(t, out, "make test: FAIL\n")
-	left, _ := filepath.Glob("../.make-test.*")
-	assert.Empty(t, left, "the summary's log files are left")
+	after, _ := filepath.Glob("../.make-test.*")
+	assert.Subset(t, before, after, "the summary's log files are left")
 }
