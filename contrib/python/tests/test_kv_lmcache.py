@@ -5,6 +5,7 @@ get_blocking, get_non_blocking, submit_prefetch_task, pin, unpin, remove,
 close), with CacheEngineKey-like keys and tensor memory objects from an
 allocator shaped as LMCache's. LMCache itself is not installed here."""
 
+import abc
 import asyncio
 import enum
 import os
@@ -239,6 +240,32 @@ class LMCacheBackendTest(kvnode.KVNodeCase):
         self.assertEqual((self.b.pin(k), self.b.unpin(k), self.b.remove(k), self.b.batched_remove([k])),
                          (False, False, False, 0))
         self.assertTrue(self.b.contains(k, pin=True), "remove said False: still there")
+
+
+    def test_on_lmcaches_interface(self):
+        # With LMCache's StorageBackendInterface (a stand-in with
+        # abstract_backend.py's abstract methods and its __init__),
+        # KylixStorageBackend is concrete and runs both __init__s.
+        class Interface(abc.ABC):
+            def __init__(self, dst_device="cuda"):
+                torch.device(dst_device)
+                self.dst_device, self.base_init = dst_device, True
+        names = ("contains", "exists_in_put_tasks", "batched_submit_put_task", "submit_prefetch_task", "get_blocking",
+                 "get_non_blocking", "pin", "unpin", "remove", "close")
+        for m in names:
+            setattr(Interface, m, abc.abstractmethod(lambda self, *a, **k: None))
+        Interface.__abstractmethods__ = frozenset(names)
+        fake = types.ModuleType("lmcache.v1.storage_backend.abstract_backend")
+        fake.StorageBackendInterface = Interface
+        mod = kvnode.load_with_fake_base(self, "kv_lmcache.py", {fake.__name__: fake})
+        b = mod.KylixStorageBackend(self.mnt, allocator=self.alloc)
+        self.addCleanup(b.close)
+        self.assertIsInstance(b, Interface)
+        self.assertEqual((b.base_init, b.dst_device), (True, "cpu"))
+        k = Key("vllm", "org/model", 1, 0, 99)
+        o = chunk(self.alloc, 99)
+        self.assertTrue(b.batched_submit_put_task([k], [o])[0].result(10))
+        self.assertTrue(byte_equal(b.get_blocking(k).tensor, o.tensor))
 
 
 class WithoutLMCacheTest(unittest.TestCase):

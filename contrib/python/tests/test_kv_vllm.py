@@ -7,6 +7,7 @@ get_block_ids_with_load_errors) on objects shaped as vLLM's: the paged KV
 cache of the flash-attention layout (2, num_blocks, block_size, heads,
 head_dim) per layer, CPU tensors. vLLM itself is not installed here."""
 
+import abc
 import os
 import pickle
 import types
@@ -322,6 +323,43 @@ class VLLMConnectorTest(kvnode.KVNodeCase):
         for n in LAYERS:
             self.assertTrue(byte_equal(caches[n][30], caches[n][5]))
             self.assertTrue(byte_equal(caches[n][31], caches[n][9]))
+
+
+    def test_on_vllms_base_class(self):
+        # With vLLM's base class (a stand-in with base.py's abstract methods
+        # and __init__'s checks), KylixKVConnector is concrete, runs the
+        # base's __init__ and ours, and its metadata is vLLM's kind.
+        class Base(abc.ABC):
+            def __init__(self, vllm_config, role, kv_cache_config):
+                if vllm_config.kv_transfer_config is None:
+                    raise ValueError("kv_transfer_config must be set for KVConnectorBase_V1")
+                self._connector_metadata, self._role, self.base_init = None, role, True
+
+            @property
+            def role(self):
+                return self._role
+        for m in ("start_load_kv", "wait_for_layer_load", "save_kv_layer", "wait_for_save",
+                  "get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta"):
+            setattr(Base, m, abc.abstractmethod(lambda self, *a, **k: None))
+        Base.__abstractmethods__ = frozenset(m for m in dir(Base) if getattr(getattr(Base, m), "__isabstractmethod__", False))
+
+        class Meta(abc.ABC):
+            pass
+        fake = types.ModuleType("vllm.distributed.kv_transfer.kv_connector.v1.base")
+        fake.KVConnectorBase_V1, fake.KVConnectorMetadata = Base, Meta
+        mod = kvnode.load_with_fake_base(self, "kv_vllm.py", {fake.__name__: fake})
+        c = mod.KylixKVConnector(vllm_config(self.mnt), NS(name="SCHEDULER"), kv_cache_config())
+        self.addCleanup(c.shutdown)
+        self.assertIsInstance(c, Base)
+        self.assertTrue(c.base_init)
+        self.assertEqual(c.role.name, "SCHEDULER")
+        self.assertIsInstance(mod.KylixConnectorMetadata(), Meta)
+        req = NS(request_id="a", prompt_token_ids=tokens(14, 2 * BS), mm_features=[], lora_request=None, cache_salt=None)
+        self.assertEqual(c.get_num_new_matched_tokens(req, 0), (0, False))
+        with self.assertRaisesRegex(ValueError, "kv_transfer_config"):
+            conf = vllm_config(self.mnt)
+            conf.kv_transfer_config = None
+            mod.KylixKVConnector(conf, NS(name="WORKER"), kv_cache_config())
 
 
 class WithoutVLLMTest(unittest.TestCase):
