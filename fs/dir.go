@@ -65,6 +65,9 @@ type dirNode struct {
 	mu   sync.Mutex
 	seen chunkstore.ID    // manifest ID at the last Reconcile
 	last chunkstore.Entry // last entry seen, for fstat after the name is gone
+	// prefetched: a read of one of its files started the directory's
+	// prefetch in this node run (prefetch.go).
+	prefetched atomic.Bool
 }
 
 func (d *dirNode) remember(e chunkstore.Entry) {

@@ -122,7 +122,10 @@ type FS struct {
 	stats struct {
 		ptOpens, daemonOpens, reads, readBytes, commits, commitBatches atomic.Int64
 		ptRefused, ptOpenBytes, openFiles                              atomic.Int64
+		prefetched, prefetchedBytes                                    atomic.Int64
 	}
+	// pf runs the directory prefetch of a read-only mount (prefetch.go).
+	pf prefetcher
 }
 
 // Stats counts what the file system served since it was made.
@@ -146,6 +149,11 @@ type Stats struct {
 	OpenFiles     int64 `json:"open_files"`
 	Commits       int64 `json:"commits"`
 	CommitBatches int64 `json:"commit_batches"`
+	// Prefetched and PrefetchedBytes count the small files (and their
+	// bytes) a read-only mount's directory prefetch stored in the
+	// kernel's page cache (prefetch.go).
+	Prefetched      int64 `json:"prefetched_files"`
+	PrefetchedBytes int64 `json:"prefetched_bytes"`
 }
 
 // ScrubRate is Options.ScrubRate: the pack scrub's rate in bytes/s, 0
@@ -165,6 +173,8 @@ func (f *FS) Stats() Stats {
 		PassthroughRefused:   f.stats.ptRefused.Load(),
 		PassthroughOpenBytes: f.stats.ptOpenBytes.Load(),
 		OpenFiles:            f.stats.openFiles.Load(),
+		Prefetched:           f.stats.prefetched.Load(),
+		PrefetchedBytes:      f.stats.prefetchedBytes.Load(),
 	}
 }
 
@@ -336,6 +346,7 @@ func (f *FS) Wait() {
 // programs still hold files open, the mount is detached (MNT_DETACH): it
 // disappears from the namespace at once and goes away when they close.
 func (f *FS) Unmount() error {
+	f.pf.stop()
 	f.CommitAll()
 	if f.server == nil {
 		return f.com.close()

@@ -116,6 +116,9 @@ func (n *fileNode) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, of
 	// readahead asks in large requests, which is what marks a reader that
 	// goes on (the node then reads ahead of it).
 	seq := int64(len(dest)) >= DefaultMaxIO/2
+	if off == 0 {
+		n.prefetchSiblings() // in the background, overlapping this read
+	}
 	b, err := n.readAt(ctx, dest, off, seq)
 	if err != nil {
 		logReadError(n.fsys.log, n.id, off, err)

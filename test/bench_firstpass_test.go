@@ -31,14 +31,30 @@ func TestBenchFirstPass(t *testing.T) {
 	mustKylix(t, base, "import", "--data", data, src, "small")
 	msrc := filepath.Join(mnt, "small")
 	readTree(t, src)
-	var ext4, first []float64
+	// KYLIX_BENCH_BASE_BIN: another build of kylix, whose first pass is
+	// measured in the same run, interleaved (before/after a change).
+	baseBin := os.Getenv("KYLIX_BENCH_BASE_BIN")
+	var ext4, first, baseFirst []float64
 	for range reps {
 		ext4 = append(ext4, readTree(t, src))
+		if baseBin != "" {
+			mine := kylixBin
+			kylixBin = baseBin
+			n := launchNode(t, data, mnt, nil, nil, "--read-only")
+			baseFirst = append(baseFirst, readTree(t, msrc))
+			n.stop()
+			kylixBin = mine
+		}
 		n := launchNode(t, data, mnt, nil, nil, "--read-only")
 		first = append(first, readTree(t, msrc))
+		st := regexp.MustCompile(`"(daemon_reads|prefetched_files)": *\d+`).FindAllString(mustKylix(t, base, "node", "--data", data, "--json"), -1)
+		t.Logf("after the pass: %v", st)
 		n.stop()
 	}
 	t.Logf("files/s: ext4 %v; read-only first pass %v (median %.0f, %.2fx)", ext4, first, median(first), median(first)/median(ext4))
+	if baseBin != "" {
+		t.Logf("files/s: read-only first pass of %s %v (median %.0f, %.2fx)", baseBin, baseFirst, median(baseFirst), median(baseFirst)/median(ext4))
+	}
 	if p := os.Getenv("KYLIX_BENCH_PROFILE"); p != "" {
 		n := launchNode(t, data, mnt, []string{"KYLIX_CPUPROFILE=" + p}, nil, "--read-only")
 		t.Logf("profiled first pass: %.0f files/s", readTree(t, msrc))

@@ -1,0 +1,108 @@
+package fs_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	kfs "github.com/kylix/kylix/fs"
+	"github.com/kylix/kylix/fs/internal/fstest"
+	"github.com/kylix/kylix/internal/damage"
+)
+
+// prefetchTree is 40 small files, one file too large to prefetch and one
+// whose chunk the test corrupts, in one directory.
+func prefetchTree(t *testing.T) map[string][]byte {
+	r := rand.New(rand.NewPCG(7, 8))
+	files := map[string][]byte{}
+	for i := range 40 {
+		b := make([]byte, 1+r.IntN(64<<10))
+		for j := range b {
+			b[j] = byte(r.Uint32())
+		}
+		files[fmt.Sprintf("f%03d", i)] = b
+	}
+	big := make([]byte, kfs.PrefetchMaxFile+1)
+	for j := range big {
+		big[j] = byte(r.Uint32())
+	}
+	files["zbig"] = big
+	files["zbad"] = bytes.Repeat([]byte("corrupt me "), 3000)
+	return files
+}
+
+// TestReadOnlyPrefetch: on a read-only mount the first read of a file in a
+// directory stores its other small files in the kernel's page cache, so
+// they are then read with no READ reaching the node, byte-equal to what
+// was imported; a file with a corrupt chunk is not stored (it reads EIO,
+// never wrong bytes), a large file is left to readahead, and a file
+// replaced after its bytes were stored reads its new bytes.
+func TestReadOnlyPrefetch(t *testing.T) {
+	m := fstest.Mount(t, kfs.Options{ReadOnly: true})
+	files := prefetchTree(t)
+	importTree(t, m, "ds", files)
+	f, _, err := m.Store.OpenPath("ds/zbad")
+	require.NoError(t, err)
+	ext := f.Extents()
+	damage.FlipByte(t, ext[0].PackPath, ext[0].PackOff+ext[0].Len/2)
+
+	dir := filepath.Join(m.Dir, "ds")
+	ents, err := os.ReadDir(dir) // the kernel learns the inodes
+	require.NoError(t, err)
+	require.Len(t, ents, len(files))
+	got, err := os.ReadFile(filepath.Join(dir, "f000"))
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(files["f000"], got))
+	m.FS.PrefetchIdle()
+	st := m.FS.Stats()
+	assert.Equal(t, int64(39), st.Prefetched, "small files stored in the kernel's cache")
+
+	reads := st.DaemonReads
+	for i := 1; i < 40; i++ {
+		name := fmt.Sprintf("f%03d", i)
+		got, err := os.ReadFile(filepath.Join(dir, name))
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(files[name], got), "%s: wrong bytes", name)
+	}
+	assert.Equal(t, reads, m.FS.Stats().DaemonReads, "reads of prefetched files reached the node")
+
+	_, err = os.ReadFile(filepath.Join(dir, "zbad"))
+	assert.True(t, errors.Is(err, syscall.EIO), "corrupt chunk: %v", err)
+	got, err = os.ReadFile(filepath.Join(dir, "zbig"))
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(files["zbig"], got), "zbig: wrong bytes")
+
+	// Replaced behind the mount after its bytes were stored: the new ones.
+	newer := bytes.Repeat([]byte("new version "), 1000)
+	importTree(t, m, "ds", map[string][]byte{"f005": newer})
+	got, err = os.ReadFile(filepath.Join(dir, "f005"))
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(newer, got), "stale bytes after an import replaced a prefetched file (%d bytes)", len(got))
+}
+
+// TestReadWriteMountNoPrefetch: a read-write mount stores nothing ahead
+// (its files' bytes can change under the same inode).
+func TestReadWriteMountNoPrefetch(t *testing.T) {
+	m := fstest.Mount(t, kfs.Options{})
+	files := prefetchTree(t)
+	delete(files, "zbig")
+	importTree(t, m, "ds", files)
+	dir := filepath.Join(m.Dir, "ds")
+	_, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	for name, want := range files {
+		got, err := os.ReadFile(filepath.Join(dir, name))
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(want, got), name)
+	}
+	m.FS.PrefetchIdle()
+	assert.Zero(t, m.FS.Stats().Prefetched)
+}
