@@ -168,11 +168,9 @@ func (n *fileNode) prefetchable() (chunkstore.ID, int64, bool) {
 	// or being read into it.
 	ok := n.inStore && !n.id.IsZero() && n.size > 0 && n.size <= PrefetchMaxFile &&
 		n.link.Load() == 0 && !n.hasLocalLocked() && (n.st == nil || n.st.file == nil)
-	id, size := n.id, n.size
-	n.mu.Unlock()
-	ok = ok && !n.Forgotten() // go-fuse's lock, not under ours
-	n.mu.Lock()
-	return id, size, ok
+	// A node the kernel has forgotten gets ENOENT from the store, and its
+	// node ID is never given to another (go-fuse counts them up).
+	return n.id, n.size, ok
 }
 
 // prefetchFile reads version id of n (every chunk verified) and stores it
