@@ -17,15 +17,17 @@ import (
 // are guarded by FS.nsMu; a node that was unlinked or replaced has no
 // parent (orphan) and no path.
 type base struct {
-	fsys   *FS
-	isRoot bool
-	gone   atomic.Bool // orphaned: no name any more (nlink 0)
+	fsys *FS
+	// gone: orphaned, no name any more (nlink 0). link is the link set
+	// the node is (0: one name), nlink its number of names
+	// (hardlink.go). gone and nlink share 8 bytes, and no field says
+	// "the root" (isRoot): a file node is then 288 bytes, a size class
+	// below 296 (docs/bench.md, "Node memory per known file").
+	gone   atomic.Bool
+	nlink  atomic.Uint32
 	parent *dirNode
 	name   string
-	// link is the link set the node is (0: one name), nlink its number
-	// of names (hardlink.go).
-	link  atomic.Uint64
-	nlink atomic.Uint32
+	link   atomic.Uint64
 }
 
 // nlinks is the link count stat shows.
@@ -41,10 +43,15 @@ func (b *base) place(f *FS, parent *dirNode, name string) {
 	b.fsys, b.parent, b.name = f, parent, name
 }
 
+// isRoot reports whether b is the file system's root.
+func (b *base) isRoot() bool {
+	return b.fsys != nil && b == &b.fsys.root.base
+}
+
 // path returns the node's namespace path; false for an orphan. Callers
 // hold nsMu (shared is enough).
 func (b *base) path() (string, bool) {
-	if b.isRoot {
+	if b.isRoot() {
 		return "", true
 	}
 	if b.parent == nil {

@@ -230,7 +230,7 @@ func New(s *chunkstore.Store, opts Options) (*FS, error) {
 		return nil, err
 	}
 	f.root = &dirNode{}
-	f.root.fsys, f.root.isRoot = f, true
+	f.root.fsys = f
 	f.com = newCommitter(f)
 	return f, nil
 }

@@ -204,7 +204,7 @@ func (d *dirNode) Link(ctx context.Context, target gofs.InodeEmbedder, name stri
 	}
 	in := target.EmbeddedInode()
 	b := baseOf(in)
-	if b == nil || b.isRoot {
+	if b == nil || b.isRoot() {
 		return nil, syscall.EPERM
 	}
 	if _, isDir := target.(*dirNode); isDir {
