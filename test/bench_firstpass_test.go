@@ -55,6 +55,14 @@ func TestBenchFirstPass(t *testing.T) {
 	if baseBin != "" {
 		t.Logf("files/s: read-only first pass of %s %v (median %.0f, %.2fx)", baseBin, baseFirst, median(baseFirst), median(baseFirst)/median(ext4))
 	}
+	// The listing alone after a start: a walk that lstats every entry.
+	var list []float64
+	for range reps {
+		n := launchNode(t, data, mnt, nil, nil, "--read-only")
+		list = append(list, walkTree(t, msrc))
+		n.stop()
+	}
+	t.Logf("walk with lstat of the same tree after a start, s: %v (median %.3f)", list, median(list))
 	if p := os.Getenv("KYLIX_BENCH_PROFILE"); p != "" {
 		n := launchNode(t, data, mnt, []string{"KYLIX_CPUPROFILE=" + p}, nil, "--read-only")
 		t.Logf("profiled first pass: %.0f files/s", readTree(t, msrc))
