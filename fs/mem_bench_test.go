@@ -59,6 +59,22 @@ func TestBenchNodeMemory(t *testing.T) {
 		}
 		h1 := heap()
 		t.Logf("read-only %v: heap %d -> %d B after a walk of %d entries: %.0f B per entry", ro, h0, h1, count, float64(int64(h1)-int64(h0))/float64(count))
+		// Then a read of every file: what a file read once keeps.
+		files := 0
+		err = filepath.WalkDir(dir, func(p string, d iofs.DirEntry, err error) error {
+			if err != nil || !d.Type().IsRegular() {
+				return err
+			}
+			files++
+			_, err = os.ReadFile(p)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.FS.PrefetchIdle()
+		h2 := heap()
+		t.Logf("read-only %v: heap %d -> %d B after reading %d files: %.0f B more per file", ro, h1, h2, files, float64(int64(h2)-int64(h1))/float64(files))
 		if p := os.Getenv("KYLIX_BENCH_HEAPPROFILE"); p != "" && ro {
 			f, err := os.Create(p)
 			if err != nil {
