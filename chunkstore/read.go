@@ -97,6 +97,17 @@ func (s *Store) OpenPath(path string) (*File, Entry, error) {
 // Size is the file's length in bytes.
 func (f *File) Size() int64 { return f.M.Size }
 
+// Local reports whether every chunk of the file was stored here when it
+// was opened (none would be fetched from a peer).
+func (f *File) Local() bool {
+	for _, l := range f.locs {
+		if l.Pack == 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // Extent is a run of a file stored contiguously in one pack.
 type Extent struct {
 	FileOff  int64  `json:"file_offset"`

@@ -26,7 +26,9 @@ import (
 // Reconcile), the kernel keeps a no-open file's pages (FOPEN_KEEP_CACHE
 // is its default), and go-fuse never reuses a node ID, so bytes stored for
 // an inode are that inode's bytes for as long as the kernel has it.
-// Files in a link set are skipped (their node's version follows the set's).
+// Files in a link set are skipped (their node's version follows the
+// set's), and so are files with a chunk not stored here: a pass never
+// fetches from peers.
 
 const (
 	// PrefetchMaxFile: larger files are left to the kernel's readahead.
@@ -178,8 +180,8 @@ func (n *fileNode) prefetchable() (chunkstore.ID, int64, bool) {
 // reader's own READ then meets it and reports it (EIO, logged).
 func (f *FS) prefetchFile(ctx context.Context, n *fileNode, id chunkstore.ID, size int64) {
 	sf, err := f.s.OpenFile(id)
-	if err != nil || sf.Size() != size {
-		return
+	if err != nil || sf.Size() != size || !sf.Local() {
+		return // a chunk on a peer is fetched when a reader asks for it
 	}
 	// One chunk (most small files): the verified chunk itself, no copy.
 	buf, one, err := sf.ReadSlice(ctx, 0, int(size))
