@@ -366,3 +366,19 @@ func (s *Store) recordByReads(pack uint64, p *packProgress) {
 		fl.pcancel()
 	}
 }
+
+// VerifiedReadGen is sampled by a reader outside the store (gpuio) before
+// it reads pieces of f from their pack, for NoteVerifiedPieces.
+func (f *File) VerifiedReadGen() uint64 { return f.s.pverify.prog.gen.Load() }
+
+// NoteVerifiedPieces tells the store that a reader outside it read the
+// pieces of pack through fd, by a read begun when VerifiedReadGen was gen,
+// and hashed every one of them right (on the CPU or the device): they
+// count toward the pack's check like the node's own reads.
+func (f *File) NoteVerifiedPieces(gen, pack uint64, fd int, pcs []Piece) {
+	for _, pc := range pcs {
+		if pc.Pack == pack && pc.Len > 0 && pc.Len <= 1<<32-1 {
+			f.s.noteVerifiedChunk(gen, pack, fd, pc.PackOff, uint32(pc.Len), pc.ID)
+		}
+	}
+}

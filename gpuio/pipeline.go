@@ -260,6 +260,11 @@ type source struct {
 	// verified: pinned pages whose chunks were hashed when pinned
 	// (PinnedRange.verified).
 	verified bool
+	// fd: the pack descriptor a page cache or O_DIRECT read went through
+	// (counted: its verified chunks are reported to the store's record of
+	// the pack's check, chunkstore.File.NoteVerifiedPieces).
+	fd      int
+	counted bool
 }
 
 // doJob reads, verifies and places one group. It returns only when every copy
@@ -269,11 +274,15 @@ func (l *Loader) doJob(ctx context.Context, j job, buf PinnedMem, s Stream, stag
 	if err := ctx.Err(); err != nil {
 		return 0, ioBuffered, err
 	}
+	var gen uint64 // before any read: see chunkstore.File.VerifiedReadGen
+	if g.from != nil {
+		gen = g.from.VerifiedReadGen()
+	}
 	if j.into != nil {
 		if g.pack == 0 {
 			return l.fetchInto(ctx, g, j.into)
 		}
-		return l.readInto(ctx, g, j.into)
+		return l.readInto(ctx, g, j.into, gen)
 	}
 	src, err := l.read(ctx, j, buf, stage)
 	if err != nil {
@@ -363,6 +372,9 @@ func (l *Loader) doJob(ctx context.Context, j job, buf PinnedMem, s Stream, stag
 	if err = errors.Join(err, werr); err != nil {
 		return 0, src.kind, err
 	}
+	if src.counted && !l.opts.NoVerify && g.from != nil {
+		g.from.NoteVerifiedPieces(gen, g.pack, src.fd, g.chunks)
+	}
 	return placed, src.kind, nil
 }
 
@@ -412,7 +424,7 @@ func (l *Loader) read(ctx context.Context, j job, buf PinnedMem, stage DeviceMem
 	if l.opts.IO == IODirect || (l.opts.IO == IOAuto && !l.opts.CacheColdReads && !(j.shared != nil && j.shared()) && !pf.resident(g.readOff, g.readLen)) {
 		f, kind = pf.direct, ioDirect
 	}
-	src := source{host: buf.Bytes()[:g.readLen], pinned: buf, hostOff: g.dataOff - g.readOff, kind: kind}
+	src := source{host: buf.Bytes()[:g.readLen], pinned: buf, hostOff: g.dataOff - g.readOff, kind: kind, fd: int(f.Fd()), counted: true}
 	req := &storeio.Request{Fd: int(f.Fd()), Off: g.readOff, Buf: src.host}
 	if err := l.io.Read(ctx, []*storeio.Request{req}); err != nil {
 		return src, fmt.Errorf("read pack %016x at %d: %w", g.pack, g.readOff, err)
@@ -476,7 +488,7 @@ func (l *Loader) fetchInto(ctx context.Context, g group, into []byte) (int64, io
 
 // readInto reads a group's chunks straight into memory the device uses (the
 // unified path) and verifies them there.
-func (l *Loader) readInto(ctx context.Context, g group, into []byte) (int64, ioKind, error) {
+func (l *Loader) readInto(ctx context.Context, g group, into []byte, gen uint64) (int64, ioKind, error) {
 	pf, err := l.pack(g.pack)
 	if err != nil {
 		return 0, ioUnified, err
@@ -496,6 +508,9 @@ func (l *Loader) readInto(ctx context.Context, g group, into []byte) (int64, ioK
 				clear(into[:g.dataLen])
 				return 0, ioUnified, fmt.Errorf("%w", &chunkstore.CorruptError{Chunk: ch.ID, Pack: g.pack, PackOff: ch.PackOff, Reason: "hash mismatch"})
 			}
+		}
+		if g.from != nil {
+			g.from.NoteVerifiedPieces(gen, g.pack, int(pf.buffered.Fd()), g.chunks)
 		}
 	}
 	return g.dataLen, ioUnified, nil

@@ -70,7 +70,7 @@ func planGroups(f *chunkstore.File, layout []chunkstore.Piece, off, n int64, buf
 		}
 		ro := storeio.AlignDown(c.PackOff)
 		gs = append(gs, group{
-			pack: c.Pack, readOff: ro, readLen: storeio.AlignUp(c.PackOff+c.Len) - ro,
+			from: f, pack: c.Pack, readOff: ro, readLen: storeio.AlignUp(c.PackOff+c.Len) - ro,
 			dataOff: c.PackOff, fileOff: c.FileOff, dataLen: c.Len,
 			chunks:    []chunkstore.Piece{c},
 			copyStart: max(off, c.FileOff), copyEnd: min(end, c.FileOff+c.Len),

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kylix/kylix/clientproto"
 )
 
 // TestFirstOpenAfterStartServedByNode: through `kylix serve`, a large file
@@ -63,5 +65,40 @@ func TestFirstOpenAfterStartServedByNode(t *testing.T) {
 	if out := mustKylix(t, work, "node", "--data", data); !strings.Contains(out, "opens:    1 by passthrough, 0 by the node") ||
 		!strings.Contains(out, "checks:   0 packs passed") {
 		t.Fatalf("restart did not trust the record made by the node's reads:\n%s", out)
+	}
+}
+
+// TestFillVerifiedEveryChunkCountsAsCheck: a GPU FILL through the node (the
+// stub CUDA driver) of a whole 40 MiB file whose pack has no check record
+// reads and hashes every chunk of the pack in gpuio: that counts as the
+// check (0 B hashed by the check itself), and the next open is
+// passthrough.
+func TestFillVerifiedEveryChunkCountsAsCheck(t *testing.T) {
+	requireFUSE(t)
+	data, mnt := dirs(t)
+	want := randomBytes(40<<20+321, 37)
+	importFiles(t, data, map[string][]byte{"big": want})
+	n, sock := startStubGPUNode(t, data, mnt, "--scrub-rate", "1048576")
+	c := dialClient(t, sock)
+	f := openRO(t, filepath.Join(mnt, "m/big"))
+	a := newShmAlloc(t, 41<<20)
+	r := c.req(clientproto.OpFill, fillReq(a, 0, 0, uint64(len(want))), int(f.Fd()))
+	if r.status != 0 {
+		t.Fatalf("FILL: %d %s\n%s", r.status, r.msg, n.log)
+	}
+	if !bytes.Equal(a.bytes(t)[:len(want)], want) {
+		t.Fatal("the allocation does not hold the file's bytes")
+	}
+	f.Close()
+	work := t.TempDir()
+	if out := mustKylix(t, work, "node", "--data", data); !strings.Contains(out, "opens:    0 by passthrough, 1 by the node (0 reads") ||
+		!strings.Contains(out, "checks:   1 packs passed, 0 failed before passthrough (0 B hashed)") {
+		t.Fatalf("a FILL that verified every chunk did not count as the pack's check:\n%s", out)
+	}
+	if got, err := os.ReadFile(filepath.Join(mnt, "m/big")); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("read after the FILL: %v", err)
+	}
+	if out := mustKylix(t, work, "node", "--data", data); !strings.Contains(out, "opens:    1 by passthrough, 1 by the node") {
+		t.Fatalf("the open after the FILL was not passthrough:\n%s", out)
 	}
 }
