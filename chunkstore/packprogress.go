@@ -122,24 +122,16 @@ func (s *Store) TryOpenPassthrough(ctx context.Context, f *File, rate int64) (*o
 	if f.M.Size <= InlineCheckMax {
 		return s.OpenPassthrough(ctx, f)
 	}
-	pack, path, ok := f.PassthroughCandidate()
-	if !ok {
-		return nil, fmt.Errorf("passthrough %s: %w", f.ID.Short(), ErrNotWholeFile)
-	}
-	fh, err := os.Open(path)
+	pack, fh, verity, err := s.openCandidate(f)
 	if err != nil {
-		return nil, fmt.Errorf("passthrough %s: %w", f.ID.Short(), err)
+		return nil, err
 	}
-	ok = false
+	path, ok := fh.Name(), false
 	defer func() {
 		if !ok {
 			fh.Close()
 		}
 	}()
-	verity := false
-	if s.verityAvailable() {
-		verity = sealVerity(fh, s.log)
-	}
 	id, err := fileIdentity(fh)
 	if err != nil {
 		return nil, err

@@ -272,24 +272,16 @@ func (s *Store) PackState(f *File) (pack uint64, check *PackCheck, ok bool) {
 // (the pack holds a damaged chunk: the daemon path verifies each chunk and
 // fails only the damaged ranges).
 func (s *Store) OpenPassthrough(ctx context.Context, f *File) (*os.File, error) {
-	pack, path, ok := f.PassthroughCandidate()
-	if !ok {
-		return nil, fmt.Errorf("passthrough %s: %w", f.ID.Short(), ErrNotWholeFile)
-	}
-	fh, err := os.Open(path)
+	pack, fh, verity, err := s.openCandidate(f)
 	if err != nil {
-		return nil, fmt.Errorf("passthrough %s: %w", f.ID.Short(), err)
+		return nil, err
 	}
-	ok = false
+	path, ok := fh.Name(), false
 	defer func() {
 		if !ok {
 			fh.Close()
 		}
 	}()
-	verity := false
-	if s.verityAvailable() {
-		verity = sealVerity(fh, s.log)
-	}
 	key := packFileKey{pack, f.ID}
 	v := &s.pverify
 	// A pack that changed while it was being checked is checked once
@@ -353,6 +345,22 @@ func (s *Store) OpenPassthrough(ctx context.Context, f *File) (*os.File, error) 
 			return nil, fmt.Errorf("passthrough %s: verify pack: %w", f.ID.Short(), fl.err)
 		}
 	}
+}
+
+// openCandidate opens f's candidate pack for passthrough, enabling
+// fs-verity on it first where the file system has it (verity: enabled).
+func (s *Store) openCandidate(f *File) (pack uint64, fh *os.File, verity bool, err error) {
+	pack, path, ok := f.PassthroughCandidate()
+	if !ok {
+		return 0, nil, false, fmt.Errorf("passthrough %s: %w", f.ID.Short(), ErrNotWholeFile)
+	}
+	if fh, err = os.Open(path); err != nil {
+		return 0, nil, false, fmt.Errorf("passthrough %s: %w", f.ID.Short(), err)
+	}
+	if s.verityAvailable() {
+		verity = sealVerity(fh, s.log)
+	}
+	return pack, fh, verity, nil
 }
 
 // record keeps a finished check and logs a failed one.
