@@ -206,7 +206,7 @@ func passthroughGuarantee(dir string) (name string, ok bool, detail string) {
 		return "passthrough check", true, "fs-verity: whole-file packs are sealed at their first passthrough open and the kernel checks every page read (read, passthrough, mmap)"
 	}
 	return "passthrough check", true, fmt.Sprintf("verified at first open + scrub at %s/s by default (kylix serve --scrub-rate): "+
-		"a pack is hashed whole before its first passthrough open after each boot or change of the pack file; "+
+		"a pack is proven (hashed whole, or every chunk read and hashed by the node) before its first passthrough open after each boot or change of the pack file; "+
 		"a byte flipped on disk later is caught by the scrub or the next change, not by every read (%v)",
 		human(chunkstore.DefaultScrubRate), err)
 }

@@ -48,10 +48,12 @@ store; the mount shows their changes.
 Files in the mount are read-mostly: each file is an immutable version; a
 file written in the mount becomes a new version when its last writer closes
 it (or on fsync). Large files with a pack of their own are served by FUSE
-passthrough, the rest by the node (see docs/design/fs.md). A pack is hashed
-whole before its first passthrough open after each boot or change of the
-pack, and a background scrub re-hashes those packs at --scrub-rate
-(default 64 MiB/s; docs/design/verification.md).
+passthrough, the rest by the node (see docs/design/fs.md). A pack is proven
+before its first passthrough open after each boot or change of the pack:
+hashed whole in the background (a file's first opens are served by the
+node meanwhile, which hashes every chunk it reads; a read of every chunk
+counts as the check), and a background scrub re-hashes those packs at
+--scrub-rate (default 64 MiB/s; docs/design/verification.md).
 
 Writers through the mount whose uid is not 0 cannot use the last
 --reserve of the data directory's file system (default 5%, as ext4 keeps
