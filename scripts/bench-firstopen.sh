@@ -16,7 +16,7 @@ head -c $((1 << 30)) /dev/urandom >$W/big.bin
 rm $W/big.bin
 PACK=$("$X" stat --data $D m/big.bin | sed -n 's/^whole-file pack: \([^ ]*\).*/\1/p')
 rd() { local s=$(date +%s.%N); dd if="$1" of=/dev/null bs=16M 2>/dev/null || { echo FAIL; return; }
-	local e=$(date +%s.%N); echo "scale=3; 1.073741824/($e-$s)" | bc; }
+	local e=$(date +%s.%N); python3 -c "import sys; print('%.3f' % (1.073741824 / (float(sys.argv[2]) - float(sys.argv[1]))))" "$s" "$e"; }
 cold() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 for r in $(seq $RUNS); do
 	rm -f $D/verified-packs.json # as after a reboot
