@@ -38,27 +38,20 @@ func (l *syncLog) String() string {
 func TestJoinWaitsForItsSeed(t *testing.T) {
 	key, _ := NewKey()
 	seedAddr := freeAddr(t)
-	start := func(cfg Config) (*Node, error) {
+	// newNode makes a member and its store here; only Start runs elsewhere.
+	newNode := func(cfg Config) (*Node, *chunkstore.Store) {
+		cfg.Key, cfg.Capacity, cfg.FetchTimeout = key, 1<<30, 5*time.Second
 		n, err := New(cfg)
 		require.NoError(t, err)
 		s, err := chunkstore.Open(chunkstore.Options{Dir: t.TempDir(), Fetcher: n, CacheBytes: cacheBytes})
 		require.NoError(t, err)
-		t.Cleanup(func() { s.Close() })
-		if err := n.Start(s, nil); err != nil {
-			return nil, err
-		}
-		t.Cleanup(func() { n.Close() })
-		return n, nil
+		t.Cleanup(func() { n.Close(); s.Close() })
+		return n, s
 	}
 	var log syncLog
+	b, bs := newNode(Config{Name: "b", Listen: freeAddr(t), Join: []string{seedAddr}, Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	done := make(chan error, 1)
-	var b *Node
-	go func() {
-		var err error
-		b, err = start(Config{Name: "b", Key: key, Listen: freeAddr(t), Capacity: 1 << 30, FetchTimeout: 5 * time.Second,
-			Join: []string{seedAddr}, Logger: slog.New(slog.NewTextHandler(&log, nil))})
-		done <- err
-	}()
+	go func() { done <- b.Start(bs, nil) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(log.String(), "no member to join answered yet") {
 		require.True(t, time.Now().Before(deadline), "b never said it waits for its seed: %s", log.String())
@@ -68,8 +61,8 @@ func TestJoinWaitsForItsSeed(t *testing.T) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	a, err := start(Config{Name: "a", Key: key, Listen: seedAddr, Capacity: 1 << 30, FetchTimeout: 5 * time.Second})
-	require.NoError(t, err)
+	a, as := newNode(Config{Name: "a", Listen: seedAddr})
+	require.NoError(t, a.Start(as, nil))
 	require.NoError(t, <-done, "b's start once its seed was up")
 	eventually(t, "two alive members", func() bool { return len(a.members()) == 2 && len(b.members()) == 2 })
 }
