@@ -87,6 +87,10 @@ func sourceError(src string, err error) error {
 	return fmt.Errorf("import source %s: %w", src, err)
 }
 
+// beforeImportNames, when set (tests), runs in Import after its commit and
+// before the namespace names what it wrote.
+var beforeImportNames func(*Store)
+
 // Import stores the file or directory tree at src (a local path) under the
 // namespace path dest, replacing whatever dest named before. Nothing is
 // visible under dest until everything has been stored: the namespace changes
@@ -148,8 +152,14 @@ func (s *Store) Import(ctx context.Context, src, dest string, opts ImportOptions
 	if e.Kind == 0 {
 		return res, fmt.Errorf("import %s: %s is not a file type the namespace stores", src, fileMode(st.Mode).Type())
 	}
-	if err := im.Close(); err != nil {
+	// Commit what was written, name it, and only then let GC run (Close):
+	// a GC between the commit and the naming would find the new chunks
+	// and manifests unreachable and delete them under the import.
+	if err := im.Flush(); err != nil {
 		return res, err
+	}
+	if beforeImportNames != nil {
+		beforeImportNames(s)
 	}
 	res.Root = e.ID
 	err = s.Update(func(tx *NSTx) error {
@@ -166,6 +176,9 @@ func (s *Store) Import(ctx context.Context, src, dest string, opts ImportOptions
 	})
 	if err != nil {
 		return res, fmt.Errorf("import to %s: %w", dest, err)
+	}
+	if err := im.Close(); err != nil {
+		return res, err
 	}
 	return res, nil
 }
