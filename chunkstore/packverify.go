@@ -456,9 +456,19 @@ func (s *Store) checkPack(ctx context.Context, fh *os.File, pack uint64, f *File
 			err  error
 		}
 		ctx, cancel := context.WithCancel(ctx)
-		defer cancel()
+		// The reads must be over before check returns: the caller closes
+		// fh then, and a read still running would use a closed (or
+		// reused) descriptor.
+		var wg sync.WaitGroup
+		defer func() {
+			cancel()
+			wg.Wait()
+		}()
+		fd := int(fh.Fd())
 		batches := make(chan chan batch, verifyAhead)
+		wg.Add(1)
 		go func() {
+			defer wg.Done()
 			defer close(batches)
 			for k := 0; k < len(order); {
 				j, n := k, int64(0)
@@ -474,9 +484,11 @@ func (s *Store) checkPack(ctx context.Context, fh *os.File, pack uint64, f *File
 				}
 				b := batch{idx: order[k:j]}
 				for _, i := range b.idx {
-					b.reqs = append(b.reqs, &storeio.Request{Fd: int(fh.Fd()), Off: f.offs[i], Buf: make([]byte, f.M.Chunks[i].Len)})
+					b.reqs = append(b.reqs, &storeio.Request{Fd: fd, Off: f.offs[i], Buf: make([]byte, f.M.Chunks[i].Len)})
 				}
+				wg.Add(1)
 				go func() {
+					defer wg.Done()
 					b.err = s.io.Read(ctx, b.reqs)
 					fut <- b
 				}()
