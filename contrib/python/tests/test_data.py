@@ -217,7 +217,7 @@ class MountShardsTest(unittest.TestCase):
         keys = [s["__key__"] for s in DataLoader(kd.Shards(root, shuffle=True, seed=1), batch_size=None, num_workers=2)]
         self.assertEqual(sorted(keys), sorted({kd.sample_key(r)[0] for r in files}))
 
-    def test_corrupt_chunk_named_and_skipped(self):
+    def test_corrupt_chunk_named_and_left_out(self):
         # One member's chunk corrupt on disk before anything reads it (the
         # node's chunk cache never saw it): the node answers EIO for its
         # bytes; the reader names that member, and with on_error="skip"
