@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kylix/kylix/chunkstore"
 	"github.com/kylix/kylix/node"
 	"github.com/kylix/kylix/peers"
@@ -16,19 +18,21 @@ func init() {
 
 type statOut struct {
 	// Cluster: which alive members hold the file's chunks (cluster only).
-	Cluster *peers.Replication  `json:"cluster,omitempty"`
-	Path    string              `json:"path"`
-	Kind    string              `json:"kind"`
-	Mode    string              `json:"mode"`
-	Size    int64               `json:"size"`
-	MTime   time.Time           `json:"mtime"`
-	HLC     string              `json:"hlc"`
-	ID      string              `json:"id,omitempty"`
-	Target  string              `json:"target,omitempty"`
-	Format  string              `json:"format,omitempty"`
-	Chunks  []chunkOut          `json:"chunks,omitempty"`
-	NChunk  int                 `json:"chunk_count,omitempty"`
-	Extent  []chunkstore.Extent `json:"extents,omitempty"`
+	Cluster *peers.Replication `json:"cluster,omitempty"`
+	Path    string             `json:"path"`
+	Kind    string             `json:"kind"`
+	Mode    string             `json:"mode"`
+	Size    int64              `json:"size"`
+	MTime   time.Time          `json:"mtime"`
+	HLC     string             `json:"hlc"`
+	// Device is a device node's major:minor.
+	Device string              `json:"device,omitempty"`
+	ID     string              `json:"id,omitempty"`
+	Target string              `json:"target,omitempty"`
+	Format string              `json:"format,omitempty"`
+	Chunks []chunkOut          `json:"chunks,omitempty"`
+	NChunk int                 `json:"chunk_count,omitempty"`
+	Extent []chunkstore.Extent `json:"extents,omitempty"`
 	// Contiguous: the whole file is one extent of one pack.
 	Contiguous bool `json:"contiguous"`
 	// WholeFilePack: a pack the index alone shows holding exactly this
@@ -92,8 +96,13 @@ members hold its chunks in their packs, as the alive members answer.`).withJSON(
 	}
 	out := statOut{Path: path, Kind: ent.Kind.String(), Mode: modeString(ent), Size: ent.Size,
 		MTime: time.Unix(0, ent.MTime).UTC(), HLC: ent.HLC.String(), Target: ent.Target}
-	if ent.Kind != chunkstore.KindSymlink {
+	// Only files and directories name an object; symlinks and special
+	// files are metadata in their directory.
+	if ent.Kind == chunkstore.KindFile || ent.Kind == chunkstore.KindDir {
 		out.ID = ent.ID.String()
+	}
+	if ent.Kind.IsDevice() {
+		out.Device = fmt.Sprintf("%d:%d", unix.Major(ent.Rdev), unix.Minor(ent.Rdev))
 	}
 	switch ent.Kind {
 	case chunkstore.KindFile:
@@ -159,6 +168,9 @@ members hold its chunks in their packs, as the alive members answer.`).withJSON(
 	}
 	if out.Target != "" {
 		fmt.Fprintf(w, "target:   %s\n", out.Target)
+	}
+	if out.Device != "" {
+		fmt.Fprintf(w, "device:   %s\n", out.Device)
 	}
 	if ent.Kind == chunkstore.KindDir {
 		fmt.Fprintf(w, "entries:  %d\n", out.Entries)
