@@ -132,25 +132,18 @@ func (s *Store) TryOpenPassthrough(ctx context.Context, f *File, rate int64) (*o
 			fh.Close()
 		}
 	}()
-	id, err := fileIdentity(fh)
+	id, err := candidateIdentity(fh, f)
 	if err != nil {
 		return nil, err
-	}
-	if id.Size != f.M.Size {
-		return nil, fmt.Errorf("passthrough %s: pack %s is %d bytes, the file %d: %w",
-			f.ID.Short(), path, id.Size, f.M.Size, ErrNotWholeFile)
 	}
 	key := packFileKey{pack, f.ID}
 	v := &s.pverify
 	v.mu.Lock()
 	s.loadChecksLocked()
-	if c := v.recs[key]; c != nil && c.Identity == id {
+	if done, err := s.useRecordLocked(key, id, f, verity); done {
 		v.mu.Unlock()
-		if err := c.Err(); err != nil {
-			return nil, fmt.Errorf("passthrough %s: %w", f.ID.Short(), err)
-		}
-		if verity {
-			v.verOp.Add(1)
+		if err != nil {
+			return nil, err
 		}
 		ok = true
 		return fh, nil

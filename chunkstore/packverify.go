@@ -287,24 +287,16 @@ func (s *Store) OpenPassthrough(ctx context.Context, f *File) (*os.File, error) 
 	// A pack that changed while it was being checked is checked once
 	// more, then refused.
 	for round := 0; ; round++ {
-		id, err := fileIdentity(fh)
+		id, err := candidateIdentity(fh, f)
 		if err != nil {
 			return nil, err
 		}
-		if id.Size != f.M.Size {
-			return nil, fmt.Errorf("passthrough %s: pack %s is %d bytes, the file %d: %w",
-				f.ID.Short(), path, id.Size, f.M.Size, ErrNotWholeFile)
-		}
 		v.mu.Lock()
 		s.loadChecksLocked()
-		c := v.recs[key]
-		if c != nil && c.Identity == id {
+		if done, err := s.useRecordLocked(key, id, f, verity); done {
 			v.mu.Unlock()
-			if err := c.Err(); err != nil {
-				return nil, fmt.Errorf("passthrough %s: %w", f.ID.Short(), err)
-			}
-			if verity {
-				v.verOp.Add(1)
+			if err != nil {
+				return nil, err
 			}
 			ok = true
 			return fh, nil
@@ -361,6 +353,37 @@ func (s *Store) openCandidate(f *File) (pack uint64, fh *os.File, verity bool, e
 		verity = sealVerity(fh, s.log)
 	}
 	return pack, fh, verity, nil
+}
+
+// candidateIdentity is the identity of f's candidate pack open as fh,
+// refusing one that is not exactly f's size.
+func candidateIdentity(fh *os.File, f *File) (PackIdentity, error) {
+	id, err := fileIdentity(fh)
+	if err != nil {
+		return id, err
+	}
+	if id.Size != f.M.Size {
+		return id, fmt.Errorf("passthrough %s: pack %s is %d bytes, the file %d: %w",
+			f.ID.Short(), fh.Name(), id.Size, f.M.Size, ErrNotWholeFile)
+	}
+	return id, nil
+}
+
+// useRecordLocked (v.mu held) reports whether a check of key's pack at
+// identity id is recorded; if so err is its verdict for an open (nil:
+// passthrough may use the pack; counted as a verity open when verity).
+func (s *Store) useRecordLocked(key packFileKey, id PackIdentity, f *File, verity bool) (done bool, err error) {
+	c := s.pverify.recs[key]
+	if c == nil || c.Identity != id {
+		return false, nil
+	}
+	if err := c.Err(); err != nil {
+		return true, fmt.Errorf("passthrough %s: %w", f.ID.Short(), err)
+	}
+	if verity {
+		s.pverify.verOp.Add(1)
+	}
+	return true, nil
 }
 
 // record keeps a finished check and logs a failed one.
