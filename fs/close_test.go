@@ -88,9 +88,10 @@ func TestCloseReopenBeforeRelease(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, w2.Close())
 	require.Equal(t, 2, <-entered, "the second writer's RELEASE reached the daemon")
-	// The first writer's close left nothing to commit (its fsync did);
-	// the second one's is what Sync must wait for.
-	require.Equal(t, 1, kfs.PendingCloses(n.fs), "Sync awaits the second writer's RELEASE")
+	// Both closes are pending: the first writer's left nothing to commit
+	// (its fsync did) but is closed all the same; the second one's is
+	// what Sync must wait for.
+	require.Equal(t, 2, kfs.PendingCloses(n.fs), "Sync awaits both writers' RELEASEs")
 
 	release(1) // the first RELEASE goes on, the second is still held
 	require.Equal(t, 1, kfs.PendingCloses(n.fs), "after the first RELEASE, Sync still awaits the second writer's")

@@ -19,10 +19,10 @@ import (
 // RELEASE is asynchronous: the kernel queues it before close(2) returns,
 // behind other background requests, and the node may see a forwarded CLI
 // command, or the next open of the file, first. So every FLUSH of a
-// writing handle while the file has a working copy marks that handle as
-// closed (handle.flushed); Sync, which the CLI runs before every forwarded
-// command, waits up to closeGrace for the RELEASE of every handle marked so
-// before it waits for the committer. A write through the handle after its
+// writing handle marks that handle as closed (handle.flushed), also when
+// an fsync left no working copy to commit; Sync, which the CLI runs
+// before every forwarded command, waits up to closeGrace for the RELEASE
+// of every handle marked so before it waits for the committer. A write through the handle after its
 // FLUSH (the descriptor was a duplicate) clears the mark. The mark is per
 // handle, not per file: a writer that closed, opened the file again, wrote
 // and closed has two RELEASEs pending, and only the second one commits

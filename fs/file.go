@@ -898,11 +898,15 @@ func (h *handle) Flush(ctx context.Context) syscall.Errno {
 	st := n.st
 	last := st != nil && st.writers == 1
 	commitNow := false
-	if st != nil && st.tmp != nil {
+	if st != nil {
+		// Marked also when the file has no working copy (an fsync
+		// committed it): this writer is closed all the same, and a
+		// later writer's close must not wait on its RELEASE to count
+		// as the last (TestDiskFullAtCommit held that RELEASE back).
 		n.markFlushedLocked(st, h)
 		// Every writer closed since it last wrote: on a nearly full
 		// disk the file is committed now.
-		commitNow = low && st.flushed == st.writers
+		commitNow = low && st.tmp != nil && st.flushed == st.writers
 	}
 	n.mu.Unlock()
 	if commitNow {

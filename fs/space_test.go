@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 
@@ -320,15 +321,30 @@ func diskFullManySmallFiles(t *testing.T, disk string, lowSpace int64) {
 // file's bytes were written and before its commit: close reports ENOSPC,
 // the working copy's space is freed at once, and the file is its previous
 // version (the kernel's cached pages of the lost bytes are dropped) or,
-// if it had none, gone.
+// if it had none, gone. The RELEASE of model.bin's first writer is held
+// back until its second writer closed, as a loaded machine delivers it
+// (CI once did): that writer's close must still count as the last.
 func TestDiskFullAtCommit(t *testing.T) {
 	disk := smallDisk(t, 24<<20)
 	data := filepath.Join(disk, "data")
 	n := startNode(t, data, kfs.Options{}, nil)
+	held, gate := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	kfs.SetBeforeRelease(n.fs, func(write bool) func() {
+		if write && first.CompareAndSwap(false, true) {
+			close(held)
+			<-gate
+		}
+		return nil
+	})
+	var openGate sync.Once
+	letGo := func() { openGate.Do(func() { close(gate) }) }
+	t.Cleanup(letGo)
 	old := pattern(1, 2<<20)
 	if where, err := writeClose(n.path("model.bin"), old, true); err != nil {
 		t.Fatalf("%s: %v", where, err)
 	}
+	<-held // model.bin's first writer is closed, its RELEASE waits
 
 	for _, tc := range []struct {
 		name string
@@ -372,6 +388,7 @@ func TestDiskFullAtCommit(t *testing.T) {
 			t.Errorf("%s: stat after the failure: %v %v, want the previous version's mtime %v and size", tc.name, st, err, st0.ModTime())
 		}
 		os.Remove(filler)
+		letGo()
 	}
 	if c := strings.Count(n.logText(), "commit failed"); c != 2 {
 		t.Errorf("log has %d 'commit failed' lines, want 2:\n%s", c, n.logText())
