@@ -70,6 +70,7 @@ type fillDev struct {
 	timer       *time.Timer
 	fills       atomic.Int64
 	sched       *fairSched
+	kv          kvDev // the KV store's arena on this device (kv.go)
 }
 
 func newFillService(s *chunkstore.Store, pinned *gpuio.PinnedHost, idle time.Duration, log *slog.Logger) *fillService {
@@ -181,7 +182,7 @@ func (fs *fillService) expire(d *fillDev) {
 }
 
 func (fs *fillService) closeDev(d *fillDev) {
-	if err := errors.Join(d.loader.Close(), d.dev.Close()); err != nil {
+	if err := errors.Join(d.kv.close(), d.loader.Close(), d.dev.Close()); err != nil {
 		fs.log.Warn("GPU fill: closing", "device", d.ord, "err", err)
 	}
 }

@@ -7,6 +7,7 @@ package node
 // socket (OpKVStats, OpKVClear).
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -158,50 +160,26 @@ func (c *clientServer) kvRequest(op uint16, body []byte, fds []int, p peer) repl
 	if err != nil {
 		return refuse(err)
 	}
-	var read, write func(i int, b []byte) error // block i from / into the caller's memory
 	if r.GPU() {
 		if err := wantFds(0); err != nil {
 			return refuse(err)
 		}
-		mem, done, err := c.kvOpenGPU(r, uint64(bs))
-		if err != nil {
-			return refuse(err)
-		}
-		defer done()
-		read = func(i int, b []byte) error { _, err := mem.ReadAt(b, int64(r.Offsets[i])); return err }
-		write = func(i int, b []byte) error { _, err := mem.WriteAt(b, int64(r.Offsets[i])); return err }
-	} else {
-		if err := wantFds(1); err != nil {
-			return refuse(err)
-		}
-		fd := fds[0]
-		if err := checkKVBuffer(fd, op == clientproto.OpKVGet, r.BufOffset, uint64(len(r.Keys))*uint64(bs)); err != nil {
-			return refuse(err)
-		}
-		at := func(i int) int64 { return int64(r.BufOffset) + int64(i)*int64(bs) }
-		read = func(i int, b []byte) error { return preadFull(fd, b, at(i)) }
-		write = func(i int, b []byte) error { return pwriteFull(fd, b, at(i)) }
+		return c.kvGPU(op, r, p.uid)
 	}
+	if err := wantFds(1); err != nil {
+		return refuse(err)
+	}
+	fd := fds[0]
+	if err := checkKVBuffer(fd, op == clientproto.OpKVGet, r.BufOffset, uint64(len(r.Keys))*uint64(bs)); err != nil {
+		return refuse(err)
+	}
+	at := func(i int) int64 { return int64(r.BufOffset) + int64(i)*int64(bs) }
 	if op == clientproto.OpKVPut {
-		status := make([]int32, len(r.Keys))
-		err := eachKey(len(r.Keys), func(i int) error {
-			b := make([]byte, bs)
-			if err := read(i, b); err != nil {
-				return fmt.Errorf("reading block %d from the caller's memory: %w", i, errnoOr(err, syscall.EIO))
-			}
-			if err := kv.Put(kvstore.Key{NS: p.uid, ID: r.Keys[i]}, b); err != nil {
-				status[i] = -int32(kvErrno(err))
-			}
-			return nil
-		})
-		if err != nil {
-			return refuse(err)
-		}
-		return reply{fields: clientproto.AppendKVPut(nil, bs, status)}
+		return kvPut(kv, p.uid, r.Keys, func(i int, dst []byte) error { return preadFull(fd, dst, at(i)) })
 	}
 	tiers := make([]byte, len(r.Keys))
 	err = eachKey(len(r.Keys), func(i int) error {
-		t, err := kv.Get(kvstore.Key{NS: p.uid, ID: r.Keys[i]}, func(b []byte) error { return write(i, b) })
+		t, err := kv.Get(kvstore.Key{NS: p.uid, ID: r.Keys[i]}, func(b []byte) error { return pwriteFull(fd, b, at(i)) })
 		if err != nil {
 			return fmt.Errorf("writing block %d into the caller's memory: %w", i, errnoOr(err, syscall.EIO))
 		}
@@ -214,33 +192,200 @@ func (c *clientServer) kvRequest(op uint16, body []byte, fds []int, p peer) repl
 	return reply{fields: clientproto.AppendKVTiers(nil, bs, tiers)}
 }
 
+// kvPut stores the blocks of a KV_PUT: read(i, dst) brings block i from
+// the caller's memory straight into the host-tier slot that will keep it.
+// A block the store refuses (full, closed) gets its status; a block that
+// cannot be read from the caller fails the request.
+func kvPut(kv *kvstore.Store, ns uint32, keys [][32]byte, read func(i int, dst []byte) error) reply {
+	status := make([]int32, len(keys))
+	err := eachKey(len(keys), func(i int) error {
+		var rerr error
+		err := kv.PutFrom(kvstore.Key{NS: ns, ID: keys[i]}, func(dst []byte) error {
+			rerr = read(i, dst)
+			return rerr
+		})
+		switch {
+		case rerr != nil:
+			return fmt.Errorf("reading block %d from the caller's memory: %w", i, errnoOr(rerr, syscall.EIO))
+		case err != nil:
+			status[i] = -int32(kvErrno(err))
+		}
+		return nil
+	})
+	if err != nil {
+		return refuse(err)
+	}
+	return reply{fields: clientproto.AppendKVPut(nil, uint32(kv.BlockSize()), status)}
+}
+
+// kvGPU answers KV_PUT and KV_GET into the caller's GPU memory. With the
+// host tier page-locked on the device's context (kvDev), the blocks move
+// by the copy engine straight between their slots and the caller's
+// allocation, several in flight on a few streams; a get lends each block
+// (kvstore.Hold) until its copy is done. Where page-locking failed, the
+// copies are pageable (cuMemcpy, synchronous), as stats and the log say.
+func (c *clientServer) kvGPU(op uint16, r clientproto.KVBlocksRequest, ns uint32) reply {
+	kv := c.kv
+	bs := kv.BlockSize()
+	mem, d, done, err := c.kvOpenGPU(r, uint64(bs))
+	if err != nil {
+		return refuse(err)
+	}
+	defer done()
+	host, streams := d.kv.pin(d, kv, c.log)
+	ctx := context.Background()
+	stream := func(i int) *cuda.Stream { return streams[i%len(streams)] }
+	if op == clientproto.OpKVPut {
+		return kvPut(kv, ns, r.Keys, func(i int, dst []byte) error {
+			if off, ok := kv.ArenaOffset(dst); ok && host != nil {
+				t, err := stream(i).CopyDtoH(host, int(off), mem, int(r.Offsets[i]), bs)
+				if err != nil {
+					return err
+				}
+				return t.Wait(ctx)
+			}
+			_, err := mem.ReadAt(dst, int64(r.Offsets[i]))
+			return err
+		})
+	}
+	n := len(r.Keys)
+	tiers := make([]byte, n)
+	held := make([]*kvstore.Held, n)
+	copies := make([]*cuda.Transfer, n)
+	err = eachKey(n, func(i int) error {
+		h := kv.Hold(kvstore.Key{NS: ns, ID: r.Keys[i]})
+		if h.Tier == kvstore.Miss {
+			return nil
+		}
+		held[i] = h
+		if off, ok := kv.ArenaOffset(h.Bytes); ok && host != nil {
+			t, err := stream(i).CopyHtoD(mem, int(r.Offsets[i]), host, int(off), bs)
+			if err != nil {
+				return fmt.Errorf("copying block %d into the caller's GPU memory: %w", i, errnoOr(err, syscall.EIO))
+			}
+			copies[i] = t
+		} else if _, err := mem.WriteAt(h.Bytes, int64(r.Offsets[i])); err != nil {
+			return fmt.Errorf("writing block %d into the caller's GPU memory: %w", i, errnoOr(err, syscall.EIO))
+		}
+		tiers[i] = byte(h.Tier)
+		return nil
+	})
+	// Every copy issued is waited for before its block goes back, also
+	// after an error: a copy in flight still reads its slot.
+	for i, t := range copies {
+		if t == nil {
+			continue
+		}
+		if werr := t.Wait(ctx); werr != nil && err == nil {
+			err = fmt.Errorf("copying block %d into the caller's GPU memory: %w", i, errnoOr(werr, syscall.EIO))
+		}
+	}
+	for _, h := range held {
+		h.Release()
+	}
+	if err != nil {
+		return refuse(err)
+	}
+	return reply{fields: clientproto.AppendKVTiers(nil, uint32(bs), tiers)}
+}
+
+// kvStreams is how many streams of a device carry KV copies: a 2 MiB
+// block crosses PCIe in about 40 µs, so a few streams with several copies
+// each keep the copy engines busy.
+const kvStreams = 4
+
+// kvDev is the KV store's host tier page-locked on one device's context
+// (cuMemHostRegister of kvstore.Store.Arena, portable), made at the first
+// GPU KV request there and given back with the context (fillService
+// closeDev). Page-locking costs the whole budget in locked memory at once
+// (the arena's pages are touched then), the price of copies at the copy
+// engine's rate.
+type kvDev struct {
+	mu      sync.Mutex
+	tried   bool
+	kv      *kvstore.Store
+	host    *cuda.HostMem
+	streams []*cuda.Stream
+}
+
+// pin page-locks kv's arena on d's context at the first call; it returns
+// nil when that failed (the copies are then pageable; the log and kylix
+// kv stats say why) and the streams for the copies either way.
+func (k *kvDev) pin(d *fillDev, kv *kvstore.Store, log *slog.Logger) (*cuda.HostMem, []*cuda.Stream) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.tried {
+		return k.host, k.streams
+	}
+	k.tried, k.kv = true, kv
+	ctx := d.dev.Context()
+	for range kvStreams {
+		s, err := ctx.NewStream()
+		if err != nil {
+			break // fewer streams; pageable copies need none
+		}
+		k.streams = append(k.streams, s)
+	}
+	start := time.Now()
+	host, err := ctx.RegisterHost(kv.Arena())
+	if err == nil && len(k.streams) == 0 {
+		err = errors.Join(errors.New("no CUDA stream could be made"), host.Free())
+	}
+	if err != nil {
+		what := fmt.Sprintf("pageable: page-locking it for cuda:%d failed: %v", d.ord, err)
+		kv.SetHostMemory(what)
+		log.Warn("kv: the host tier stays pageable; its copies to and from this GPU are synchronous", "device", d.ord, "err", err)
+		return nil, k.streams
+	}
+	k.host = host
+	kv.SetHostMemory(fmt.Sprintf("pinned for cuda:%d", d.ord))
+	log.Info("kv: host tier page-locked for the GPU", "device", d.ord, "bytes", len(kv.Arena()), "took", time.Since(start))
+	return k.host, k.streams
+}
+
+// close gives the streams and the page-locking back (before the context).
+func (k *kvDev) close() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var errs []error
+	for _, s := range k.streams {
+		errs = append(errs, s.Close())
+	}
+	if k.host != nil {
+		errs = append(errs, k.host.Free())
+		k.kv.SetHostMemory(kvstore.HostMemory)
+	}
+	k.tried, k.host, k.streams = false, nil, nil
+	return errors.Join(errs...)
+}
+
 // kvOpenGPU opens the caller's CUDA allocation of a KV request (its IPC
 // handle, on the device's context that FILL holds: fill.go) and checks
 // every block against the allocation's size as the driver reports it,
 // never the caller's word, before any byte moves. done gives the mapping
 // and the device back.
-func (c *clientServer) kvOpenGPU(r clientproto.KVBlocksRequest, bs uint64) (*cuda.DeviceMem, func(), error) {
+func (c *clientServer) kvOpenGPU(r clientproto.KVBlocksRequest, bs uint64) (*cuda.DeviceMem, *fillDev, func(), error) {
 	if c.fill == nil {
-		return nil, nil, fmt.Errorf("this node serves no GPU: %w", syscall.ENODEV)
+		return nil, nil, nil, fmt.Errorf("this node serves no GPU: %w", syscall.ENODEV)
 	}
 	d, err := c.fill.acquire(int(r.Device))
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	mem, err := d.dev.Context().OpenIPCMem(r.IPCHandle)
 	if err != nil {
 		c.fill.release(d)
-		return nil, nil, fmt.Errorf("cannot open the CUDA IPC handle on cuda:%d (from cuIpcGetMemHandle of an allocation on that device, in another process): %v: %w", r.Device, err, syscall.EINVAL)
+		return nil, nil, nil, fmt.Errorf("cannot open the CUDA IPC handle on cuda:%d (from cuIpcGetMemHandle of an allocation on that device, in another process): %v: %w", r.Device, err, syscall.EINVAL)
 	}
 	done := func() { mem.Free(); c.fill.release(d) }
 	alloc := uint64(mem.Size())
 	for i, off := range r.Offsets {
 		if off > alloc || bs > alloc-off {
 			done()
-			return nil, nil, fmt.Errorf("block %d at offset %d (%d bytes) does not fit the allocation's %d bytes: %w", i, off, bs, alloc, syscall.EFAULT)
+			return nil, nil, nil, fmt.Errorf("block %d at offset %d (%d bytes) does not fit the allocation's %d bytes: %w", i, off, bs, alloc, syscall.EFAULT)
 		}
 	}
-	return mem, done, nil
+	return mem, d, done, nil
 }
 
 // kvWorkers bounds the keys of one request handled at once: a put hashes

@@ -468,6 +468,12 @@ func TestKVStubGPU(t *testing.T) {
 	data, mnt := dirs(t)
 	_, sock := startStubGPUNode(t, data, mnt, "--kv-block", "64KiB", "--kv-mem", "1MiB", "--kv-disk", "1MiB")
 	c := dialClient(t, sock)
+	hostMemory := func() string {
+		var st map[string]any
+		require.NoError(t, json.Unmarshal([]byte(mustKylix(t, "", "kv", "stats", "--data", data, "--json")), &st))
+		return st["stats"].(map[string]any)["host_memory"].(string)
+	}
+	require.Equal(t, "pageable", hostMemory(), "no GPU request yet")
 	gpuReq := func(a *shmAlloc, ids []int, offs []uint64) []byte {
 		r := clientproto.KVBlocksRequest{Device: 0, IPCHandle: a.handle, Offsets: offs}
 		for _, i := range ids {
@@ -488,6 +494,8 @@ func TestKVStubGPU(t *testing.T) {
 	_, st, err := clientproto.ParseKVPut(r.fields)
 	require.NoError(t, err)
 	require.Equal(t, []int32{0, 0, 0}, st)
+	// The copies went by the copy engine from page-locked slots.
+	require.Equal(t, "pinned for cuda:0", hostMemory())
 
 	// Get them (and a miss) into another allocation, at other offsets.
 	dst := newShmAlloc(t, 6*kvBlock)

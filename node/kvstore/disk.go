@@ -63,32 +63,34 @@ func (s *Store) path(k Key) string {
 // whose bytes fail their BLAKE3.
 var errBadBlock = errors.New("kv: block file failed its check")
 
-// readBlockFile reads and verifies k's block file: the block and its BLAKE3.
-func readBlockFile(path string, k Key, blockSize int) ([]byte, chunkstore.ID, error) {
+// readBlockFile reads k's block file into data (one block long) and
+// verifies it; it returns the block's BLAKE3.
+func readBlockFile(path string, k Key, data []byte) (chunkstore.ID, error) {
 	var sum chunkstore.ID
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, sum, err
+		return sum, err
 	}
 	defer f.Close()
-	buf := make([]byte, blockSize+trailerSize)
-	n, err := f.ReadAt(buf, 0)
-	if err != nil && !(errors.Is(err, io.EOF) && n == len(buf)) {
-		return nil, sum, fmt.Errorf("%w: %s: %w", errBadBlock, path, err)
+	blockSize := len(data)
+	n, err := f.ReadAt(data, 0)
+	if err != nil && !(errors.Is(err, io.EOF) && n == len(data)) {
+		return sum, fmt.Errorf("%w: %s: %w", errBadBlock, path, err)
 	}
-	if extra, _ := f.ReadAt(make([]byte, 1), int64(len(buf))); extra != 0 {
-		return nil, sum, fmt.Errorf("%w: %s is longer than a block", errBadBlock, path)
+	t := make([]byte, trailerSize+1) // one byte more: a longer file is refused
+	n, err = f.ReadAt(t, int64(blockSize))
+	if n != trailerSize {
+		return sum, fmt.Errorf("%w: %s: the trailer: %d bytes (%v), want %d", errBadBlock, path, n, err, trailerSize)
 	}
-	data, t := buf[:blockSize:blockSize], buf[blockSize:]
 	var id [32]byte
 	copy(id[:], t[24:56])
 	if le.Uint32(t) != trailerMagic || le.Uint16(t[4:]) != trailerVersion || le.Uint32(t[8:]) != k.NS || le.Uint64(t[16:]) != uint64(blockSize) || id != k.ID {
-		return nil, sum, fmt.Errorf("%w: %s: its trailer names another block", errBadBlock, path)
+		return sum, fmt.Errorf("%w: %s: its trailer names another block", errBadBlock, path)
 	}
 	if sum = chunkstore.Sum(data); !bytes.Equal(sum[:], t[56:88]) {
-		return nil, sum, fmt.Errorf("%w: %s: BLAKE3 mismatch", errBadBlock, path)
+		return sum, fmt.Errorf("%w: %s: BLAKE3 mismatch", errBadBlock, path)
 	}
-	return data, sum, nil
+	return sum, nil
 }
 
 // writeBlockFile writes data and trailer tr to path, through a temporary
@@ -270,10 +272,15 @@ func (s *Store) writeOne(q queued) {
 		s.diskLRU.MoveToFront(e.disk)
 	}
 	data, tr, path := e.data, trailer(e.key, e.sum, len(e.data)), s.path(e.key)
+	slot := e.slot
+	s.arena.hold(slot) // the slot stays e's bytes while they are written
+	s.lent++
 	s.mu.Unlock()
 	removeFiles(unlink)
 	err := s.write(path, data, tr)
 	s.mu.Lock()
+	s.arena.unhold(slot)
+	s.unlend()
 	switch {
 	case s.m[e.key] != e || e.disk == nil:
 		// Cleared (or dropped) while it was written: the file must go.

@@ -80,15 +80,16 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// HostMemory names what the host tier is made of, for stats: plain
-// (pageable) Go memory. Pinning it (cuda.HostAlloc) pays only once a GPU
-// copies from it, which this version does not do (docs/design/kv.md).
+// HostMemory names what the host tier is made of, for stats, until the
+// node says more (Store.SetHostMemory): one anonymous mapping, pageable
+// until a GPU request page-locks it (arena.go).
 const HostMemory = "pageable"
 
 // entry is one key's block, in one or both tiers.
 type entry struct {
 	key  Key
-	data []byte // the block in host memory; nil when only on disk
+	data []byte // the block in host memory (its arena slot); nil when only on disk
+	slot int32  // data's slot in the arena
 	sum  chunkstore.ID
 	gen  uint64 // bumped by every put that changes data
 	mem  *list.Element
@@ -115,6 +116,10 @@ type Store struct {
 	getLatency [3]latency
 
 	mu       sync.Mutex
+	arena    *arena
+	hostMem  string
+	lent     int        // slots lent to readers and puts filling slots
+	unlent   *sync.Cond // signalled when lent falls to 0
 	idle     *sync.Cond // signalled when the write queue empties
 	wake     chan struct{}
 	m        map[Key]*entry
@@ -147,9 +152,6 @@ func Open(opt Options) (*Store, error) {
 	if opt.BlockSize <= 0 {
 		return nil, fmt.Errorf("kv: a block size is required: %w", ErrSize)
 	}
-	if opt.MemBudget < int64(opt.BlockSize) {
-		return nil, fmt.Errorf("kv: the host tier budget (%d bytes) must hold at least one block of %d bytes: %w", opt.MemBudget, opt.BlockSize, ErrFull)
-	}
 	if opt.DiskBudget < 0 {
 		opt.DiskBudget = 0
 	}
@@ -159,11 +161,17 @@ func Open(opt Options) (*Store, error) {
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Store{opt: opt, log: opt.Logger, diskSize: diskSize(opt.BlockSize), m: map[Key]*entry{},
+	a, err := newArena(opt.MemBudget, opt.BlockSize)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{opt: opt, log: opt.Logger, diskSize: diskSize(opt.BlockSize), m: map[Key]*entry{}, arena: a, hostMem: HostMemory,
 		memLRU: list.New(), diskLRU: list.New(), wake: make(chan struct{}, 1), done: make(chan struct{}), write: writeBlockFile}
 	s.idle = sync.NewCond(&s.mu)
+	s.unlent = sync.NewCond(&s.mu)
 	if opt.DiskBudget > 0 {
 		if err := s.rebuild(); err != nil {
+			a.unmap()
 			return nil, err
 		}
 		go s.writer()
@@ -176,38 +184,72 @@ func Open(opt Options) (*Store, error) {
 // BlockSize is the store's block size.
 func (s *Store) BlockSize() int { return s.opt.BlockSize }
 
-// Put stores block b (exactly BlockSize bytes) under k. The store keeps b
-// (the caller must not change it afterwards). It returns once b is in host
-// memory; the disk write follows. ErrFull when the host tier has no room
-// that eviction can make; ErrSize for a block of another size.
+// Put stores a copy of block b (exactly BlockSize bytes) under k. It
+// returns once the block is in host memory; the disk write follows.
+// ErrFull when the host tier has no room that eviction can make; ErrSize
+// for a block of another size.
 func (s *Store) Put(k Key, b []byte) error {
 	if len(b) != s.opt.BlockSize {
 		return fmt.Errorf("%w: %d bytes, the block size is %d", ErrSize, len(b), s.opt.BlockSize)
 	}
-	sum := chunkstore.Sum(b)
+	return s.PutFrom(k, func(dst []byte) error { copy(dst, b); return nil })
+}
+
+// PutFrom stores under k the block that fill writes into dst, a slot of
+// the host tier (BlockSize bytes, in Arena: the caller may copy into it
+// by DMA; fill returns when every byte is there). The slot is taken
+// before fill runs, so a put the host tier cannot take is refused with
+// ErrFull before any byte moves; an error of fill is returned and
+// nothing is stored.
+func (s *Store) PutFrom(k Key, fill func(dst []byte) error) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	slot, ok := s.takeSlot()
+	if !ok {
+		s.st.refused++
+		err := fmt.Errorf("%w (%d blocks of %d waiting for the disk, budget %d bytes)", ErrFull, s.dirty, s.memLRU.Len(), s.opt.MemBudget)
+		s.mu.Unlock()
+		return err
+	}
+	s.lent++
+	s.mu.Unlock()
+
+	dst := s.arena.bytes(slot)
+	err := fill(dst)
+	var sum chunkstore.ID
+	if err == nil {
+		sum = chunkstore.Sum(dst)
+	}
+
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
-		return ErrClosed
+	defer s.unlend()
+	if err == nil && s.closed {
+		err = ErrClosed
+	}
+	if err != nil {
+		s.arena.release(slot)
+		return err
 	}
 	e := s.m[k]
 	if e != nil && e.data != nil && e.sum == sum {
+		s.arena.release(slot)
 		s.memLRU.MoveToFront(e.mem)
 		s.st.puts++
 		return nil
-	}
-	if e == nil || e.data == nil {
-		if !s.makeMemRoom(e) {
-			s.st.refused++
-			return fmt.Errorf("%w (%d blocks of %d waiting for the disk, budget %d bytes)", ErrFull, s.dirty, s.memLRU.Len(), s.opt.MemBudget)
-		}
 	}
 	if e == nil {
 		e = &entry{key: k}
 		s.m[k] = e
 	}
 	onDisk := e.disk != nil && e.sum == sum && !e.dirty
-	e.data, e.sum = b, sum
+	if e.data != nil {
+		s.arena.release(e.slot) // replaced; a reader of the old block keeps it until done
+	}
+	e.data, e.slot, e.sum = dst, slot, sum
 	e.gen++
 	if e.mem == nil {
 		e.mem = s.memLRU.PushFront(e)
@@ -230,21 +272,35 @@ func (s *Store) Put(k Key, b []byte) error {
 	return nil
 }
 
-// makeMemRoom evicts clean blocks from the host tier, least recently used
-// first, until one more block fits; keep is not evicted. Blocks waiting
-// for their disk write are skipped. s.mu held.
-func (s *Store) makeMemRoom(keep *entry) bool {
-	bs := int64(s.opt.BlockSize)
-	for el := s.memLRU.Back(); s.memUsed+bs > s.opt.MemBudget && el != nil; {
+// unlend ends one loan of a slot (s.lent). s.mu held.
+func (s *Store) unlend() {
+	s.lent--
+	if s.lent == 0 {
+		s.unlent.Broadcast()
+	}
+}
+
+// takeSlot returns a free slot of the host tier, evicting clean blocks,
+// least recently used first, until one is free. Blocks waiting for their
+// disk write are skipped, and so are blocks lent to a reader: evicting
+// one would free no slot before its release. s.mu held.
+func (s *Store) takeSlot() (int32, bool) {
+	if i, ok := s.arena.take(); ok {
+		return i, true
+	}
+	for el := s.memLRU.Back(); el != nil; {
 		e := el.Value.(*entry)
 		el = el.Prev()
-		if e.dirty || e == keep {
+		if e.dirty || s.arena.refs[e.slot] > 0 {
 			continue
 		}
 		s.dropMem(e)
 		s.st.memEvictions++
+		if i, ok := s.arena.take(); ok {
+			return i, true
+		}
 	}
-	return s.memUsed+bs <= s.opt.MemBudget
+	return 0, false
 }
 
 // dropMem removes e from the host tier (and from the store when it is on
@@ -254,6 +310,7 @@ func (s *Store) dropMem(e *entry) {
 		return
 	}
 	s.memLRU.Remove(e.mem)
+	s.arena.release(e.slot)
 	e.mem, e.data = nil, nil
 	s.memUsed -= int64(s.opt.BlockSize)
 	if e.dirty {
@@ -270,6 +327,32 @@ func (s *Store) dropMem(e *entry) {
 // first; one that fails, or cannot be read, is dropped and is a miss.
 // The error is fn's.
 func (s *Store) Get(k Key, fn func([]byte) error) (Tier, error) {
+	h := s.Hold(k)
+	if h.Tier == Miss {
+		return Miss, nil
+	}
+	err := fn(h.Bytes)
+	h.Release()
+	return h.Tier, err
+}
+
+// Held is a block lent by Hold: Bytes stay valid and unchanged until
+// Release, whatever happens to the key meanwhile (an eviction, a clear or
+// a new put waits for Release to reuse the memory), so a copy engine may
+// read them asynchronously. A miss holds nothing (Tier Miss, Bytes nil).
+type Held struct {
+	Tier     Tier
+	Bytes    []byte
+	s        *Store
+	slot     int32 // -1: Bytes are not in the arena
+	start    time.Time
+	released bool // under s.mu
+}
+
+// Hold finds k's block as Get does and lends it until Release. Every Held
+// that is not a miss must be released (a second Release does nothing);
+// the get's latency counts until then.
+func (s *Store) Hold(k Key) *Held {
 	start := time.Now()
 	s.mu.Lock()
 	e := s.m[k]
@@ -277,50 +360,105 @@ func (s *Store) Get(k Key, fn func([]byte) error) (Tier, error) {
 	case s.closed || e == nil:
 		s.st.misses++
 		s.mu.Unlock()
-		return Miss, nil
+		return &Held{}
 	case e.data != nil:
-		d := e.data
 		s.memLRU.MoveToFront(e.mem)
 		s.st.memHits++
-		s.st.memReadBytes += int64(len(d))
+		s.st.memReadBytes += int64(len(e.data))
+		s.arena.hold(e.slot)
+		s.lent++
 		s.mu.Unlock()
-		err := fn(d)
-		s.getLatency[Memory].since(start)
-		return Memory, err
+		return &Held{Tier: Memory, Bytes: e.data, s: s, slot: e.slot, start: start}
 	}
 	gen := e.gen
 	s.diskLRU.MoveToFront(e.disk)
+	// Read into a slot of the host tier when one can be had without
+	// dropping a block still waiting for the disk: the block then stays
+	// in memory too, and the read lands where a copy engine can take it.
+	slot, inArena := s.takeSlot()
+	s.lent++
 	s.mu.Unlock()
 
-	b, sum, err := readBlockFile(s.path(k), k, s.opt.BlockSize)
+	var buf []byte
+	if inArena {
+		buf = s.arena.bytes(slot)
+	} else {
+		buf = make([]byte, s.opt.BlockSize)
+	}
+	sum, err := readBlockFile(s.path(k), k, buf)
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := &Held{Tier: Disk, Bytes: buf, s: s, slot: -1, start: start}
+	if inArena {
+		h.slot = slot
+		s.arena.hold(slot)
+		s.arena.release(slot) // freed at Release unless kept below
+	}
 	if err != nil {
 		s.st.misses++
+		s.releaseLocked(h)
 		if s.m[k] != e || e.disk == nil || e.gen != gen || e.data != nil {
 			// Evicted, cleared or put again while it was read: a plain
 			// miss (its file may be gone), not the file's fault.
-			s.mu.Unlock()
-			return Miss, nil
+			return &Held{}
 		}
 		s.st.verifyFailures++
 		s.dropDisk(e, true)
-		s.mu.Unlock()
 		s.log.Warn("kv: dropped a block that failed its check on disk", "key", fmt.Sprintf("%x", k.ID[:8]), "ns", k.NS, "err", err)
-		return Miss, nil
+		return &Held{}
 	}
 	s.st.diskHits++
-	s.st.diskReadBytes += int64(len(b))
-	// Keep it in memory too, if that costs no block waiting for the disk.
-	if s.m[k] == e && e.data == nil && s.makeMemRoom(e) {
-		e.data = b
-		e.sum = sum
+	s.st.diskReadBytes += int64(len(buf))
+	// Keep it in memory too, unless the key changed meanwhile.
+	if inArena && !s.closed && s.m[k] == e && e.data == nil {
+		s.arena.orphan[slot] = false
+		e.data, e.slot, e.sum = buf, slot, sum
 		e.mem = s.memLRU.PushFront(e)
 		s.memUsed += int64(s.opt.BlockSize)
 	}
+	return h
+}
+
+// Release ends the loan of a held block (nil or a miss: nothing).
+func (h *Held) Release() {
+	if h == nil || h.s == nil {
+		return
+	}
+	h.s.mu.Lock()
+	first := h.s.releaseLocked(h)
+	h.s.mu.Unlock()
+	if first {
+		h.s.getLatency[h.Tier].since(h.start)
+	}
+}
+
+// releaseLocked ends h's loan, once; it reports whether this call did.
+func (s *Store) releaseLocked(h *Held) bool {
+	if h.released {
+		return false
+	}
+	h.released = true
+	if h.slot >= 0 {
+		s.arena.unhold(h.slot)
+	}
+	s.unlend()
+	return true
+}
+
+// Arena is the host tier's memory: every block in memory, and every slot
+// PutFrom fills, lies in it. The node page-locks it for a GPU's copy
+// engine; it stays mapped until Close returns.
+func (s *Store) Arena() []byte { return s.arena.mem }
+
+// ArenaOffset says where b starts in Arena, if it lies there.
+func (s *Store) ArenaOffset(b []byte) (int64, bool) { return s.arena.offset(b) }
+
+// SetHostMemory sets what Stats says the host tier is made of (the node:
+// "pinned on cuda:0" once it page-locked the arena).
+func (s *Store) SetHostMemory(what string) {
+	s.mu.Lock()
+	s.hostMem = what
 	s.mu.Unlock()
-	err = fn(b)
-	s.getLatency[Disk].since(start)
-	return Disk, err
 }
 
 // Contains says which tier holds k's block (without verifying it or
@@ -393,6 +531,11 @@ func (s *Store) Close() {
 	s.mu.Unlock()
 	<-s.done
 	s.mu.Lock()
+	// Blocks lent (a get's copy in flight) and slots being filled keep
+	// the arena mapped until they are done.
+	for s.lent > 0 {
+		s.unlent.Wait()
+	}
 	for _, e := range s.m {
 		e.data = nil
 	}
@@ -400,6 +543,9 @@ func (s *Store) Close() {
 	s.memLRU.Init()
 	s.diskLRU.Init()
 	s.memUsed, s.diskUsed, s.dirty = 0, 0, 0
+	if err := s.arena.unmap(); err != nil {
+		s.log.Warn("kv: unmapping the host tier", "err", err)
+	}
 	s.mu.Unlock()
 }
 
@@ -446,7 +592,7 @@ func (s *Store) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.st
-	out := Stats{BlockSize: s.opt.BlockSize, HostMemory: HostMemory, Dir: s.opt.Dir,
+	out := Stats{BlockSize: s.opt.BlockSize, HostMemory: s.hostMem, Dir: s.opt.Dir,
 		Memory: TierStats{Blocks: int64(s.memLRU.Len()), Bytes: s.memUsed, Budget: s.opt.MemBudget, Hits: st.memHits, ReadBytes: st.memReadBytes, Evictions: st.memEvictions},
 		Disk:   TierStats{Blocks: int64(s.diskLRU.Len()), Bytes: s.diskUsed, Budget: s.opt.DiskBudget, Hits: st.diskHits, ReadBytes: st.diskReadBytes, Evictions: st.diskEvictions},
 		Puts:   st.puts, Refused: st.refused, Misses: st.misses, Dirty: int64(s.dirty), DiskWrites: st.diskWrites,
