@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kylix/kylix/internal/testneeds"
 )
 
@@ -117,7 +119,10 @@ func launchServe(t *testing.T, data, mnt string, env []string, ready func() bool
 		n.clearLeftovers()
 	})
 	deadline := time.Now().Add(20 * time.Second)
-	for !isMounted(mnt) || !answers(filepath.Join(data, "kylix.sock")) || (ready != nil && !ready()) {
+	// The mount must answer, not only be listed: a node killed with
+	// kill -9 leaves its mount behind (ENOTCONN), and the new node's
+	// admin socket listens before it replaces that mount.
+	for !mountAnswers(mnt) || !answers(filepath.Join(data, "kylix.sock")) || (ready != nil && !ready()) {
 		if time.Now().After(deadline) {
 			n.cmd.Process.Kill()
 			t.Fatalf("node did not come up: %s", n.log)
@@ -245,6 +250,14 @@ func answers(sock string) bool {
 	}
 	c.Close()
 	return true
+}
+
+// mountAnswers reports whether a live FUSE file system is mounted at dir
+// (statfs answers with FUSE's magic; a dead node's mount fails with
+// ENOTCONN, and an empty mount point answers with its parent's type).
+func mountAnswers(dir string) bool {
+	var st unix.Statfs_t
+	return isMounted(dir) && unix.Statfs(dir, &st) == nil && st.Type == unix.FUSE_SUPER_MAGIC
 }
 
 func isMounted(dir string) bool {
