@@ -187,11 +187,20 @@ class KVStore:
         """[(device, body, [index])]: the blocks of CUDA tensors tensors[i]
         (i in idx), one request per allocation and at most MAX_KEYS keys."""
         groups = {}
+        # One IPC handle per storage, not per tensor: the blocks of a KV
+        # cache are views of a few large tensors, and asking the driver
+        # for a handle per block (cuIpcGetMemHandle, under a device
+        # switch) cost as much as copying the 2 MiB.
+        ipc = {}
         for i in idx:
-            _check_cuda(tensors[i], self.block_size)
-            dev, handle, base = _cuda_ipc(tensors[i])
+            t = tensors[i]
+            _check_cuda(t, self.block_size)
+            st = (str(t.device), t.untyped_storage().data_ptr())
+            if st not in ipc:
+                ipc[st] = _cuda_ipc(t)
+            dev, handle, base = ipc[st]
             g = groups.setdefault((dev, base), (handle, []))
-            g[1].append((i, tensors[i].data_ptr() - base))
+            g[1].append((i, t.data_ptr() - base))
         out = []
         for (dev, _base), (handle, items) in groups.items():
             for j in range(0, len(items), MAX_KEYS):

@@ -191,6 +191,9 @@ class FakeCudaTensor:
     def data_ptr(self):
         return self.alloc.base + self.offset
 
+    def untyped_storage(self):
+        return types.SimpleNamespace(data_ptr=lambda: self.alloc.base)
+
     def is_contiguous(self):
         return True
 
@@ -258,7 +261,12 @@ class KVStubGPUTest(unittest.TestCase):
         self.addCleanup(self.kv.close)
         self.synced = []
         saved = kkv._cuda_ipc, kkv._cuda_sync
-        kkv._cuda_ipc = lambda t: (0, t.alloc.handle, t.alloc.base)
+        self.ipc_asked = []
+
+        def ipc(t):
+            self.ipc_asked.append(t.alloc.path)
+            return 0, t.alloc.handle, t.alloc.base
+        kkv._cuda_ipc = ipc
         kkv._cuda_sync = self.synced.append
         self.addCleanup(lambda: setattr(kkv, "_cuda_ipc", saved[0]) or setattr(kkv, "_cuda_sync", saved[1]))
 
@@ -272,6 +280,7 @@ class KVStubGPUTest(unittest.TestCase):
         src = [FakeCudaTensor(a, 3 * BLOCK), FakeCudaTensor(a, 100), FakeCudaTensor(b, BLOCK), bytes(blocks[3])]
         self.assertEqual(self.kv.put(keys, src), [True] * 4, "two allocations and a host block")
         self.assertEqual(self.synced, [0], "the device was synchronised before the node read it")
+        self.assertEqual(sorted(self.ipc_asked), sorted([a.path, b.path]), "one IPC handle per allocation, not per block")
 
         c = ShmAlloc(self, 4 * BLOCK)
         host = bytearray(BLOCK)
