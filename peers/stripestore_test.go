@@ -21,7 +21,7 @@ import (
 // holders (6+2: every member holds one shard of each full stripe), and
 // drops the first member's copies of the chunks it does not hold as a
 // shard: each chunk is then on one member only, its stripe holder. The
-// reader (no peer cache) is told of the stripes (AddStripes: spreading
+// reader (no peer cache, no relay) is told of the stripes (AddStripes: spreading
 // them is not built).
 func codedCluster(t *testing.T) (ms []*testNode, reader *testNode, data []byte, recs []*stripe.Record) {
 	start := func(cfg Config) *testNode {
@@ -45,7 +45,11 @@ func codedClusterWith(t testing.TB, start func(Config) *testNode, size int) (ms 
 		ms = append(ms, n)
 		join = append(join, n.cfg.Listen)
 	}
-	reader = start(Config{Name: "reader", Key: key, NoPlacement: true, Reader: true, Join: join})
+	// The reader asks holders itself, never a relay: a relay that kept a
+	// chunk from an earlier read serves it without asking its holder, so
+	// a test of what a holder sends could pass without asking it (CI saw
+	// TestStripedReads' liar go unasked under load).
+	reader = start(Config{Name: "reader", Key: key, NoPlacement: true, NoRelay: true, Reader: true, Join: join})
 	// Runs before each member's own cleanup: leaving one at a time costs
 	// about 1.5 s each.
 	t.Cleanup(func() { closeAll(t, append([]*testNode{reader}, ms...)...) })
