@@ -56,6 +56,9 @@ const (
 	KVMiss   = 0
 	KVMemory = 1
 	KVDisk   = 2
+	// KVMember (KV_GET only): found on another member of the cluster
+	// (and kept here since).
+	KVMember = 3
 )
 
 // ErrTooManyKeys: n_keys above MaxKVKeys.

@@ -109,6 +109,7 @@ type clientServer struct {
 	wg    sync.WaitGroup
 	fill  *fillService
 	kv    *kvstore.Store // nil: KV requests refused (kv.go)
+	kvm   *kvMembers     // nil: not in a cluster (kv_members.go)
 	mu    sync.Mutex
 	conns map[*net.UnixConn]struct{}
 	// users caps unprivileged uids' connections, privileged root's and

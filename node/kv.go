@@ -53,6 +53,8 @@ type KVStatsReply struct {
 	Enabled bool           `json:"enabled"`
 	Note    string         `json:"note,omitempty"`
 	Stats   *kvstore.Stats `json:"stats,omitempty"`
+	// Members: the members tier, on a node in a cluster.
+	Members *KVMemberStats `json:"members,omitempty"`
 }
 
 // KVClearRequest is OpKVClear: the blocks of one uid, or All.
@@ -94,7 +96,11 @@ func (n *Node) KVStats() KVStatsReply {
 		return KVStatsReply{Note: errNoKV.Error()}
 	}
 	st := n.kv.Stats()
-	return KVStatsReply{Enabled: true, Stats: &st}
+	r := KVStatsReply{Enabled: true, Stats: &st}
+	if n.client != nil {
+		r.Members = n.client.kvm.stats()
+	}
+	return r
 }
 
 // KVClear is OpKVClear.
@@ -175,15 +181,20 @@ func (c *clientServer) kvRequest(op uint16, body []byte, fds []int, p peer) repl
 	}
 	at := func(i int) int64 { return int64(r.BufOffset) + int64(i)*int64(bs) }
 	if op == clientproto.OpKVPut {
-		return kvPut(kv, p.uid, r.Keys, func(i int, dst []byte) error { return preadFull(fd, dst, at(i)) })
+		return c.kvPut(p.uid, r.Keys, func(i int, dst []byte) error { return preadFull(fd, dst, at(i)) })
 	}
 	tiers := make([]byte, len(r.Keys))
 	err = eachKey(len(r.Keys), func(i int) error {
-		t, err := kv.Get(kvstore.Key{NS: p.uid, ID: r.Keys[i]}, func(b []byte) error { return pwriteFull(fd, b, at(i)) })
+		hit := c.kvm.hold(kv, kvstore.Key{NS: p.uid, ID: r.Keys[i]})
+		if hit.tier == 0 {
+			return nil
+		}
+		err := pwriteFull(fd, hit.b, at(i))
+		hit.release()
 		if err != nil {
 			return fmt.Errorf("writing block %d into the caller's memory: %w", i, errnoOr(err, syscall.EIO))
 		}
-		tiers[i] = byte(t)
+		tiers[i] = hit.tier
 		return nil
 	})
 	if err != nil {
@@ -195,12 +206,15 @@ func (c *clientServer) kvRequest(op uint16, body []byte, fds []int, p peer) repl
 // kvPut stores the blocks of a KV_PUT: read(i, dst) brings block i from
 // the caller's memory straight into the host-tier slot that will keep it.
 // A block the store refuses (full, closed) gets its status; a block that
-// cannot be read from the caller fails the request.
-func kvPut(kv *kvstore.Store, ns uint32, keys [][32]byte, read func(i int, dst []byte) error) reply {
+// cannot be read from the caller fails the request. In a cluster, each
+// block stored is copied to its home member behind the reply.
+func (c *clientServer) kvPut(ns uint32, keys [][32]byte, read func(i int, dst []byte) error) reply {
+	kv := c.kv
 	status := make([]int32, len(keys))
 	err := eachKey(len(keys), func(i int) error {
 		var rerr error
-		err := kv.PutFrom(kvstore.Key{NS: ns, ID: keys[i]}, func(dst []byte) error {
+		k := kvstore.Key{NS: ns, ID: keys[i]}
+		err := kv.PutFrom(k, func(dst []byte) error {
 			rerr = read(i, dst)
 			return rerr
 		})
@@ -209,6 +223,8 @@ func kvPut(kv *kvstore.Store, ns uint32, keys [][32]byte, read func(i int, dst [
 			return fmt.Errorf("reading block %d from the caller's memory: %w", i, errnoOr(rerr, syscall.EIO))
 		case err != nil:
 			status[i] = -int32(kvErrno(err))
+		default:
+			c.kvm.put(k)
 		}
 		return nil
 	})
@@ -236,7 +252,7 @@ func (c *clientServer) kvGPU(op uint16, r clientproto.KVBlocksRequest, ns uint32
 	ctx := context.Background()
 	stream := func(i int) *cuda.Stream { return streams[i%len(streams)] }
 	if op == clientproto.OpKVPut {
-		return kvPut(kv, ns, r.Keys, func(i int, dst []byte) error {
+		return c.kvPut(ns, r.Keys, func(i int, dst []byte) error {
 			if off, ok := kv.ArenaOffset(dst); ok && host != nil {
 				t, err := stream(i).CopyDtoH(host, int(off), mem, int(r.Offsets[i]), bs)
 				if err != nil {
@@ -250,24 +266,24 @@ func (c *clientServer) kvGPU(op uint16, r clientproto.KVBlocksRequest, ns uint32
 	}
 	n := len(r.Keys)
 	tiers := make([]byte, n)
-	held := make([]*kvstore.Held, n)
+	held := make([]kvHit, n)
 	copies := make([]*cuda.Transfer, n)
 	err = eachKey(n, func(i int) error {
-		h := kv.Hold(kvstore.Key{NS: ns, ID: r.Keys[i]})
-		if h.Tier == kvstore.Miss {
+		h := c.kvm.hold(kv, kvstore.Key{NS: ns, ID: r.Keys[i]})
+		if h.tier == 0 {
 			return nil
 		}
 		held[i] = h
-		if off, ok := kv.ArenaOffset(h.Bytes); ok && host != nil {
+		if off, ok := kv.ArenaOffset(h.b); ok && host != nil {
 			t, err := stream(i).CopyHtoD(mem, int(r.Offsets[i]), host, int(off), bs)
 			if err != nil {
 				return fmt.Errorf("copying block %d into the caller's GPU memory: %w", i, errnoOr(err, syscall.EIO))
 			}
 			copies[i] = t
-		} else if _, err := mem.WriteAt(h.Bytes, int64(r.Offsets[i])); err != nil {
+		} else if _, err := mem.WriteAt(h.b, int64(r.Offsets[i])); err != nil {
 			return fmt.Errorf("writing block %d into the caller's GPU memory: %w", i, errnoOr(err, syscall.EIO))
 		}
-		tiers[i] = byte(h.Tier)
+		tiers[i] = h.tier
 		return nil
 	})
 	// Every copy issued is waited for before its block goes back, also
@@ -281,7 +297,7 @@ func (c *clientServer) kvGPU(op uint16, r clientproto.KVBlocksRequest, ns uint32
 		}
 	}
 	for _, h := range held {
-		h.Release()
+		h.release()
 	}
 	if err != nil {
 		return refuse(err)

@@ -371,6 +371,17 @@ func (n *Node) Run(ctx context.Context, onReady func(Ready)) error {
 		n.onClose(func() { stopFetch(); <-fetched })
 	}
 	if n.client != nil {
+		if n.kv != nil && n.peers != nil {
+			km, err := startKVMembers(n.kv, n.peers, n.log)
+			if err != nil {
+				n.fsys.Unmount()
+				return err
+			}
+			n.client.kvm = km
+			// After the connections (below: they queue copies), before
+			// the membership and the KV store.
+			n.onClose(km.close)
+		}
 		n.fill = newFillService(n.s, n.pins.hostOrNil(), n.cfg.GPUIdle, n.log)
 		// The connections end first: no FILL runs when the loaders close.
 		n.onClose(func() { n.client.close(); n.fill.close() })

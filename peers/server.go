@@ -74,6 +74,8 @@ type server struct {
 	owner func() func(chunkstore.ID) bool
 	// swarm: the peer cache and the relay (relay.go), set once at start.
 	swarm atomic.Pointer[swarmHooks]
+	// kv: the member's KV-cache blocks (kv.go, Node.SetKV); nil: none.
+	kv atomic.Pointer[KVBlocks]
 
 	// limits caps connections per address and in all; handshake and
 	// idle are the deadlines (DefaultHandshakeTimeout, DefaultIdleTimeout).
@@ -466,6 +468,8 @@ func (sv *server) answer(rq request, sendfile bool) answer {
 	case opPut:
 		st, p := sv.put(rq.raw)
 		return answer{st: st, payload: p}
+	case opKVGet, opKVPut:
+		return sv.kvAnswer(rq)
 	}
 	return answer{st: stError, payload: errMsg(errors.New("unknown op"))}
 }

@@ -38,6 +38,13 @@ const (
 	// opRelay asks a chunk's relay for it (relay.go): as opChunk, but a
 	// member that does not hold the chunk fetches it from the holders.
 	opRelay byte = 5
+	// opKVGet asks for a KV-cache block (kv.go): payload = 4-byte
+	// namespace, 32-byte key; answer = its 32-byte BLAKE3, then the block.
+	opKVGet byte = 6
+	// opKVPut gives the member a KV-cache block to keep: payload =
+	// namespace, key, BLAKE3, 4-byte length, the block (at most maxPut in
+	// all). The member checks the BLAKE3 and stores it before it answers.
+	opKVPut byte = 7
 )
 
 // Statuses (response kinds).
@@ -73,7 +80,7 @@ func readRequest(r io.Reader) (frame, error) {
 	switch kind {
 	case opHas:
 		max = maxHasIDs * 32
-	case opPut:
+	case opPut, opKVPut:
 		max = maxPut
 	}
 	if n > max {
@@ -194,7 +201,8 @@ type request struct {
 	op  byte
 	id  [32]byte
 	len uint32 // opChunk only
-	// raw is the payload of opHas and opPut, checked by decodeRequest.
+	// raw is the payload of opHas, opPut, opKVGet and opKVPut, checked by
+	// decodeRequest.
 	raw []byte
 	// into, never sent: memory of the caller's that an ok answer of len
 	// bytes to a chunk request is read into, instead of a new buffer
@@ -230,6 +238,11 @@ func decodeRequest(f frame) (request, error) {
 			return rq, err
 		}
 		rq.raw = f.payload
+	case opKVGet, opKVPut:
+		if err := decodeKV(f.kind, f.payload); err != nil {
+			return rq, err
+		}
+		rq.raw = f.payload
 	default:
 		return rq, fmt.Errorf("unknown op %d: %w", f.kind, errProtocol)
 	}
@@ -237,7 +250,7 @@ func decodeRequest(f frame) (request, error) {
 }
 
 func encodeRequest(rq request) []byte {
-	if rq.op == opHas || rq.op == opPut {
+	if rq.op == opHas || rq.op == opPut || rq.op == opKVGet || rq.op == opKVPut {
 		return rq.raw
 	}
 	p := append([]byte(nil), rq.id[:]...)

@@ -44,7 +44,10 @@ Shows the running node's KV-cache store (serve --kv-mem, --kv-disk,
 bytes held against the budget, hits, bytes read and evictions; puts taken
 and refused (no room eviction could make), misses, blocks waiting for the
 disk, disk write errors (those blocks stayed in memory only) and blocks
-that failed their check on disk (each a miss). Fails when no node runs.`).withJSON()
+that failed their check on disk (each a miss); on a member of a cluster,
+the members tier: gets answered by another member, gets that asked and
+found nothing, and blocks copied to their home members. Fails when no
+node runs.`).withJSON()
 	if err := f.parse(args, 0, 0); err != nil {
 		return err
 	}
@@ -75,6 +78,9 @@ that failed their check on disk (each a miss). Fails when no node runs.`).withJS
 	fmt.Fprintf(w, "  disk writes %d, failed %d (kept in memory only: %d); failed checks %d\n", st.DiskWrites, st.DiskWriteErrors, st.MemoryOnly, st.VerifyFailures)
 	if st.DiskLastError != "" {
 		fmt.Fprintf(w, "  last disk error: %s\n", st.DiskLastError)
+	}
+	if m := out.Members; m != nil {
+		fmt.Fprintf(w, "  members %d hits, %d misses; copied to their homes %d, failed %d, dropped %d, waiting %d\n", m.Hits, m.Misses, m.Pushed, m.PushFailed, m.PushDropped, m.PushWaiting)
 	}
 	return nil
 }

@@ -343,6 +343,7 @@ func (s *Store) Get(k Key, fn func([]byte) error) (Tier, error) {
 type Held struct {
 	Tier     Tier
 	Bytes    []byte
+	Sum      chunkstore.ID // Bytes' BLAKE3
 	s        *Store
 	slot     int32 // -1: Bytes are not in the arena
 	start    time.Time
@@ -368,7 +369,7 @@ func (s *Store) Hold(k Key) *Held {
 		s.arena.hold(e.slot)
 		s.lent++
 		s.mu.Unlock()
-		return &Held{Tier: Memory, Bytes: e.data, s: s, slot: e.slot, start: start}
+		return &Held{Tier: Memory, Bytes: e.data, Sum: e.sum, s: s, slot: e.slot, start: start}
 	}
 	gen := e.gen
 	s.diskLRU.MoveToFront(e.disk)
@@ -388,7 +389,7 @@ func (s *Store) Hold(k Key) *Held {
 	sum, err := readBlockFile(s.path(k), k, buf)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	h := &Held{Tier: Disk, Bytes: buf, s: s, slot: -1, start: start}
+	h := &Held{Tier: Disk, Bytes: buf, Sum: sum, s: s, slot: -1, start: start}
 	if inArena {
 		h.slot = slot
 		s.arena.hold(slot)

@@ -37,7 +37,7 @@ DEVICE_HOST = 0xFFFFFFFF
 MAX_KEYS = 2048
 # The largest buffer one request uses: puts and gets of more are split.
 MAX_BATCH_BYTES = 256 << 20
-TIERS = {0: None, 1: "memory", 2: "disk"}
+TIERS = {0: None, 1: "memory", 2: "disk", 3: "member"}
 
 KVError = _node.NodeError
 
