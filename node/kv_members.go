@@ -105,7 +105,10 @@ func (km *kvMembers) pushOne(ctx context.Context, k kvstore.Key) {
 	if ctx.Err() != nil {
 		return // stopping: the queue drains
 	}
-	h := km.kv.Hold(k)
+	h := km.kv.Peek(k) // not a get
+	if h.Tier == kvstore.Miss {
+		h = km.kv.Hold(k) // on disk only by now
+	}
 	if h.Tier == kvstore.Miss {
 		return // evicted or cleared since
 	}

@@ -118,3 +118,20 @@ func TestDiskHitIntoSlot(t *testing.T) {
 	assert.Equal(t, Memory, s.Contains(a), "the first disk hit stays in memory")
 	assert.Equal(t, Disk, s.Contains(b), "the second had no slot to stay in")
 }
+
+// TestPeekIsNoGet: Peek lends a block in memory without counting a get
+// or moving it in the LRU order; a block on disk only is a miss for it.
+func TestPeekIsNoGet(t *testing.T) {
+	s := open(t, t.TempDir(), 2, 4)
+	a, b, c := key(1, 0), key(1, 1), key(1, 2)
+	put(t, s, a)
+	put(t, s, b)
+	h := s.Peek(a)
+	require.Equal(t, Memory, h.Tier)
+	assert.True(t, bytes.Equal(h.Bytes, block(a)))
+	h.Release()
+	assert.Zero(t, s.Stats().Memory.Hits, "not a get")
+	put(t, s, c) // evicts a: Peek did not make it the most recent
+	assert.Equal(t, Disk, s.Contains(a))
+	assert.Equal(t, Miss, s.Peek(a).Tier, "on disk only")
+}

@@ -347,7 +347,23 @@ type Held struct {
 	s        *Store
 	slot     int32 // -1: Bytes are not in the arena
 	start    time.Time
+	quiet    bool // from Peek: no get to time
 	released bool // under s.mu
+}
+
+// Peek lends k's block as Hold does when it is in memory, for the node's
+// own use (a copy to another member): not counted as a get, the LRU order
+// unchanged. A block on disk only, or none, is a miss here.
+func (s *Store) Peek(k Key) *Held {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.m[k]
+	if s.closed || e == nil || e.data == nil {
+		return &Held{}
+	}
+	s.arena.hold(e.slot)
+	s.lent++
+	return &Held{Tier: Memory, Bytes: e.data, Sum: e.sum, s: s, slot: e.slot, quiet: true}
 }
 
 // Hold finds k's block as Get does and lends it until Release. Every Held
@@ -428,7 +444,7 @@ func (h *Held) Release() {
 	h.s.mu.Lock()
 	first := h.s.releaseLocked(h)
 	h.s.mu.Unlock()
-	if first {
+	if first && !h.quiet {
 		h.s.getLatency[h.Tier].since(h.start)
 	}
 }
