@@ -560,3 +560,53 @@ func TestKVCLIUsage(t *testing.T) {
 		assert.Contains(t, errs, c.want, "%v", c.args)
 	}
 }
+
+// TestKVStubGPUConcurrent: four clients put and get the same eight keys
+// through GPU memory (the stub driver) at once, on a host tier of four
+// slots, so blocks are evicted and their slots reused while other
+// requests copy from them: every hit holds exactly its key's block (a
+// function of the key), never another's.
+func TestKVStubGPUConcurrent(t *testing.T) {
+	requireFUSE(t)
+	data, mnt := dirs(t)
+	_, sock := startStubGPUNode(t, data, mnt, "--kv-block", "64KiB", "--kv-mem", "256KiB")
+	const keys, per = 8, 3
+	t.Run("clients", func(t *testing.T) {
+		for n := range 4 {
+			t.Run(fmt.Sprint(n), func(t *testing.T) {
+				t.Parallel()
+				c := dialClient(t, sock)
+				src, dst := newShmAlloc(t, per*kvBlock), newShmAlloc(t, per*kvBlock)
+				offs := []uint64{0, kvBlock, 2 * kvBlock}
+				for r := range 40 {
+					ids := []int{(n + r) % keys, (n + r + 3) % keys, (n + r + 5) % keys}
+					img := make([]byte, src.size)
+					req := clientproto.KVBlocksRequest{Device: 0, IPCHandle: src.handle, Offsets: offs}
+					for j, i := range ids {
+						copy(img[offs[j]:], kvBlockOf(i, "gpu"))
+						req.Keys = append(req.Keys, kvKey(i))
+					}
+					require.NoError(t, os.WriteFile(src.path, img, 0o600))
+					rp := c.req(clientproto.OpKVPut, req.Append(nil))
+					require.Zero(t, rp.status, rp.msg)
+
+					require.NoError(t, os.WriteFile(dst.path, make([]byte, dst.size), 0o600))
+					req.IPCHandle = dst.handle
+					rg := c.req(clientproto.OpKVGet, req.Append(nil))
+					require.Zero(t, rg.status, rg.msg)
+					_, tiers, err := clientproto.ParseKVTiers(rg.fields)
+					require.NoError(t, err)
+					got := dst.bytes(t)
+					for j, i := range ids {
+						b := got[offs[j] : offs[j]+kvBlock]
+						if tiers[j] == clientproto.KVMiss {
+							require.True(t, bytes.Equal(b, make([]byte, kvBlock)), "a miss writes nothing")
+							continue
+						}
+						require.True(t, bytes.Equal(b, kvBlockOf(i, "gpu")), "round %d: key %d from tier %d holds another block", r, i, tiers[j])
+					}
+				}
+			})
+		}
+	})
+}
