@@ -97,9 +97,7 @@ func (n *Node) KVStats() KVStatsReply {
 	}
 	st := n.kv.Stats()
 	r := KVStatsReply{Enabled: true, Stats: &st}
-	if n.client != nil {
-		r.Members = n.client.kvm.stats()
-	}
+	r.Members = n.kvm.Load().stats()
 	return r
 }
 

@@ -23,14 +23,24 @@ var (
 	mKVDiskErrs  = desc("kv_disk_write_errors_total", "KV block disk writes that failed (the block stayed in memory only).")
 	mKVGetSecs   = desc("kv_get_seconds", "Time of KV block gets that hit, by tier: lookup, the disk read and check, and the copy to the client.", "tier")
 	mKVVerify    = desc("kv_verify_failures_total", "KV blocks read from disk that failed their BLAKE3 check or could not be read (each a miss).")
+
+	mKVMemberHits    = desc("kv_member_hits_total", "KV block gets answered by another member of the cluster.")
+	mKVMemberMisses  = desc("kv_member_misses_total", "KV block gets that asked the members and found no good copy.")
+	mKVMemberCopies  = desc("kv_member_copies_total", "KV blocks put here and copied to their home member, by result (ok, failed, dropped: the queue was full).", "result")
+	mKVMemberWaiting = desc("kv_member_copies_waiting", "KV blocks queued or being copied to their home member.")
 )
 
-// kvCollector reads a KV store's figures at each scrape.
-type kvCollector struct{ kv *kvstore.Store }
+// kvCollector reads a KV store's figures at each scrape; members, when
+// set, the members tier's (nil until the node joined a cluster).
+type kvCollector struct {
+	kv      *kvstore.Store
+	members func() *KVMemberStats
+}
 
 func (c *kvCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{mKVHits, mKVMisses, mKVReadBytes, mKVBytes, mKVBudget, mKVBlocks, mKVEvictions,
-		mKVPuts, mKVRefused, mKVDirty, mKVDiskErrs, mKVVerify, mKVGetSecs} {
+		mKVPuts, mKVRefused, mKVDirty, mKVDiskErrs, mKVVerify, mKVGetSecs,
+		mKVMemberHits, mKVMemberMisses, mKVMemberCopies, mKVMemberWaiting} {
 		ch <- d
 	}
 }
@@ -64,4 +74,15 @@ func (c *kvCollector) Collect(ch chan<- prometheus.Metric) {
 	m(mKVDirty, prometheus.GaugeValue, st.Dirty)
 	m(mKVDiskErrs, prometheus.CounterValue, st.DiskWriteErrors)
 	m(mKVVerify, prometheus.CounterValue, st.VerifyFailures)
+	if c.members == nil {
+		return
+	}
+	if ms := c.members(); ms != nil {
+		m(mKVMemberHits, prometheus.CounterValue, ms.Hits)
+		m(mKVMemberMisses, prometheus.CounterValue, ms.Misses)
+		m(mKVMemberCopies, prometheus.CounterValue, ms.Pushed, "ok")
+		m(mKVMemberCopies, prometheus.CounterValue, ms.PushFailed, "failed")
+		m(mKVMemberCopies, prometheus.CounterValue, ms.PushDropped, "dropped")
+		m(mKVMemberWaiting, prometheus.GaugeValue, ms.PushWaiting)
+	}
 }

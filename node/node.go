@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -128,7 +129,8 @@ type Node struct {
 	client     *clientServer
 	clientNote string
 	fill       *fillService
-	kv         *kvstore.Store // nil without Config.KV
+	kv         *kvstore.Store            // nil without Config.KV
+	kvm        atomic.Pointer[kvMembers] // the KV store's members tier, once serving in a cluster
 	metrics    *nodeMetrics
 	mount      string
 	start      time.Time
@@ -262,7 +264,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	n.onClose(n.metrics.close)
 	if n.kv != nil {
-		n.metrics.reg.MustRegister(&kvCollector{n.kv})
+		n.metrics.reg.MustRegister(&kvCollector{n.kv, func() *KVMemberStats { return n.kvm.Load().stats() }})
 	}
 	ok = true
 	return n, nil
@@ -378,6 +380,7 @@ func (n *Node) Run(ctx context.Context, onReady func(Ready)) error {
 				return err
 			}
 			n.client.kvm = km
+			n.kvm.Store(km)
 			// After the connections (below: they queue copies), before
 			// the membership and the KV store.
 			n.onClose(km.close)

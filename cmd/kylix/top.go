@@ -86,6 +86,7 @@ var topColumns = []topColumn{
 	{"kv", "mem/s", "kv_memory_hits_per_second", false, rateOf(`kylix_kv_hits_total{tier="memory"}`)},
 	{"kv", "disk/s", "kv_disk_hits_per_second", false, rateOf(`kylix_kv_hits_total{tier="disk"}`)},
 	{"kv", "miss/s", "kv_misses_per_second", false, rate("kylix_kv_misses_total")},
+	{"kv", "memb/s", "kv_member_hits_per_second", false, rate("kylix_kv_member_hits_total")},
 }
 
 // topJSON is one line of kylix top --json.
@@ -111,8 +112,9 @@ files, bytes the node served to reads through the mount, and the sizes of
 files opened by passthrough (the kernel reads those without the node);
 the chunk cache's hit rate and misses; chunk read errors; client-socket
 requests, refusals and pack fds handed out; GPU fills; imports and
-exports; the KV-cache store's block gets answered from host memory and
-from disk, and its misses (0 on a node without one). Rates are per second
+exports; the KV-cache store's block gets answered from host memory, from
+disk and by another member, and its misses (0 on a node without one).
+Rates are per second
 over the interval.
 
 The figures come from the node's metrics (docs/design/metrics.md): through

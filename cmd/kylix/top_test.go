@@ -57,21 +57,23 @@ func TestShortBytes(t *testing.T) {
 // TestTopKVColumns: the KV store's gets per tier and its misses, as rates
 // of the node's kylix_kv_* counters between two scrapes.
 func TestTopKVColumns(t *testing.T) {
-	scrape := func(mem, disk, miss int) sample {
+	scrape := func(mem, disk, miss, member int) sample {
 		fams, err := parseMetrics(strings.NewReader(fmt.Sprintf(`# TYPE kylix_kv_hits_total counter
 kylix_kv_hits_total{tier="memory"} %d
 kylix_kv_hits_total{tier="disk"} %d
 # TYPE kylix_kv_misses_total counter
 kylix_kv_misses_total %d
+# TYPE kylix_kv_member_hits_total counter
+kylix_kv_member_hits_total %d
 # TYPE kylix_kv_get_seconds histogram
 kylix_kv_get_seconds_bucket{tier="memory",le="+Inf"} %d
 kylix_kv_get_seconds_sum{tier="memory"} 0.5
 kylix_kv_get_seconds_count{tier="memory"} %d
-`, mem, disk, miss, mem, mem)))
+`, mem, disk, miss, member, mem, mem)))
 		require.NoError(t, err)
 		return flattenMap(fams)
 	}
-	prev, cur := scrape(10, 4, 1), scrape(70, 24, 9)
+	prev, cur := scrape(10, 4, 1, 3), scrape(70, 24, 9, 7)
 	got := map[string]float64{}
 	for _, c := range topColumns {
 		got[c.key] = c.value(prev, cur, 2)
@@ -79,6 +81,7 @@ kylix_kv_get_seconds_count{tier="memory"} %d
 	assert.Equal(t, 30.0, got["kv_memory_hits_per_second"])
 	assert.Equal(t, 10.0, got["kv_disk_hits_per_second"])
 	assert.Equal(t, 4.0, got["kv_misses_per_second"])
+	assert.Equal(t, 2.0, got["kv_member_hits_per_second"])
 	// A node restarted between scrapes (counters lower) shows 0, not a negative rate.
 	got = map[string]float64{}
 	for _, c := range topColumns {
@@ -89,6 +92,7 @@ kylix_kv_get_seconds_count{tier="memory"} %d
 	hdr := strings.Split(topHeader(), "\n")
 	assert.Contains(t, hdr[0], "kv")
 	assert.Contains(t, hdr[1], "disk/s")
+	assert.Contains(t, hdr[1], "memb/s")
 	fields := strings.Fields(topLine(prev, cur, 2))
-	assert.Equal(t, []string{"30", "10", "4"}, fields[len(fields)-3:])
+	assert.Equal(t, []string{"30", "10", "4", "2"}, fields[len(fields)-4:])
 }
