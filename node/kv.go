@@ -158,6 +158,7 @@ func (c *clientServer) kvRequest(op uint16, body []byte, fds []int, p peer) repl
 		for i, k := range keys {
 			tiers[i] = byte(kv.Contains(kvstore.Key{NS: p.uid, ID: k}))
 		}
+		c.kvm.contains(p.uid, keys, tiers)
 		return reply{fields: clientproto.AppendKVTiers(nil, bs, tiers)}
 	}
 	r, err := clientproto.ParseKVBlocks(body)

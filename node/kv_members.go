@@ -159,6 +159,27 @@ func (km *kvMembers) hold(kv *kvstore.Store, k kvstore.Key) kvHit {
 	return kvHit{b: b, tier: clientproto.KVMember}
 }
 
+// contains marks, in tiers (KV_CONTAINS' answer for this node), the keys
+// missing here that a member keeps (KVMember).
+func (km *kvMembers) contains(ns uint32, keys [][32]byte, tiers []byte) {
+	if km == nil {
+		return
+	}
+	var idx []int
+	var ask [][32]byte
+	for i, t := range tiers {
+		if t == clientproto.KVMiss {
+			idx = append(idx, i)
+			ask = append(ask, keys[i])
+		}
+	}
+	for j, kept := range km.m.KVHas(context.Background(), ns, ask) {
+		if kept {
+			tiers[idx[j]] = clientproto.KVMember
+		}
+	}
+}
+
 func (km *kvMembers) stats() *KVMemberStats {
 	if km == nil {
 		return nil
@@ -176,6 +197,10 @@ func (a kvBlocks) PutBlock(ns uint32, key [32]byte, b []byte) error {
 		return errors.Join(err, errors.New("the members' KV block sizes differ (kylix serve --kv-block)"))
 	}
 	return err
+}
+
+func (a kvBlocks) HasBlock(ns uint32, key [32]byte) bool {
+	return a.kv.Contains(kvstore.Key{NS: ns, ID: key}) != kvstore.Miss
 }
 
 func (a kvBlocks) GetBlock(ns uint32, key [32]byte) ([]byte, chunkstore.ID, func(), bool) {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/zeebo/blake3"
 
@@ -31,6 +32,9 @@ type KVBlocks interface {
 	// GetBlock returns (ns, key)'s block and its BLAKE3, valid until
 	// release is called; ok is false when the store does not hold it.
 	GetBlock(ns uint32, key [32]byte) (b []byte, sum chunkstore.ID, release func(), ok bool)
+	// HasBlock reports whether the store holds (ns, key)'s block (not
+	// verified: a get may still miss).
+	HasBlock(ns uint32, key [32]byte) bool
 }
 
 // MaxKVBlock bounds a block on the data plane (an opKVPut payload with
@@ -171,9 +175,20 @@ func (n *Node) FetchKV(ctx context.Context, ns uint32, key [32]byte) (b []byte, 
 	return nil, chunkstore.ID{}, false
 }
 
-// kvAnswer serves opKVGet and opKVPut from the member's KV store.
+// kvAnswer serves the KV ops from the member's KV store.
 func (sv *server) kvAnswer(rq request) answer {
 	kvp := sv.kv.Load()
+	if rq.op == opKVHas {
+		ns := binary.BigEndian.Uint32(rq.raw)
+		keys := rq.raw[4:]
+		out := make([]byte, len(keys)/32)
+		for i := range out {
+			if kvp != nil && (*kvp).HasBlock(ns, [32]byte(keys[32*i:32*i+32])) {
+				out[i] = 1
+			}
+		}
+		return answer{st: stOK, payload: out}
+	}
 	if rq.op == opKVGet {
 		if kvp == nil {
 			return answer{st: stNotFound}
@@ -213,8 +228,14 @@ func (sv *server) kvAnswer(rq request) answer {
 	return answer{st: stOK}
 }
 
-// decodeKV checks an opKVGet or opKVPut payload.
+// decodeKV checks a KV op's payload.
 func decodeKV(op byte, p []byte) error {
+	if op == opKVHas {
+		if len(p) < 4+32 || (len(p)-4)%32 != 0 || len(p) > 4+maxHasIDs*32 {
+			return fmt.Errorf("KV has of %d bytes: %w", len(p), errProtocol)
+		}
+		return nil
+	}
 	if op == opKVGet {
 		if len(p) != kvGetLen {
 			return fmt.Errorf("KV get of %d bytes: %w", len(p), errProtocol)
@@ -228,4 +249,60 @@ func decodeKV(op byte, p []byte) error {
 		return fmt.Errorf("KV put of %d bytes naming a block of %d: %w", len(p), n, errProtocol)
 	}
 	return nil
+}
+
+// KVHas says which of keys' blocks (namespace ns) the members keep: each
+// key is asked of the first other member in its rendezvous order (its
+// home, or the next when the home is this member), one request per member
+// for all its keys, the members at once, within the fetch time limit. A
+// member that fails to answer counts as keeping none. The answer is a
+// hint (not verified): a get may still miss.
+func (n *Node) KVHas(ctx context.Context, ns uint32, keys [][32]byte) []bool {
+	out := make([]bool, len(keys))
+	if !n.started.Load() || len(keys) == 0 {
+		return out
+	}
+	type ask struct {
+		p   peer
+		idx []int
+	}
+	byMember := map[string]*ask{}
+	for i, k := range keys {
+		for _, p := range n.kvHomes(ns, k) {
+			if p.name == n.self || p.addr == "" {
+				continue
+			}
+			a := byMember[p.name]
+			if a == nil {
+				a = &ask{p: p}
+				byMember[p.name] = a
+			}
+			a.idx = append(a.idx, i)
+			break
+		}
+	}
+	var wg sync.WaitGroup
+	for _, a := range byMember {
+		for start := 0; start < len(a.idx); start += maxHasIDs {
+			idx := a.idx[start:min(start+maxHasIDs, len(a.idx))]
+			wg.Go(func() {
+				q := binary.BigEndian.AppendUint32(make([]byte, 0, 4+32*len(idx)), ns)
+				for _, i := range idx {
+					q = append(q, keys[i][:]...)
+				}
+				actx, cancel := context.WithTimeout(ctx, n.cfg.FetchTimeout)
+				ans, err := n.request(actx, a.p, request{op: opKVHas, raw: q}, uint32(len(idx)))
+				cancel()
+				if err != nil || len(ans) != len(idx) {
+					n.statsFor(a.p.name).Errors.Add(1)
+					return
+				}
+				for j, i := range idx {
+					out[i] = ans[j] == 1 // distinct i per goroutine
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return out
 }

@@ -36,6 +36,8 @@ func (k *mapKV) GetBlock(ns uint32, key [32]byte) ([]byte, chunkstore.ID, func()
 	return b, chunkstore.Sum(b), func() {}, ok
 }
 
+func (k *mapKV) HasBlock(ns uint32, key [32]byte) bool { return k.has(ns, key) }
+
 func (k *mapKV) has(ns uint32, key [32]byte) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -104,6 +106,14 @@ func TestKVBlocksOnMembers(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, h)
 
+	// KVHas: the pushed key is kept by a member, the others are not.
+	for _, n := range ms {
+		if n.self == home {
+			continue
+		}
+		assert.Equal(t, []bool{true, false, false}, n.KVHas(ctx, 7, [][32]byte{k, mine, {9}}), "asked on %s", n.self)
+	}
+
 	// The home turns liar: its block fails the BLAKE3 it sends, a miss.
 	liar := nodeNamed(ms, home)
 	asker := ms[0]
@@ -139,6 +149,9 @@ func TestKVWireRefuses(t *testing.T) {
 		{"put", opKVPut, good, true},
 		{"put without a block", opKVPut, make([]byte, kvPutHeader), false},
 		{"put naming more bytes than it has", opKVPut, append(bytes.Clone(good[:kvPutHeader]), 1), false},
+		{"has", opKVHas, make([]byte, 4+64), true},
+		{"has without keys", opKVHas, make([]byte, 4), false},
+		{"has cut inside a key", opKVHas, make([]byte, 4+33), false},
 	} {
 		_, err := decodeRequest(frame{kind: c.op, payload: c.p})
 		if c.ok {

@@ -468,7 +468,7 @@ func (sv *server) answer(rq request, sendfile bool) answer {
 	case opPut:
 		st, p := sv.put(rq.raw)
 		return answer{st: st, payload: p}
-	case opKVGet, opKVPut:
+	case opKVGet, opKVPut, opKVHas:
 		return sv.kvAnswer(rq)
 	}
 	return answer{st: stError, payload: errMsg(errors.New("unknown op"))}

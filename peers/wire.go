@@ -45,6 +45,10 @@ const (
 	// namespace, key, BLAKE3, 4-byte length, the block (at most maxPut in
 	// all). The member checks the BLAKE3 and stores it before it answers.
 	opKVPut byte = 7
+	// opKVHas asks which of up to maxHasIDs blocks of one namespace the
+	// member keeps: payload = 4-byte namespace, 32-byte keys; answer = one
+	// byte per key, 1 if kept.
+	opKVHas byte = 8
 )
 
 // Statuses (response kinds).
@@ -80,6 +84,8 @@ func readRequest(r io.Reader) (frame, error) {
 	switch kind {
 	case opHas:
 		max = maxHasIDs * 32
+	case opKVHas:
+		max = 4 + maxHasIDs*32
 	case opPut, opKVPut:
 		max = maxPut
 	}
@@ -201,7 +207,7 @@ type request struct {
 	op  byte
 	id  [32]byte
 	len uint32 // opChunk only
-	// raw is the payload of opHas, opPut, opKVGet and opKVPut, checked by
+	// raw is the payload of opHas, opPut and the KV ops, checked by
 	// decodeRequest.
 	raw []byte
 	// into, never sent: memory of the caller's that an ok answer of len
@@ -238,7 +244,7 @@ func decodeRequest(f frame) (request, error) {
 			return rq, err
 		}
 		rq.raw = f.payload
-	case opKVGet, opKVPut:
+	case opKVGet, opKVPut, opKVHas:
 		if err := decodeKV(f.kind, f.payload); err != nil {
 			return rq, err
 		}
@@ -250,7 +256,7 @@ func decodeRequest(f frame) (request, error) {
 }
 
 func encodeRequest(rq request) []byte {
-	if rq.op == opHas || rq.op == opPut || rq.op == opKVGet || rq.op == opKVPut {
+	if rq.op == opHas || rq.op == opPut || rq.op == opKVGet || rq.op == opKVPut || rq.op == opKVHas {
 		return rq.raw
 	}
 	p := append([]byte(nil), rq.id[:]...)

@@ -54,7 +54,8 @@ func waitPushed(t *testing.T, m kvMember) {
 // TestKVMembersTier: three `kylix serve` members with KV stores on
 // loopback, one of them a liar (it flips the first byte of every block it
 // serves: KYLIX_TEST_PEER_CORRUPT).
-//   - 32 blocks put on A: a get on B finds every one, byte for byte, from
+//   - 32 blocks put on A: KV_CONTAINS on B names each (kept on B or by a
+//     member); a get on B finds every one, byte for byte, from
 //     B's memory (the copy A sent to B, its home) or from another member;
 //     blocks whose home is the liar come from A after the liar's bytes
 //     fail their BLAKE3 (counted against it); a second get is local;
@@ -79,6 +80,10 @@ func TestKVMembersTier(t *testing.T) {
 		require.Zero(t, st)
 	}
 	waitPushed(t, a)
+	// KV_CONTAINS on B names every block: kept on B, or by a member.
+	for i, tier := range cb.kvContains(ids...) {
+		assert.Contains(t, []byte{clientproto.KVMemory, clientproto.KVMember}, tier, "key %d: contains on B", ids[i])
+	}
 	// kvGet checks every hit against the block A put.
 	tiers := cb.kvGet(fd, "a", ids...)
 	local, member := 0, 0

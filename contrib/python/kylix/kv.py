@@ -5,7 +5,7 @@
     kv.block_size                          # every block is exactly this long
     stored = kv.put(keys, tensors)         # [True/False]: False = refused for room
     hits = kv.get(keys, out=tensors)       # [True/False]: True = out[i] was filled
-    kv.contains(keys)                      # ["memory" | "disk" | None]
+    kv.contains(keys)                      # ["memory" | "disk" | "member" | None]
     kv.stats(); kv.clear()
 
 Keys are 32-byte values the caller computes (a hash of the token prefix:
@@ -275,7 +275,8 @@ class KVStore:
         return hits
 
     def contains(self, keys) -> list:
-        """Where each key's block is: "memory", "disk" or None."""
+        """Where each key's block is: "memory", "disk", "member" (another
+        member of the cluster keeps it) or None."""
         keys, res = _keys(keys), []
         with self._mu:
             for i in range(0, len(keys), MAX_KEYS):
