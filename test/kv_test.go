@@ -377,6 +377,14 @@ func TestKVHelperProcess(t *testing.T) {
 			c.kvGet(fd, "other", 1, 2-i%2) // 2 is never this uid's: a miss
 		}
 		fmt.Println("race ok")
+	case "flood":
+		stored := 0
+		for i := range 60 {
+			if c.kvPut(fd, "other", 1000+i)[0] == 0 {
+				stored++
+			}
+		}
+		fmt.Printf("flood stored %d\n", stored)
 	case "clear":
 		r := c.req(clientproto.OpKVClear, nil)
 		require.Zero(t, r.status, r.msg)
@@ -384,6 +392,32 @@ func TestKVHelperProcess(t *testing.T) {
 		require.NoError(t, err)
 		fmt.Printf("cleared %d\n", st.Cleared)
 	}
+}
+
+// TestKVFairShareBetweenUIDs: uid 65534 putting 60 blocks as fast as it
+// can, through the real socket, into a host tier of 4 blocks and a disk
+// tier of 14, does not evict root's two blocks: past its fair share it
+// evicts only its own (docs/design/kv.md, "Who may read whose blocks").
+// With plain LRU, root's blocks were gone from memory and disk.
+func TestKVFairShareBetweenUIDs(t *testing.T) {
+	requireFUSE(t)
+	testneeds.Command(t, "setpriv", "util-linux")
+	data, mnt := dirs(t)
+	_, sock := startKVNode(t, data, mnt)
+	for d := filepath.Dir(sock); d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		os.Chmod(d, 0o755) // let uid 65534 reach the socket
+	}
+	c := dialClient(t, sock)
+	fd := memBuf(t, 2)
+	require.Equal(t, []int32{0, 0}, c.kvPut(fd, "root", 1, 2))
+	bin := selfForOtherUser(t, t.TempDir())
+	cmd := exec.Command("setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+		bin, "-test.run", "^TestKVHelperProcess$", "-test.v")
+	cmd.Env = append(os.Environ(), "KYLIX_KV_HELPER=flood", "KYLIX_BIN="+kylixBin, "KYLIX_HELPER_SOCK="+sock)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "helper as uid 65534:\n%s", out)
+	require.Contains(t, string(out), "flood stored")
+	assert.Equal(t, []byte{clientproto.KVMemory, clientproto.KVMemory}, c.kvGet(fd, "root", 1, 2), "root's blocks stay in memory")
 }
 
 // TestKVKill9DuringDiskWrites: the node is killed with SIGKILL while the

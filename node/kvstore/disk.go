@@ -133,6 +133,7 @@ func (s *Store) dropDisk(e *entry, unlink bool) {
 		return
 	}
 	s.diskLRU.Remove(e.disk)
+	s.diskNS.add(e.key.NS, -1)
 	e.disk = nil
 	s.diskUsed -= s.diskSize
 	if e.mem == nil {
@@ -207,6 +208,7 @@ func (s *Store) rebuild() error {
 		e := &entry{key: f.k}
 		s.m[f.k] = e
 		e.disk = s.diskLRU.PushFront(e)
+		s.diskNS.add(f.k.NS, 1)
 		s.diskUsed += s.diskSize
 	}
 	for s.diskUsed > s.opt.DiskBudget { // a smaller budget than last time
@@ -256,17 +258,25 @@ func (s *Store) writeOne(q queued) {
 	}
 	var unlink []string
 	if e.disk == nil {
-		for s.diskUsed+s.diskSize > s.opt.DiskBudget && s.diskLRU.Len() > 0 {
-			v := s.diskLRU.Back().Value.(*entry)
-			unlink = append(unlink, s.path(v.key))
-			s.dropDisk(v, false)
-			s.st.diskEvictions++
+		// Room by the fair-share rule (share.go).
+		for _, may := range s.diskNS.victims(int(s.opt.DiskBudget/s.diskSize), e.key.NS) {
+			for el := s.diskLRU.Back(); el != nil && s.diskUsed+s.diskSize > s.opt.DiskBudget; {
+				v := el.Value.(*entry)
+				el = el.Prev()
+				if !may(v.key) {
+					continue
+				}
+				unlink = append(unlink, s.path(v.key))
+				s.dropDisk(v, false)
+				s.st.diskEvictions++
+			}
 		}
 		if s.diskUsed+s.diskSize > s.opt.DiskBudget {
 			s.memOnlyLocked(e, fmt.Errorf("the disk budget (%d bytes) is smaller than one block file (%d)", s.opt.DiskBudget, s.diskSize))
 			return
 		}
 		e.disk = s.diskLRU.PushFront(e)
+		s.diskNS.add(e.key.NS, 1)
 		s.diskUsed += s.diskSize
 	} else {
 		s.diskLRU.MoveToFront(e.disk)

@@ -127,6 +127,8 @@ type Store struct {
 	diskLRU  *list.List
 	memUsed  int64
 	diskUsed int64
+	// memNS, diskNS: blocks per namespace in each tier (share.go).
+	memNS, diskNS nsCount
 	dirty    int
 	queue    []queued
 	writing  bool
@@ -166,6 +168,7 @@ func Open(opt Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{opt: opt, log: opt.Logger, diskSize: diskSize(opt.BlockSize), m: map[Key]*entry{}, arena: a, hostMem: HostMemory,
+		memNS: nsCount{}, diskNS: nsCount{},
 		memLRU: list.New(), diskLRU: list.New(), wake: make(chan struct{}, 1), done: make(chan struct{}), write: writeBlockFile}
 	s.idle = sync.NewCond(&s.mu)
 	s.unlent = sync.NewCond(&s.mu)
@@ -207,7 +210,7 @@ func (s *Store) PutFrom(k Key, fill func(dst []byte) error) error {
 		s.mu.Unlock()
 		return ErrClosed
 	}
-	slot, ok := s.takeSlot()
+	slot, ok := s.takeSlot(k.NS)
 	if !ok {
 		s.st.refused++
 		err := fmt.Errorf("%w (%d blocks of %d waiting for the disk, budget %d bytes)", ErrFull, s.dirty, s.memLRU.Len(), s.opt.MemBudget)
@@ -253,6 +256,7 @@ func (s *Store) PutFrom(k Key, fill func(dst []byte) error) error {
 	e.gen++
 	if e.mem == nil {
 		e.mem = s.memLRU.PushFront(e)
+		s.memNS.add(k.NS, 1)
 		s.memUsed += int64(s.opt.BlockSize)
 	} else {
 		s.memLRU.MoveToFront(e.mem)
@@ -280,24 +284,27 @@ func (s *Store) unlend() {
 	}
 }
 
-// takeSlot returns a free slot of the host tier, evicting clean blocks,
-// least recently used first, until one is free. Blocks waiting for their
-// disk write are skipped, and so are blocks lent to a reader: evicting
-// one would free no slot before its release. s.mu held.
-func (s *Store) takeSlot() (int32, bool) {
+// takeSlot returns a free slot of the host tier for a block of namespace
+// ns, evicting clean blocks by the fair-share rule (share.go), least
+// recently used first, until one is free. Blocks waiting for their disk
+// write are skipped, and so are blocks lent to a reader: evicting one
+// would free no slot before its release. s.mu held.
+func (s *Store) takeSlot(ns uint32) (int32, bool) {
 	if i, ok := s.arena.take(); ok {
 		return i, true
 	}
-	for el := s.memLRU.Back(); el != nil; {
-		e := el.Value.(*entry)
-		el = el.Prev()
-		if e.dirty || s.arena.refs[e.slot] > 0 {
-			continue
-		}
-		s.dropMem(e)
-		s.st.memEvictions++
-		if i, ok := s.arena.take(); ok {
-			return i, true
+	for _, may := range s.memNS.victims(len(s.arena.refs), ns) {
+		for el := s.memLRU.Back(); el != nil; {
+			e := el.Value.(*entry)
+			el = el.Prev()
+			if e.dirty || s.arena.refs[e.slot] > 0 || !may(e.key) {
+				continue
+			}
+			s.dropMem(e)
+			s.st.memEvictions++
+			if i, ok := s.arena.take(); ok {
+				return i, true
+			}
 		}
 	}
 	return 0, false
@@ -310,6 +317,7 @@ func (s *Store) dropMem(e *entry) {
 		return
 	}
 	s.memLRU.Remove(e.mem)
+	s.memNS.add(e.key.NS, -1)
 	s.arena.release(e.slot)
 	e.mem, e.data = nil, nil
 	s.memUsed -= int64(s.opt.BlockSize)
@@ -392,7 +400,7 @@ func (s *Store) Hold(k Key) *Held {
 	// Read into a slot of the host tier when one can be had without
 	// dropping a block still waiting for the disk: the block then stays
 	// in memory too, and the read lands where a copy engine can take it.
-	slot, inArena := s.takeSlot()
+	slot, inArena := s.takeSlot(k.NS)
 	s.lent++
 	s.mu.Unlock()
 
@@ -431,6 +439,7 @@ func (s *Store) Hold(k Key) *Held {
 		s.arena.orphan[slot] = false
 		e.data, e.slot, e.sum = buf, slot, sum
 		e.mem = s.memLRU.PushFront(e)
+		s.memNS.add(k.NS, 1)
 		s.memUsed += int64(s.opt.BlockSize)
 	}
 	return h
@@ -559,6 +568,7 @@ func (s *Store) Close() {
 	s.m = map[Key]*entry{}
 	s.memLRU.Init()
 	s.diskLRU.Init()
+	s.memNS, s.diskNS = nsCount{}, nsCount{}
 	s.memUsed, s.diskUsed, s.dirty = 0, 0, 0
 	if err := s.arena.unmap(); err != nil {
 		s.log.Warn("kv: unmapping the host tier", "err", err)
