@@ -129,12 +129,12 @@ type Store struct {
 	diskUsed int64
 	// memNS, diskNS: blocks per namespace in each tier (share.go).
 	memNS, diskNS nsCount
-	dirty    int
-	queue    []queued
-	writing  bool
-	closed   bool
-	done     chan struct{}
-	st       counters
+	dirty         int
+	queue         []queued
+	writing       bool
+	closed        bool
+	done          chan struct{}
+	st            counters
 
 	// write writes a block file (tests inject failures).
 	write func(path string, data []byte, tr []byte) error
