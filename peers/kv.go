@@ -54,7 +54,7 @@ const (
 // then refused and a fetch answered "not held"). Call it after Start.
 func (n *Node) SetKV(kv KVBlocks) error {
 	if n.srv == nil {
-		return errors.New("peers: SetKV before Start")
+		return errors.New("the data plane does not serve yet: SetKV is called after Start")
 	}
 	if kv == nil {
 		n.srv.kv.Store(nil)
