@@ -353,10 +353,14 @@ func TestIdleConnectionsClosed(t *testing.T) {
 		}
 		t.Logf("%s: closed by the node after %v", what, time.Since(start).Round(time.Millisecond))
 	}
-	bare, err := net.Dial("tcp", dl)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The data plane listens once the membership starts, after the mount
+	// that launching waits for.
+	var bare net.Conn
+	waitFor(t, 20*time.Second, "the data plane to listen", func() bool {
+		c, err := net.Dial("tcp", dl)
+		bare = c
+		return err == nil
+	})
 	wg.Add(1)
 	go check("a data plane connection without a handshake", bare, time.Second)
 
