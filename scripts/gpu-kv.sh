@@ -11,10 +11,18 @@
 #    and compares them bitwise on the GPU, from the host tier; then clears
 #    memory by putting another set, and gets the first set back from disk.
 # 3. Times (medians of REPS, default 3): get from the host tier into CUDA
-#    tensors vs a pinned host-to-device copy of the same bytes (torch), put
-#    from CUDA tensors vs a device-to-pinned copy.
-# Ends with "KV GPU PASSED" or "KV GPU FAILED". Not yet run by its author
-# (no GPU there): the first run is the lead's.
+#    tensors vs a pinned host-to-device copy of the same bytes (torch), as
+#    one copy and as one copy per 2 MiB block on four streams; put from
+#    CUDA tensors vs a device-to-pinned copy.
+# 4. The disk tier, cold (REPS times): stops the node (its blocks stay on
+#    disk), drops the page cache, starts it again, page-locks the host tier
+#    with a first get of a missing key, then times the get of the first set
+#    (every block from disk, verified, byte-equal on the GPU) against
+#    `kylix bench-read` (O_DIRECT, io_uring) of the same block files after
+#    another cache drop. Root (drop_caches).
+# The node logs at debug level: its "kv: get into GPU memory" lines give
+# the time to hold the blocks, issue the copies and wait for them.
+# Ends with "KV GPU PASSED" or "KV GPU FAILED".
 set -uo pipefail
 out=${OUT:-/tmp/kylix-kv-out}; mkdir -p "$out"
 k=$PWD/.gpu/kylix
@@ -37,17 +45,29 @@ cleanup() {
 }
 trap cleanup EXIT
 mkdir -p "$mnt"
-setsid $k serve --mount "$mnt" --client-socket "$sock" --kv-block 2MiB --kv-mem "${KV_MEM:-8GiB}" --kv-disk "${KV_DISK:-16GiB}" > "$out/serve.log" 2>&1 &
-node=$!
-for _ in $(seq 1 300); do [ -S "$sock" ] && mountpoint -q "$mnt" && break; sleep 0.1; done
-[ -S "$sock" ] || { cat "$out/serve.log"; die "the node did not come up"; }
+start_node() {
+  rm -f "$sock"
+  setsid $k serve --log-level debug --mount "$mnt" --client-socket "$sock" --kv-block 2MiB --kv-mem "${KV_MEM:-8GiB}" --kv-disk "${KV_DISK:-16GiB}" >> "$out/serve.log" 2>&1 &
+  node=$!
+  for _ in $(seq 1 300); do [ -S "$sock" ] && mountpoint -q "$mnt" && break; sleep 0.1; done
+  [ -S "$sock" ] || { cat "$out/serve.log"; die "the node did not come up"; }
+}
+stop_node() { # SIGTERM: the node writes what is queued for the disk tier first
+  kill -TERM "$node"; for _ in $(seq 1 600); do kill -0 "$node" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$node" 2>/dev/null && die "the node did not stop within 60 s"
+  for _ in $(seq 1 100); do mountpoint -q "$mnt" || break; sleep 0.1; done
+  node=
+}
+start_node
 
+export OUT_FILES=$work/files
 PYTHONPATH=$PWD/contrib/python MNT=$mnt N=${N:-1024} REPS=${REPS:-3} python3 - <<'PY' || die "the client failed"
 import os, statistics, time, torch
 from kylix.kv import KVStore, key
 kv = KVStore(os.environ["MNT"]); n = int(os.environ["N"]); reps = int(os.environ["REPS"])
 bs = kv.block_size; assert bs == 2 << 20, bs
 dev = torch.device("cuda:0")
+torch.manual_seed(21)  # the disk phase below makes the same blocks again
 src = torch.randint(0, 256, (n, bs), dtype=torch.uint8, device=dev)  # one allocation, n blocks
 keys = [key("gpu-kv", i) for i in range(n)]
 def put(ks, t):
@@ -75,9 +95,16 @@ def timed(f):
     return n * bs / statistics.median(ts) / 1e9
 g = timed(lambda: kv.get(keys, out=[dst[i] for i in range(n)]))
 h2d = timed(lambda: dst.copy_(pinned, non_blocking=True))
+streams = [torch.cuda.Stream() for _ in range(4)]
+def per_block():
+    for i in range(n):
+        with torch.cuda.stream(streams[i % 4]):
+            dst[i].copy_(pinned[i], non_blocking=True)
+    for st in streams: st.synchronize()
+h2d_blocks = timed(per_block)
 p = timed(lambda: put(keys, src))
 d2h = timed(lambda: pinned.copy_(src, non_blocking=True))
-print(f"get host tier -> GPU {g:.2f} GB/s; pinned H2D {h2d:.2f} GB/s ({g / h2d:.2f}x)")
+print(f"get host tier -> GPU {g:.2f} GB/s; pinned H2D {h2d:.2f} GB/s ({g / h2d:.2f}x); pinned H2D block by block on 4 streams {h2d_blocks:.2f} GB/s ({g / h2d_blocks:.2f}x)")
 print(f"put GPU -> host tier {p:.2f} GB/s; D2H to pinned {d2h:.2f} GB/s ({p / d2h:.2f}x)")
 # Disk tier: push the first set out of memory with a second one, read it back.
 mem_blocks = kv.stats()["mem_budget"] // bs
@@ -90,6 +117,39 @@ hits = kv.get(keys, out=[dst[i] for i in range(n)])
 got = [i for i, h in enumerate(hits) if h]
 assert torch.equal(src[got], dst[got]), "disk tier: the blocks read back differ"
 print(f"disk tier: {len(got)} of {n} back, byte-equal on the GPU")
+ns = os.getuid()
+with open(os.environ["OUT_FILES"], "w") as f:
+    for k in keys:
+        f.write(os.path.join(os.environ["KYLIX_DATA"], "kv", f"{ns:08x}", k.hex() + ".kvb") + "\n")
 PY
 $k kv stats
+grep -c 'kv: get into GPU memory' "$out/serve.log" | sed 's/^/debug lines: /'
+grep 'kv: get into GPU memory' "$out/serve.log" | tail -3
+
+# The disk tier, cold, against O_DIRECT of the same files.
+drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+for r in $(seq 1 "${REPS:-3}"); do
+  stop_node; drop; start_node
+  PYTHONPATH=$PWD/contrib/python MNT=$mnt N=${N:-1024} python3 - <<'PY' || die "the client failed (disk tier)"
+import os, time, torch
+from kylix.kv import KVStore, key
+kv = KVStore(os.environ["MNT"]); n = int(os.environ["N"]); bs = kv.block_size
+dev = torch.device("cuda:0")
+torch.manual_seed(21)
+src = torch.randint(0, 256, (n, bs), dtype=torch.uint8, device=dev)
+keys = [key("gpu-kv", i) for i in range(n)]
+dst = torch.zeros_like(src)
+assert kv.get([key("gpu-kv-absent")], out=[dst[0]]) == [False]  # page-locks the host tier
+tiers = kv.contains(keys)
+assert tiers.count("disk") == n, {t: tiers.count(t) for t in set(tiers)}
+torch.cuda.synchronize(); t0 = time.perf_counter()
+hits = kv.get(keys, out=[dst[i] for i in range(n)])
+torch.cuda.synchronize(); dt = time.perf_counter() - t0
+assert all(hits), f"{hits.count(False)} misses from the disk tier"
+assert torch.equal(src, dst), "disk tier (cold): the blocks read back differ"
+print(f"  get disk tier (cold) -> GPU {n * bs / dt / 1e9:.2f} GB/s, byte-equal")
+PY
+  drop
+  $k bench-read --json $(cat "$OUT_FILES") | python3 -c 'import json,sys; d=json.load(sys.stdin); print("  raw O_DIRECT of the same block files", round(d["gb_per_s"],2), "GB/s")'
+done
 echo; echo "KV GPU PASSED"

@@ -95,6 +95,7 @@ names. Example and details: docs/examples/kylix.toml, docs/design/peers.md.`)
 	noPT := f.Bool("no-passthrough", false, "serve every file through the node, never FUSE passthrough")
 	readOnly := f.Bool("read-only", false, "mount read-only, with no round trip to the node to open or close a file: fastest for many small files (no writes, no passthrough; docs/design/fs.md)")
 	debug := f.Bool("debug", false, "log every FUSE request")
+	logLevel := f.String("log-level", "info", "least severe log messages written: debug, info, warn or error (debug adds timings of GPU copies)")
 	stopTimeout := f.Duration("stop-timeout", node.DefaultStopTimeout, "on SIGTERM, exit after this long even if open writes or requests have not finished")
 	scrubRate := f.Int64("scrub-rate", chunkstore.DefaultScrubRate,
 		"bytes per second the background scrub re-reads packs served by passthrough (0: no scrub; docs/design/verification.md)")
@@ -131,7 +132,11 @@ names. Example and details: docs/examples/kylix.toml, docs/design/peers.md.`)
 	if e.node != nil {
 		return fmt.Errorf("serve: a node already runs for this data directory")
 	}
-	log := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("serve: --log-level %q: use debug, info, warn or error", *logLevel)
+	}
+	log := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: level}))
 	if len(fromConfig) > 0 {
 		log.Info("settings from the config file", "file", configPath(f, *configFlag), "keys", strings.Join(fromConfig, ","))
 	}

@@ -1,6 +1,7 @@
 package kvstore
 
 import (
+	"container/heap"
 	"fmt"
 	"unsafe"
 
@@ -22,8 +23,8 @@ import (
 type arena struct {
 	mem  []byte
 	bs   int
-	free []int32 // slots holding nothing
-	refs []int32 // readers of each slot
+	free freeSlots // slots holding nothing, the lowest taken first
+	refs []int32   // readers of each slot
 	// orphan: the slot's block left the store while readers held it; the
 	// last of them frees it.
 	orphan []bool
@@ -41,9 +42,9 @@ func newArena(budget int64, bs int) (*arena, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kv: mapping the host tier (%d bytes): %w", n*int64(bs), err)
 	}
-	a := &arena{mem: mem, bs: bs, free: make([]int32, n), refs: make([]int32, n), orphan: make([]bool, n)}
+	a := &arena{mem: mem, bs: bs, free: make(freeSlots, n), refs: make([]int32, n), orphan: make([]bool, n)}
 	for i := range a.free {
-		a.free[i] = int32(n) - 1 - int32(i) // slot 0 is taken first
+		a.free[i] = int32(i) // ascending: already a heap
 	}
 	return a, nil
 }
@@ -56,13 +57,10 @@ func (a *arena) bytes(i int32) []byte {
 
 // take returns a free slot, or false.
 func (a *arena) take() (int32, bool) {
-	n := len(a.free)
-	if n == 0 {
+	if len(a.free) == 0 {
 		return 0, false
 	}
-	i := a.free[n-1]
-	a.free = a.free[:n-1]
-	return i, true
+	return heap.Pop(&a.free).(int32), true
 }
 
 // release gives slot i back: now, or when its last reader is done.
@@ -71,7 +69,7 @@ func (a *arena) release(i int32) {
 		a.orphan[i] = true
 		return
 	}
-	a.free = append(a.free, i)
+	heap.Push(&a.free, i)
 }
 
 func (a *arena) hold(i int32) { a.refs[i]++ }
@@ -81,7 +79,7 @@ func (a *arena) unhold(i int32) {
 	a.refs[i]--
 	if a.refs[i] == 0 && a.orphan[i] {
 		a.orphan[i] = false
-		a.free = append(a.free, i)
+		heap.Push(&a.free, i)
 	}
 }
 
@@ -105,4 +103,21 @@ func (a *arena) unmap() error {
 	err := unix.Munmap(a.mem)
 	a.mem = nil
 	return err
+}
+
+// freeSlots is a min-heap of free slots (container/heap). The lowest free
+// slot is taken first, so the blocks of a batch put together land in
+// adjacent slots wherever eviction freed a run of them, and a get of the
+// batch copies them to a GPU as one run (node: kvRuns), not block by block.
+type freeSlots []int32
+
+func (h freeSlots) Len() int           { return len(h) }
+func (h freeSlots) Less(i, j int) bool { return h[i] < h[j] }
+func (h freeSlots) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *freeSlots) Push(x any)        { *h = append(*h, x.(int32)) }
+func (h *freeSlots) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }

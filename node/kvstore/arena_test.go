@@ -135,3 +135,45 @@ func TestPeekIsNoGet(t *testing.T) {
 	assert.Equal(t, Disk, s.Contains(a))
 	assert.Equal(t, Miss, s.Peek(a).Tier, "on disk only")
 }
+
+// TestBatchLandsInAdjacentSlots: the blocks of a batch put one after the
+// other take adjacent slots, in a fresh tier and where eviction freed a
+// run of them or a clear freed them in any order, so a get of the batch
+// is one copy (node's kvRuns).
+func TestBatchLandsInAdjacentSlots(t *testing.T) {
+	s := open(t, "", 8, 0)
+	offsets := func(keys ...Key) []int64 {
+		var out []int64
+		for _, k := range keys {
+			h := s.Peek(k)
+			require.NotNil(t, h, "key %v is in memory", k)
+			off, ok := s.ArenaOffset(h.Bytes)
+			h.Release()
+			require.True(t, ok)
+			out = append(out, off/bs)
+		}
+		return out
+	}
+	var first, second, third []Key
+	for i := range 4 {
+		first, second, third = append(first, key(1, i)), append(second, key(2, i)), append(third, key(1, 20+i))
+	}
+	for _, k := range append(append([]Key{}, first...), second...) {
+		put(t, s, k)
+	}
+	assert.Equal(t, []int64{0, 1, 2, 3}, offsets(first...))
+	assert.Equal(t, []int64{4, 5, 6, 7}, offsets(second...))
+	// The tier is full: the third batch evicts the first, least recently
+	// used, and takes its slots in order.
+	for _, k := range third {
+		put(t, s, k)
+	}
+	assert.Equal(t, []int64{0, 1, 2, 3}, offsets(third...))
+	// A clear frees the slots in the order of a map; a new batch still
+	// takes them lowest first.
+	s.Clear(2, false)
+	for _, k := range second {
+		put(t, s, k)
+	}
+	assert.Equal(t, []int64{4, 5, 6, 7}, offsets(second...))
+}
