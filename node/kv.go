@@ -244,11 +244,17 @@ func (c *clientServer) kvPut(ns uint32, keys [][32]byte, read func(i int, dst []
 func (c *clientServer) kvGPU(op uint16, r clientproto.KVBlocksRequest, ns uint32) reply {
 	kv := c.kv
 	bs := kv.BlockSize()
+	opening := time.Now()
 	mem, d, done, err := c.kvOpenGPU(r, uint64(bs))
 	if err != nil {
 		return refuse(err)
 	}
-	defer done()
+	opened := time.Since(opening)
+	defer func() {
+		closing := time.Now()
+		done()
+		c.log.Debug("kv: GPU request", "op", op, "blocks", len(r.Keys), "open", opened, "close", time.Since(closing))
+	}()
 	host, streams := d.kv.pin(d, kv, c.log)
 	ctx := context.Background()
 	stream := func(i int) *cuda.Stream { return streams[i%len(streams)] }

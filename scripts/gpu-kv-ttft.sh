@@ -57,7 +57,7 @@ def start():
         os.unlink(sock)
     log = open(os.environ["SERVE_LOG"], "a")
     node = subprocess.Popen([os.environ["KYLIX"], "serve", "--mount", mnt, "--client-socket", sock,
-                             "--kv-block", "2MiB", "--kv-mem", "4GiB", "--kv-disk", "8GiB"],
+                             "--log-level", "debug", "--kv-block", "2MiB", "--kv-mem", "4GiB", "--kv-disk", "8GiB"],
                             stdout=log, stderr=log, start_new_session=True)
     for _ in range(300):
         if os.path.exists(sock) and os.path.ismount(mnt):

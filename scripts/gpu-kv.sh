@@ -14,7 +14,7 @@
 #    tensors vs a pinned host-to-device copy of the same bytes (torch), as
 #    one copy and as one copy per 2 MiB block on four streams; put from
 #    CUDA tensors vs a device-to-pinned copy.
-# 4. The disk tier, cold (REPS times): stops the node (its blocks stay on
+# 4. The disk tier, cold (DISK_REPS times, default REPS): stops the node (its blocks stay on
 #    disk), drops the page cache, starts it again, page-locks the host tier
 #    with a first get of a missing key, then times the get of the first set
 #    (every block from disk, verified, byte-equal on the GPU) against
@@ -128,7 +128,7 @@ grep 'kv: get into GPU memory' "$out/serve.log" | tail -3
 
 # The disk tier, cold, against O_DIRECT of the same files.
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
-for r in $(seq 1 "${REPS:-3}"); do
+for r in $(seq 1 "${DISK_REPS:-${REPS:-3}}"); do
   stop_node; drop; start_node
   PYTHONPATH=$PWD/contrib/python MNT=$mnt N=${N:-1024} python3 - <<'PY' || die "the client failed (disk tier)"
 import os, time, torch

@@ -85,13 +85,14 @@ def _is_cuda(obj) -> bool:
 
 
 def _cuda_ipc(t):
-    """(device index, 64-byte IPC handle, allocation base) of CUDA tensor t,
-    from the driver (kylix._node.ipc_handle, as kylix.torch's fill)."""
+    """(device index, 64-byte IPC handle, allocation base, allocation
+    size) of CUDA tensor t, from the driver (kylix._node.ipc_handle, as
+    kylix.torch's fill)."""
     import torch
     dev = t.device.index if t.device.index is not None else torch.cuda.current_device()
     with torch.cuda.device(dev):
-        handle, base, _size = _node.ipc_handle(t.data_ptr())
-    return dev, handle, base
+        handle, base, size = _node.ipc_handle(t.data_ptr())
+    return dev, handle, base, size
 
 
 def _cuda_sync(dev: int):
@@ -187,20 +188,28 @@ class KVStore:
         """[(device, body, [index])]: the blocks of CUDA tensors tensors[i]
         (i in idx), one request per allocation and at most MAX_KEYS keys."""
         groups = {}
-        # One IPC handle per storage, not per tensor: the blocks of a KV
-        # cache are views of a few large tensors, and asking the driver
+        # One IPC handle per allocation, not per tensor: the blocks of a
+        # KV cache are views of a few large tensors, and asking the driver
         # for a handle per block (cuIpcGetMemHandle, under a device
-        # switch) cost as much as copying the 2 MiB.
-        ipc = {}
+        # switch) cost as much as copying the 2 MiB. A tensor is matched
+        # to an allocation already seen by its address alone (the last
+        # one first: blocks come in runs), with no torch storage object
+        # made per tensor.
+        ranges = []  # (device, base, end, handle)
+        last = None
         for i in idx:
             t = tensors[i]
             _check_cuda(t, self.block_size)
-            st = (str(t.device), t.untyped_storage().data_ptr())
-            if st not in ipc:
-                ipc[st] = _cuda_ipc(t)
-            dev, handle, base = ipc[st]
+            p, dev = t.data_ptr(), t.get_device()
+            if last is None or last[0] != dev or not last[1] <= p < last[2]:
+                last = next((r for r in ranges if r[0] == dev and r[1] <= p < r[2]), None)
+                if last is None:
+                    d, handle, base, size = _cuda_ipc(t)
+                    last = (d, base, base + size, handle)
+                    ranges.append(last)
+            dev, base, _end, handle = last
             g = groups.setdefault((dev, base), (handle, []))
-            g[1].append((i, t.data_ptr() - base))
+            g[1].append((i, p - base))
         out = []
         for (dev, _base), (handle, items) in groups.items():
             for j in range(0, len(items), MAX_KEYS):

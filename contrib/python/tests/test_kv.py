@@ -191,8 +191,8 @@ class FakeCudaTensor:
     def data_ptr(self):
         return self.alloc.base + self.offset
 
-    def untyped_storage(self):
-        return types.SimpleNamespace(data_ptr=lambda: self.alloc.base)
+    def get_device(self):
+        return 0
 
     def is_contiguous(self):
         return True
@@ -265,7 +265,7 @@ class KVStubGPUTest(unittest.TestCase):
 
         def ipc(t):
             self.ipc_asked.append(t.alloc.path)
-            return 0, t.alloc.handle, t.alloc.base
+            return 0, t.alloc.handle, t.alloc.base, t.alloc.size
         kkv._cuda_ipc = ipc
         kkv._cuda_sync = self.synced.append
         self.addCleanup(lambda: setattr(kkv, "_cuda_ipc", saved[0]) or setattr(kkv, "_cuda_sync", saved[1]))
