@@ -315,6 +315,9 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 	}
 	ml.GossipVerifyIncoming, ml.GossipVerifyOutgoing = true, true
 	conf.MemberlistConfig = ml
+	if testGossip != nil {
+		testGossip(conf)
+	}
 	n.events = make(chan serf.Event, 256)
 	conf.EventCh = n.events
 	n.serf, err = serf.Create(conf)
@@ -376,6 +379,12 @@ func (n *Node) Join(addrs []string) error {
 	}
 	return nil
 }
+
+// testGossip, when set (by this package's tests only), adjusts the
+// gossip configuration of every node started: a graceful leave waits for
+// serf's LeavePropagateDelay (1 s) and its broadcast, about 2 s a member,
+// most of a cluster test's time.
+var testGossip func(*serf.Config)
 
 // Close leaves the cluster and stops serving.
 func (n *Node) Close() error {
