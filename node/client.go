@@ -270,6 +270,9 @@ type peer struct {
 	pid      int32
 	uid, gid uint32
 	ok       bool // SO_PEERCRED answered
+	// kvMaps: the CUDA allocations this connection's KV requests keep
+	// mapped (kv_ipc.go); nil on a node without a GPU service.
+	kvMaps *kvMaps
 }
 
 func peerOf(conn *net.UnixConn) peer {
@@ -308,6 +311,10 @@ func (c *clientServer) serveConn(conn *net.UnixConn, p peer, release func()) {
 		conn.Close()
 		release()
 	}()
+	if c.fill != nil {
+		p.kvMaps = newKVMaps(c.fill)
+		defer p.kvMaps.close()
+	}
 	log := c.log.With("client_pid", p.pid, "client_uid", p.uid)
 	// One byte more than the largest request, to tell an oversize datagram
 	// even where the kernel does not flag MSG_TRUNC.

@@ -171,7 +171,7 @@ func (c *clientServer) kvRequest(op uint16, body []byte, fds []int, p peer) repl
 		if err := wantFds(0); err != nil {
 			return refuse(err)
 		}
-		return c.kvGPU(op, r, p.uid)
+		return c.kvGPU(op, r, p)
 	}
 	if err := wantFds(1); err != nil {
 		return refuse(err)
@@ -241,11 +241,12 @@ func (c *clientServer) kvPut(ns uint32, keys [][32]byte, read func(i int, dst []
 // allocation, several in flight on a few streams; a get lends each block
 // (kvstore.Hold) until its copy is done. Where page-locking failed, the
 // copies are pageable (cuMemcpy, synchronous), as stats and the log say.
-func (c *clientServer) kvGPU(op uint16, r clientproto.KVBlocksRequest, ns uint32) reply {
+func (c *clientServer) kvGPU(op uint16, r clientproto.KVBlocksRequest, p peer) reply {
+	ns := p.uid
 	kv := c.kv
 	bs := kv.BlockSize()
 	opening := time.Now()
-	mem, d, done, err := c.kvOpenGPU(r, uint64(bs))
+	mem, d, done, reused, err := c.kvOpenGPU(r, uint64(bs), p.kvMaps)
 	if err != nil {
 		return refuse(err)
 	}
@@ -253,7 +254,8 @@ func (c *clientServer) kvGPU(op uint16, r clientproto.KVBlocksRequest, ns uint32
 	defer func() {
 		closing := time.Now()
 		done()
-		c.log.Debug("kv: GPU request", "op", op, "blocks", len(r.Keys), "open", opened, "close", time.Since(closing))
+		c.log.Debug("kv: GPU request", "op", op, "blocks", len(r.Keys), "mapping", map[bool]string{true: "kept", false: "opened"}[reused],
+			"open", opened, "close", time.Since(closing))
 	}()
 	host, streams := d.kv.pin(d, kv, c.log)
 	ctx := context.Background()
@@ -432,32 +434,40 @@ func (k *kvDev) close() error {
 }
 
 // kvOpenGPU opens the caller's CUDA allocation of a KV request (its IPC
-// handle, on the device's context that FILL holds: fill.go) and checks
-// every block against the allocation's size as the driver reports it,
-// never the caller's word, before any byte moves. done gives the mapping
-// and the device back.
-func (c *clientServer) kvOpenGPU(r clientproto.KVBlocksRequest, bs uint64) (*cuda.DeviceMem, *fillDev, func(), error) {
+// handle, on the device's context that FILL holds: fill.go), or finds it
+// among those the connection keeps mapped (maps, kv_ipc.go; nil: opened
+// for this request only), and checks every block against the
+// allocation's size as the driver reports it, never the caller's word,
+// before any byte moves. done gives back what this request alone holds;
+// reused says the mapping was the connection's already.
+func (c *clientServer) kvOpenGPU(r clientproto.KVBlocksRequest, bs uint64, maps *kvMaps) (mem *cuda.DeviceMem, d *fillDev, done func(), reused bool, err error) {
 	if c.fill == nil {
-		return nil, nil, nil, fmt.Errorf("this node serves no GPU: %w", syscall.ENODEV)
+		return nil, nil, nil, false, fmt.Errorf("this node serves no GPU: %w", syscall.ENODEV)
 	}
-	d, err := c.fill.acquire(int(r.Device))
-	if err != nil {
-		return nil, nil, nil, err
+	if maps != nil {
+		km, ok, err := maps.get(int(r.Device), r.IPCHandle)
+		if err != nil {
+			return nil, nil, nil, false, err
+		}
+		mem, d, done, reused = km.mem, km.d, func() {}, ok
+	} else {
+		if d, err = c.fill.acquire(int(r.Device)); err != nil {
+			return nil, nil, nil, false, err
+		}
+		if mem, err = d.dev.Context().OpenIPCMem(r.IPCHandle); err != nil {
+			c.fill.release(d)
+			return nil, nil, nil, false, fmt.Errorf("cannot open the CUDA IPC handle on cuda:%d (from cuIpcGetMemHandle of an allocation on that device, in another process): %v: %w", r.Device, err, syscall.EINVAL)
+		}
+		done = func() { mem.Free(); c.fill.release(d) }
 	}
-	mem, err := d.dev.Context().OpenIPCMem(r.IPCHandle)
-	if err != nil {
-		c.fill.release(d)
-		return nil, nil, nil, fmt.Errorf("cannot open the CUDA IPC handle on cuda:%d (from cuIpcGetMemHandle of an allocation on that device, in another process): %v: %w", r.Device, err, syscall.EINVAL)
-	}
-	done := func() { mem.Free(); c.fill.release(d) }
 	alloc := uint64(mem.Size())
 	for i, off := range r.Offsets {
 		if off > alloc || bs > alloc-off {
 			done()
-			return nil, nil, nil, fmt.Errorf("block %d at offset %d (%d bytes) does not fit the allocation's %d bytes: %w", i, off, bs, alloc, syscall.EFAULT)
+			return nil, nil, nil, false, fmt.Errorf("block %d at offset %d (%d bytes) does not fit the allocation's %d bytes: %w", i, off, bs, alloc, syscall.EFAULT)
 		}
 	}
-	return mem, d, done, nil
+	return mem, d, done, reused, nil
 }
 
 // kvWorkers bounds the keys of one request handled at once: a put hashes

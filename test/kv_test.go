@@ -17,6 +17,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -643,4 +644,80 @@ func TestKVStubGPUConcurrent(t *testing.T) {
 			})
 		}
 	})
+}
+
+// TestKVStubGPUKeepsMappings: a connection's GPU KV requests keep the
+// caller's allocations mapped in the node between requests (opening an
+// IPC handle per request cost more than the copies), at most eight per
+// connection, the least recently used unmapped first, and none once the
+// connection closes. The stub driver maps an allocation's /dev/shm file,
+// so the node's /proc/PID/maps shows what it keeps.
+func TestKVStubGPUKeepsMappings(t *testing.T) {
+	requireFUSE(t)
+	data, mnt := dirs(t)
+	n, sock := startStubGPUNode(t, data, mnt, "--kv-block", "64KiB", "--kv-mem", "1MiB")
+	mapped := func(a *shmAlloc) int {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", n.cmd.Process.Pid))
+		require.NoError(t, err)
+		return strings.Count(string(b), a.path)
+	}
+	get := func(c *clientConn, a *shmAlloc, id int) int {
+		req := clientproto.KVBlocksRequest{Device: 0, IPCHandle: a.handle, Offsets: []uint64{0}, Keys: [][32]byte{kvKey(id)}}
+		r := c.req(clientproto.OpKVGet, req.Append(nil))
+		require.Zero(t, r.status, r.msg)
+		_, tiers, err := clientproto.ParseKVTiers(r.fields)
+		require.NoError(t, err)
+		return int(tiers[0])
+	}
+	c := dialClient(t, sock)
+	src := newShmAlloc(t, kvBlock)
+	require.NoError(t, os.WriteFile(src.path, kvBlockOf(1, "gpu"), 0o600))
+	r := c.req(clientproto.OpKVPut, clientproto.KVBlocksRequest{Device: 0, IPCHandle: src.handle, Offsets: []uint64{0}, Keys: [][32]byte{kvKey(1)}}.Append(nil))
+	require.Zero(t, r.status, r.msg)
+	assert.Equal(t, 1, mapped(src), "the put's allocation stays mapped after its request")
+
+	dst := newShmAlloc(t, kvBlock)
+	for range 3 {
+		require.NoError(t, os.WriteFile(dst.path, make([]byte, kvBlock), 0o600))
+		assert.Equal(t, clientproto.KVMemory, get(c, dst, 1))
+		got, err := os.ReadFile(dst.path)
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(got, kvBlockOf(1, "gpu")), "each get lands in the allocation named")
+		assert.Equal(t, 1, mapped(dst), "one mapping for the allocation, however many requests")
+	}
+	// A new allocation has a new handle: the block lands there, not in
+	// the one kept mapped.
+	other := newShmAlloc(t, kvBlock)
+	assert.Equal(t, clientproto.KVMemory, get(c, other, 1))
+	got, err := os.ReadFile(other.path)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(got, kvBlockOf(1, "gpu")))
+
+	// Eight more allocations: the connection keeps eight, the least
+	// recently used (src, then dst) unmapped first.
+	var more []*shmAlloc
+	for range 8 {
+		a := newShmAlloc(t, kvBlock)
+		more = append(more, a)
+		get(c, a, 1)
+	}
+	assert.Zero(t, mapped(src), "least recently used: unmapped")
+	assert.Zero(t, mapped(dst), "next least recently used: unmapped")
+	for _, a := range more {
+		assert.Equal(t, 1, mapped(a))
+	}
+	// Another connection's requests map their own; closing the first
+	// unmaps everything it kept.
+	c2 := dialClient(t, sock)
+	assert.Equal(t, clientproto.KVMemory, get(c2, dst, 1))
+	c.c.Close()
+	waitFor(t, 10*time.Second, "the closed connection's allocations unmapped", func() bool {
+		for _, a := range append(more, other) {
+			if mapped(a) != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	assert.Equal(t, 1, mapped(dst), "the open connection keeps its own")
 }

@@ -136,7 +136,13 @@ def _span(obj, block_size: int, writable: bool):
 class KVStore:
     """The KV store of the node serving mount_point (found by
     KYLIX_IOC_PROBE on the mount, as kylix.torch finds it). One connection;
-    calls are serialised. Close it (or use it as a context manager)."""
+    calls are serialised. Close it (or use it as a context manager).
+
+    The node keeps the CUDA allocations that puts and gets name mapped
+    (up to eight) until the store is closed, so later requests pay no IPC
+    open: memory given back to the driver meanwhile (torch.cuda.empty_cache)
+    stays allocated until then. Close the store before freeing its
+    tensors' memory for good."""
 
     def __init__(self, mount_point: str, socket_path: str | None = None):
         self._client = _node.NodeClient(socket_path or _socket_of(mount_point))
