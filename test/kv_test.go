@@ -135,7 +135,8 @@ type kvCLIStats struct {
 			Blocks, Hits int64
 		} `json:"disk"`
 		Puts, Refused, Misses, Dirty int64
-		VerifyFailures               int64 `json:"verify_failures"`
+		VerifyFailures               int64  `json:"verify_failures"`
+		DiskReads                    string `json:"disk_reads"`
 	} `json:"stats"`
 }
 
@@ -240,6 +241,18 @@ func TestKVThroughClientSocket(t *testing.T) {
 	assert.Equal(t, []byte{2, 2, 0, 2}, c.kvGet(fd, "root", 0, 1, 5, 7), "after the restart, from disk; 5's flipped byte is a miss")
 	assert.Equal(t, []byte{0}, c.kvContains(5), "the damaged block is dropped")
 	assert.Equal(t, int64(1), kvStatsCLI(t, data).Stats.VerifyFailures)
+	// The disk tier read those blocks with O_DIRECT where the data
+	// directory's file system takes it, and says how it reads.
+	wantReads := "O_DIRECT"
+	probe := filepath.Join(t.TempDir(), "probe") // the same file system as data
+	require.NoError(t, os.WriteFile(probe, make([]byte, 4096), 0o600))
+	if f, err := os.OpenFile(probe, os.O_RDONLY|syscall.O_DIRECT, 0); err != nil {
+		wantReads = "buffered: O_DIRECT refused"
+	} else {
+		f.Close()
+	}
+	assert.True(t, strings.HasPrefix(kvStatsCLI(t, data).Stats.DiskReads, wantReads), kvStatsCLI(t, data).Stats.DiskReads)
+	assert.Contains(t, mustKylix(t, "", "kv", "stats", "--data", data), "disk reads "+wantReads)
 
 	// Model GC, compaction and fsck never touch the KV tier's files.
 	importFiles(t, data, map[string][]byte{"model": randomBytes(3<<20, 97)})

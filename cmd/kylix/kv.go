@@ -74,6 +74,9 @@ node runs.`).withJSON()
 	}
 	tier("memory", st.Memory)
 	tier("disk", st.Disk)
+	if st.DiskReads != "" {
+		fmt.Fprintf(w, "  disk reads %s\n", st.DiskReads)
+	}
 	fmt.Fprintf(w, "  puts %d, refused %d; misses %d; waiting for disk %d\n", st.Puts, st.Refused, st.Misses, st.Dirty)
 	fmt.Fprintf(w, "  disk writes %d, failed %d (kept in memory only: %d); failed checks %d\n", st.DiskWrites, st.DiskWriteErrors, st.MemoryOnly, st.VerifyFailures)
 	if st.DiskLastError != "" {

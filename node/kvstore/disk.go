@@ -21,6 +21,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/kylix/kylix/chunkstore"
 )
@@ -63,21 +64,86 @@ func (s *Store) path(k Key) string {
 // whose bytes fail their BLAKE3.
 var errBadBlock = errors.New("kv: block file failed its check")
 
+// errDirectRefused: the file system would not read a block file with
+// O_DIRECT (tmpfs, some FUSE and network file systems).
+var errDirectRefused = errors.New("O_DIRECT refused")
+
+// DiskReadsDirect and DiskReadsBuffered name how the disk tier reads
+// blocks (Stats.DiskReads); a buffered tier says why after a colon.
+const (
+	DiskReadsDirect   = "O_DIRECT"
+	DiskReadsBuffered = "buffered"
+)
+
+// pageSize is the alignment O_DIRECT asks of offsets, lengths and memory.
+const pageSize = 4096
+
+// aligned reports whether b may be read into with O_DIRECT.
+func aligned(b []byte) bool {
+	return len(b) > 0 && len(b)%pageSize == 0 && uintptr(unsafe.Pointer(unsafe.SliceData(b)))%pageSize == 0
+}
+
+// alignedPage returns a page-aligned buffer of one page (for a block
+// file's trailer under O_DIRECT).
+func alignedPage() []byte {
+	b := make([]byte, 2*pageSize)
+	off := (pageSize - int(uintptr(unsafe.Pointer(unsafe.SliceData(b)))%pageSize)) % pageSize
+	return b[off : off+pageSize : off+pageSize]
+}
+
+// readBlock reads k's block file into data and verifies it, with
+// O_DIRECT where the block and data allow it and the file system takes
+// it: a block read from the disk tier goes into the host tier, so
+// keeping it in the page cache as well would only push out what others
+// read (a model's packs). The first refusal turns the tier buffered for
+// good, as Stats.DiskReads and the log say.
+func (s *Store) readBlock(path string, k Key, data []byte) (chunkstore.ID, error) {
+	if s.direct.Load() && aligned(data) {
+		sum, err := s.read(path, k, data, true)
+		if !errors.Is(err, errDirectRefused) {
+			return sum, err
+		}
+		s.mu.Lock()
+		if s.direct.Swap(false) {
+			s.diskReads = DiskReadsBuffered + ": " + err.Error()
+			s.log.Warn("kv: the disk tier reads through the page cache: its file system refused O_DIRECT", "dir", s.opt.Dir, "err", err)
+		}
+		s.mu.Unlock()
+	}
+	return s.read(path, k, data, false)
+}
+
 // readBlockFile reads k's block file into data (one block long) and
-// verifies it; it returns the block's BLAKE3.
-func readBlockFile(path string, k Key, data []byte) (chunkstore.ID, error) {
+// verifies it; it returns the block's BLAKE3. With direct, the file is
+// opened O_DIRECT (data must be aligned); errDirectRefused when the file
+// system will not.
+func readBlockFile(path string, k Key, data []byte, direct bool) (chunkstore.ID, error) {
 	var sum chunkstore.ID
-	f, err := os.Open(path)
+	flags := os.O_RDONLY
+	if direct {
+		flags |= syscall.O_DIRECT
+	}
+	f, err := os.OpenFile(path, flags, 0)
+	if direct && errors.Is(err, syscall.EINVAL) {
+		return sum, fmt.Errorf("%w: opening %s: %w", errDirectRefused, path, err)
+	}
 	if err != nil {
 		return sum, err
 	}
 	defer f.Close()
 	blockSize := len(data)
 	n, err := f.ReadAt(data, 0)
+	if direct && n == 0 && errors.Is(err, syscall.EINVAL) {
+		return sum, fmt.Errorf("%w: reading %s: %w", errDirectRefused, path, err)
+	}
 	if err != nil && !(errors.Is(err, io.EOF) && n == len(data)) {
 		return sum, fmt.Errorf("%w: %s: %w", errBadBlock, path, err)
 	}
-	t := make([]byte, trailerSize+1) // one byte more: a longer file is refused
+	// One byte more than the trailer: a longer file is refused.
+	t := make([]byte, trailerSize+1)
+	if direct {
+		t = alignedPage()
+	}
 	n, err = f.ReadAt(t, int64(blockSize))
 	if n != trailerSize {
 		return sum, fmt.Errorf("%w: %s: the trailer: %d bytes (%v), want %d", errBadBlock, path, n, err, trailerSize)

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kylix/kylix/chunkstore"
@@ -115,18 +116,22 @@ type Store struct {
 	// copy to the caller (fn).
 	getLatency [3]latency
 
-	mu       sync.Mutex
-	arena    *arena
-	hostMem  string
-	lent     int        // slots lent to readers and puts filling slots
-	unlent   *sync.Cond // signalled when lent falls to 0
-	idle     *sync.Cond // signalled when the write queue empties
-	wake     chan struct{}
-	m        map[Key]*entry
-	memLRU   *list.List // front: most recently used
-	diskLRU  *list.List
-	memUsed  int64
-	diskUsed int64
+	mu      sync.Mutex
+	arena   *arena
+	hostMem string
+	// direct: disk reads use O_DIRECT (until the file system refuses it;
+	// diskReads then says why).
+	direct    atomic.Bool
+	diskReads string
+	lent      int        // slots lent to readers and puts filling slots
+	unlent    *sync.Cond // signalled when lent falls to 0
+	idle      *sync.Cond // signalled when the write queue empties
+	wake      chan struct{}
+	m         map[Key]*entry
+	memLRU    *list.List // front: most recently used
+	diskLRU   *list.List
+	memUsed   int64
+	diskUsed  int64
 	// memNS, diskNS: blocks per namespace in each tier (share.go).
 	memNS, diskNS nsCount
 	dirty         int
@@ -138,6 +143,9 @@ type Store struct {
 
 	// write writes a block file (tests inject failures).
 	write func(path string, data []byte, tr []byte) error
+	// read reads and verifies a block file (readBlockFile; tests make
+	// a file system refuse O_DIRECT with it).
+	read func(path string, k Key, data []byte, direct bool) (chunkstore.ID, error)
 }
 
 type counters struct {
@@ -169,9 +177,15 @@ func Open(opt Options) (*Store, error) {
 	}
 	s := &Store{opt: opt, log: opt.Logger, diskSize: diskSize(opt.BlockSize), m: map[Key]*entry{}, arena: a, hostMem: HostMemory,
 		memNS: nsCount{}, diskNS: nsCount{},
-		memLRU: list.New(), diskLRU: list.New(), wake: make(chan struct{}, 1), done: make(chan struct{}), write: writeBlockFile}
+		memLRU: list.New(), diskLRU: list.New(), wake: make(chan struct{}, 1), done: make(chan struct{}), write: writeBlockFile, read: readBlockFile}
 	s.idle = sync.NewCond(&s.mu)
 	s.unlent = sync.NewCond(&s.mu)
+	if opt.BlockSize%pageSize == 0 {
+		s.direct.Store(true)
+		s.diskReads = DiskReadsDirect
+	} else {
+		s.diskReads = fmt.Sprintf("%s: the block size (%d bytes) is not a multiple of %d", DiskReadsBuffered, opt.BlockSize, pageSize)
+	}
 	if opt.DiskBudget > 0 {
 		if err := s.rebuild(); err != nil {
 			a.unmap()
@@ -410,7 +424,7 @@ func (s *Store) Hold(k Key) *Held {
 	} else {
 		buf = make([]byte, s.opt.BlockSize)
 	}
-	sum, err := readBlockFile(s.path(k), k, buf)
+	sum, err := s.readBlock(s.path(k), k, buf)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	h := &Held{Tier: Disk, Bytes: buf, Sum: sum, s: s, slot: -1, start: start}
@@ -591,12 +605,15 @@ type TierStats struct {
 
 // Stats are the store's figures since Open.
 type Stats struct {
-	BlockSize  int       `json:"block_size"`
-	HostMemory string    `json:"host_memory"`
-	Dir        string    `json:"dir,omitempty"`
-	Memory     TierStats `json:"memory"`
-	Disk       TierStats `json:"disk"`
-	Puts       int64     `json:"puts"`
+	BlockSize  int    `json:"block_size"`
+	HostMemory string `json:"host_memory"`
+	Dir        string `json:"dir,omitempty"`
+	// DiskReads: how the disk tier reads blocks: DiskReadsDirect, or
+	// DiskReadsBuffered and why.
+	DiskReads string    `json:"disk_reads,omitempty"`
+	Memory    TierStats `json:"memory"`
+	Disk      TierStats `json:"disk"`
+	Puts      int64     `json:"puts"`
 	// Refused: puts refused with ErrFull.
 	Refused int64 `json:"refused"`
 	Misses  int64 `json:"misses"`
@@ -624,6 +641,9 @@ func (s *Store) Stats() Stats {
 		Disk:   TierStats{Blocks: int64(s.diskLRU.Len()), Bytes: s.diskUsed, Budget: s.opt.DiskBudget, Hits: st.diskHits, ReadBytes: st.diskReadBytes, Evictions: st.diskEvictions},
 		Puts:   st.puts, Refused: st.refused, Misses: st.misses, Dirty: int64(s.dirty), DiskWrites: st.diskWrites,
 		DiskWriteErrors: st.diskWriteErrors, MemoryOnly: st.memOnly, VerifyFailures: st.verifyFailures}
+	if s.opt.DiskBudget > 0 {
+		out.DiskReads = s.diskReads
+	}
 	out.Memory.GetLatency, out.Disk.GetLatency = s.getLatency[Memory].snapshot(), s.getLatency[Disk].snapshot()
 	if st.lastDiskError != "" {
 		out.DiskLastError = st.lastDiskErrorAt.UTC().Format(time.RFC3339) + ": " + st.lastDiskError

@@ -7,14 +7,18 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
+	"github.com/kylix/kylix/chunkstore"
 	"github.com/kylix/kylix/internal/testneeds"
 )
 
@@ -316,4 +320,90 @@ func TestConcurrentSameKeys(t *testing.T) {
 	assert.Equal(t, int64(8*100), st.Memory.Hits+st.Disk.Hits+st.Misses)
 	assert.Equal(t, int64(0), st.VerifyFailures)
 	t.Logf("%+v", st) // disk hits depend on the scheduling: usually a third of the gets
+}
+
+// TestDiskReadsBypassThePageCache: a block got from the disk tier is read
+// with O_DIRECT (it goes into the host tier; a copy in the page cache
+// would only push out others' data): after its file's pages are dropped,
+// a disk hit leaves none of them cached. Stats say how the tier reads.
+func TestDiskReadsBypassThePageCache(t *testing.T) {
+	dir := t.TempDir()
+	probe := filepath.Join(dir, "probe")
+	require.NoError(t, os.WriteFile(probe, make([]byte, pageSize), 0o600))
+	if f, err := os.OpenFile(probe, os.O_RDONLY|syscall.O_DIRECT, 0); err != nil {
+		testneeds.Missing(t, "the file system of %s refuses O_DIRECT: %v", dir, err)
+	} else {
+		f.Close()
+	}
+	s := open(t, dir, 1, 4)
+	a, b := key(1, 0), key(1, 1)
+	put(t, s, a)
+	put(t, s, b) // a is on disk only now
+	require.Equal(t, Disk, s.Contains(a))
+	path := s.path(a)
+	cached := func() int {
+		f, err := os.Open(path)
+		require.NoError(t, err)
+		defer f.Close()
+		require.NoError(t, f.Sync())
+		fi, err := f.Stat()
+		require.NoError(t, err)
+		m, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
+		require.NoError(t, err)
+		defer unix.Munmap(m)
+		vec := make([]byte, (len(m)+pageSize-1)/pageSize)
+		_, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(unsafe.SliceData(m))), uintptr(len(m)), uintptr(unsafe.Pointer(unsafe.SliceData(vec))))
+		require.Zero(t, errno, "mincore")
+		n := 0
+		for _, v := range vec {
+			n += int(v & 1)
+		}
+		return n
+	}
+	drop := func() {
+		f, err := os.Open(path)
+		require.NoError(t, err)
+		defer f.Close()
+		require.NoError(t, f.Sync())
+		require.NoError(t, unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED))
+	}
+	drop()
+	require.Zero(t, cached(), "the block file's pages were dropped")
+	assert.Equal(t, Disk, get(t, s, a))
+	assert.Zero(t, cached(), "a disk hit cached none of the file's pages")
+	assert.Equal(t, DiskReadsDirect, s.Stats().DiskReads)
+}
+
+// TestDiskReadsBufferedWhereRefused: where the file system refuses
+// O_DIRECT the tier reads through the page cache from then on, and its
+// stats say so and why; the blocks are still there.
+func TestDiskReadsBufferedWhereRefused(t *testing.T) {
+	s := open(t, t.TempDir(), 1, 4)
+	directTries := 0
+	s.read = func(path string, k Key, data []byte, direct bool) (chunkstore.ID, error) {
+		if direct {
+			directTries++
+			return chunkstore.ID{}, fmt.Errorf("%w: opening %s: %w", errDirectRefused, path, syscall.EINVAL)
+		}
+		return readBlockFile(path, k, data, false)
+	}
+	keys := []Key{key(1, 0), key(1, 1), key(1, 2)}
+	for _, k := range keys {
+		put(t, s, k)
+	}
+	assert.Equal(t, Disk, get(t, s, keys[0]))
+	assert.Equal(t, Disk, get(t, s, keys[1]))
+	assert.Equal(t, 1, directTries, "one refusal turns the tier buffered")
+	st := s.Stats()
+	assert.True(t, strings.HasPrefix(st.DiskReads, DiskReadsBuffered+": O_DIRECT refused"), st.DiskReads)
+
+	// A block size O_DIRECT cannot read is buffered from the start.
+	odd, err := Open(Options{BlockSize: 1000, MemBudget: 1000, DiskBudget: 4 * diskSize(1000), Dir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(odd.Close)
+	assert.Contains(t, odd.Stats().DiskReads, "not a multiple of 4096")
+	mem, err := Open(Options{BlockSize: bs, MemBudget: bs})
+	require.NoError(t, err)
+	t.Cleanup(mem.Close)
+	assert.Empty(t, mem.Stats().DiskReads, "no disk tier: nothing to say")
 }
