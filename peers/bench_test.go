@@ -3,6 +3,7 @@ package peers
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -146,4 +147,83 @@ func benchNode(b *testing.B, name string, key Key, reader bool, join ...string) 
 	require.NoError(b, n.Start(s, nil))
 	b.Cleanup(func() { n.Close() })
 	return &testNode{n, s}
+}
+
+// BenchmarkFetchKV: one member gets KV blocks of 2 MiB another keeps, as
+// a node's KV get does on a miss (FetchKV: the data plane, each block
+// checked against the BLAKE3 it came with), eight in flight as the
+// node's eight KV workers ask them. Against BenchmarkTLSBlake3Ceiling.
+func BenchmarkFetchKV(b *testing.B) {
+	key, _ := NewKey()
+	holder := benchNode(b, "holder", key, false)
+	reader := benchNode(b, "reader", key, false, holder.cfg.Listen)
+	for deadline := time.Now().Add(20 * time.Second); len(reader.livePeers()) != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			b.Fatal("the two members did not see each other")
+		}
+	}
+	const block = 2 << 20
+	kv := &sumKV{m: map[string]sumBlock{}}
+	require.NoError(b, holder.SetKV(kv))
+	require.NoError(b, reader.SetKV(&mapKV{m: map[string][]byte{}}))
+	data := randBytes(benchSize())
+	var keys [][32]byte
+	for i := 0; i+block <= len(data); i += block {
+		var k [32]byte
+		copy(k[:], fmt.Sprintf("bench-kv-%d", i))
+		require.NoError(b, kv.PutBlock(0, k, data[i:i+block]))
+		keys = append(keys, k)
+	}
+	b.SetBytes(int64(len(keys) * block))
+	b.ReportMetric(float64(len(keys)), "blocks")
+	b.ResetTimer()
+	for range b.N {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				for i := next.Add(1) - 1; i < int64(len(keys)); i = next.Add(1) - 1 {
+					if _, _, ok := reader.FetchKV(context.Background(), 0, keys[i]); !ok {
+						b.Error("a block the holder keeps was a miss")
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+}
+
+// sumKV is a member's KV store for BenchmarkFetchKV: blocks with their
+// BLAKE3 taken at put, as the node's store keeps them (mapKV hashes at
+// every get, which a two-core machine would pay on the sender's side).
+type sumKV struct {
+	mu sync.Mutex
+	m  map[string]sumBlock
+}
+
+type sumBlock struct {
+	b   []byte
+	sum chunkstore.ID
+}
+
+func (k *sumKV) PutBlock(ns uint32, key [32]byte, b []byte) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.m[kvName(ns, key)] = sumBlock{b, chunkstore.Sum(b)}
+	return nil
+}
+
+func (k *sumKV) GetBlock(ns uint32, key [32]byte) ([]byte, chunkstore.ID, func(), bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	x, ok := k.m[kvName(ns, key)]
+	return x.b, x.sum, func() {}, ok
+}
+
+func (k *sumKV) HasBlock(ns uint32, key [32]byte) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	_, ok := k.m[kvName(ns, key)]
+	return ok
 }
