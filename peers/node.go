@@ -88,6 +88,10 @@ type Config struct {
 	// FetchTimeout bounds one attempt to fetch a chunk from one member.
 	// Default 30 s.
 	FetchTimeout time.Duration
+	// LeaveDelay is how long Close waits after announcing the leave, so
+	// the others learn this member left rather than failed: 0 means
+	// DefaultLeaveDelay, negative none.
+	LeaveDelay time.Duration
 	// CacheDir holds the peer cache (chunks fetched from other members);
 	// empty: no peer cache. CacheBytes is its budget (default
 	// DefaultCacheBytes).
@@ -315,6 +319,9 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 	}
 	ml.GossipVerifyIncoming, ml.GossipVerifyOutgoing = true, true
 	conf.MemberlistConfig = ml
+	if n.cfg.LeaveDelay != 0 {
+		conf.LeavePropagateDelay = max(n.cfg.LeaveDelay, 0)
+	}
 	if testGossip != nil {
 		testGossip(conf)
 	}

@@ -31,6 +31,9 @@ const DefaultRepairRate = 200 << 20
 // its chunks before the others repair them.
 const DefaultFailureGrace = 30 * time.Second
 
+// DefaultLeaveDelay is Config.LeaveDelay's default: serf's.
+const DefaultLeaveDelay = time.Second
+
 // placeEvery is how often placement runs without a namespace or membership
 // change.
 const placeEvery = 30 * time.Second

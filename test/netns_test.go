@@ -122,7 +122,7 @@ func (c *netnsCluster) startAt(i int, data, mnt, key string, extra []string, joi
 	t.Helper()
 	addr := c.addr(i) + ":7946"
 	args := []string{"--net=/var/run/netns/" + c.nodes[i], kylixBin, "serve", "--data", data, "--mount", mnt,
-		"--listen", addr, "--cluster-key", key, "--node-name", fmt.Sprintf("n%d", i), "--log-gossip"}
+		"--listen", addr, "--cluster-key", key, "--node-name", fmt.Sprintf("n%d", i), "--log-gossip", "--leave-delay", "10ms"}
 	var js []string
 	for _, j := range join {
 		js = append(js, c.addr(j)+":7946")

@@ -28,7 +28,7 @@ type peerFlags struct {
 	replicas, readAhead                           *int
 	logGossip                                     *bool
 	repairRate                                    *int64
-	failureGrace                                  *time.Duration
+	failureGrace, leaveDelay                      *time.Duration
 }
 
 func addPeerFlags(f *flags) *peerFlags {
@@ -48,6 +48,8 @@ func addPeerFlags(f *flags) *peerFlags {
 		repairRate: f.Int64("repair-rate", peers.DefaultRepairRate, "placement and repair pulls: at most BYTES a second (0: no limit)"),
 		failureGrace: f.Duration("failure-grace", peers.DefaultFailureGrace,
 			"how long after gossip marks a member failed its chunks are repaired elsewhere (0: at once)"),
+		leaveDelay: f.Duration("leave-delay", peers.DefaultLeaveDelay,
+			"on stop, how long the member waits after announcing its leave, so the others learn it left rather than failed (0: none)"),
 		role:      f.String("role", "node", "node (stores its share of the cluster's chunks) or reader (owns none: reads from the others, keeps what it fetched in its peer cache and what it pins; for GPU nodes that load models)"),
 		logGossip: f.Bool("log-gossip", false, "log every line of the gossip layer (serf, memberlist), not only its warnings and errors: joins, state exchanges, probes (diagnosis)"),
 	}
@@ -107,6 +109,7 @@ func (pf *peerFlags) config(data string, log *slog.Logger) (*peers.Config, error
 		Capacity: capacity, Zone: *pf.zone, Replicas: *pf.replicas, Version: "dev", Logger: log,
 		Plaintext: *pf.dataPlane == "plaintext", GossipLog: *pf.logGossip, Reader: *pf.role == "reader",
 		RepairRate: orNone(*pf.repairRate), FailureGrace: time.Duration(orNone(int64(*pf.failureGrace))),
+		LeaveDelay:    time.Duration(orNone(int64(*pf.leaveDelay))),
 		CorruptServed: os.Getenv("KYLIX_TEST_PEER_CORRUPT") == "1", ServeDelay: testServeDelay(),
 		HandshakeTimeout: testDuration("KYLIX_TEST_PEER_HANDSHAKE"), IdleTimeout: testDuration("KYLIX_TEST_PEER_IDLE")}, nil
 }
