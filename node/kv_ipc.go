@@ -68,19 +68,6 @@ func (m *kvMaps) get(dev int, handle [cuda.IPCHandleSize]byte) (km *kvMap, reuse
 	return km, false, nil
 }
 
-// drop closes km now (its request found it unusable).
-func (m *kvMaps) drop(km *kvMap) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for i, x := range m.open {
-		if x == km {
-			m.open = append(m.open[:i], m.open[i+1:]...)
-			m.closeLocked(km)
-			return
-		}
-	}
-}
-
 // close unmaps every allocation of the connection (it ended).
 func (m *kvMaps) close() {
 	m.mu.Lock()
@@ -94,11 +81,4 @@ func (m *kvMaps) close() {
 func (m *kvMaps) closeLocked(km *kvMap) {
 	km.mem.Free()
 	m.fill.release(km.d)
-}
-
-// len is how many allocations the connection keeps mapped.
-func (m *kvMaps) len() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return len(m.open)
 }
