@@ -212,13 +212,21 @@ func (c *clientServer) kvRequest(op uint16, body []byte, fds []int, p peer) repl
 func (c *clientServer) kvPut(ns uint32, keys [][32]byte, read func(i int, dst []byte) error) reply {
 	kv := c.kv
 	status := make([]int32, len(keys))
+	// The keys take their slots in their order (the copies and hashes
+	// still run in parallel), so a batch lands in adjacent slots where
+	// the tier has them free (the arena gives the lowest first) and its
+	// get is a few long copies (kvRuns).
+	turn := newKVTurns()
 	err := eachKey(len(keys), func(i int) error {
 		var rerr error
 		k := kvstore.Key{NS: ns, ID: keys[i]}
+		turn.wait(i)
 		err := kv.PutFrom(k, func(dst []byte) error {
+			turn.done(i) // the slot is taken: the next key may take its own
 			rerr = read(i, dst)
 			return rerr
 		})
+		turn.done(i) // refused: no slot was taken
 		switch {
 		case rerr != nil:
 			return fmt.Errorf("reading block %d from the caller's memory: %w", i, errnoOr(rerr, syscall.EIO))
@@ -233,6 +241,40 @@ func (c *clientServer) kvPut(ns uint32, keys [][32]byte, read func(i int, dst []
 		return refuse(err)
 	}
 	return reply{fields: clientproto.AppendKVPut(nil, uint32(kv.BlockSize()), status)}
+}
+
+// kvTurns lets the keys of a request take a step in their order: key i
+// waits until every key before it is done with it. Keys are handed to the
+// workers in order (eachKey), so a wait is short.
+type kvTurns struct {
+	mu   sync.Mutex
+	cond *sync.Cond
+	next int
+}
+
+func newKVTurns() *kvTurns {
+	t := &kvTurns{}
+	t.cond = sync.NewCond(&t.mu)
+	return t
+}
+
+// wait blocks until every key before i is done.
+func (t *kvTurns) wait(i int) {
+	t.mu.Lock()
+	for t.next < i {
+		t.cond.Wait()
+	}
+	t.mu.Unlock()
+}
+
+// done ends key i's turn (a second call does nothing).
+func (t *kvTurns) done(i int) {
+	t.mu.Lock()
+	if t.next == i {
+		t.next++
+		t.cond.Broadcast()
+	}
+	t.mu.Unlock()
 }
 
 // kvGPU answers KV_PUT and KV_GET into the caller's GPU memory. With the

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -733,4 +734,37 @@ func TestKVStubGPUKeepsMappings(t *testing.T) {
 		return true
 	})
 	assert.Equal(t, 1, mapped(dst), "the open connection keeps its own")
+}
+
+// TestKVBatchGetIsOneCopy: blocks put from GPU memory in one request take
+// adjacent slots of the host tier in their order, so getting the batch
+// back into one allocation is one copy, not one per block (the node's
+// debug log counts the copies of each GPU get).
+func TestKVBatchGetIsOneCopy(t *testing.T) {
+	requireFUSE(t)
+	data, mnt := dirs(t)
+	n, sock := startStubGPUNode(t, data, mnt, "--kv-block", "64KiB", "--kv-mem", "2MiB", "--log-level", "debug")
+	c := dialClient(t, sock)
+	const blocks = 16
+	src, dst := newShmAlloc(t, blocks*kvBlock), newShmAlloc(t, blocks*kvBlock)
+	img := make([]byte, src.size)
+	req := clientproto.KVBlocksRequest{Device: 0, IPCHandle: src.handle}
+	for i := range blocks {
+		copy(img[i*kvBlock:], kvBlockOf(i, "batch"))
+		req.Keys = append(req.Keys, kvKey(i))
+		req.Offsets = append(req.Offsets, uint64(i*kvBlock))
+	}
+	require.NoError(t, os.WriteFile(src.path, img, 0o600))
+	r := c.req(clientproto.OpKVPut, req.Append(nil))
+	require.Zero(t, r.status, r.msg)
+	req.IPCHandle = dst.handle
+	r = c.req(clientproto.OpKVGet, req.Append(nil))
+	require.Zero(t, r.status, r.msg)
+	got, err := os.ReadFile(dst.path)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(got, img), "the batch got back byte for byte")
+	// The node's log reaches the test through a pipe: wait for the line.
+	line := regexp.MustCompile(`msg="kv: get into GPU memory" blocks=16 copies=(\d+) `)
+	waitFor(t, 10*time.Second, "the get's debug line", func() bool { return line.MatchString(n.log.String()) })
+	assert.Equal(t, "1", line.FindStringSubmatch(n.log.String())[1], "copies for a batch put together")
 }
