@@ -87,6 +87,14 @@ var topColumns = []topColumn{
 	{"kv", "disk/s", "kv_disk_hits_per_second", false, rateOf(`kylix_kv_hits_total{tier="disk"}`)},
 	{"kv", "miss/s", "kv_misses_per_second", false, rate("kylix_kv_misses_total")},
 	{"kv", "memb/s", "kv_member_hits_per_second", false, rate("kylix_kv_member_hits_total")},
+	{"kv", "read", "kv_read_bytes_per_second", true, rate("kylix_kv_read_bytes_total")},
+	{"kv", "get-ms", "kv_get_mean_ms", false, func(p, c sample, _ float64) float64 {
+		n := c.byName["kylix_kv_get_seconds_count"] - p.byName["kylix_kv_get_seconds_count"]
+		if n <= 0 {
+			return 0
+		}
+		return 1000 * max(0, c.byName["kylix_kv_get_seconds_sum"]-p.byName["kylix_kv_get_seconds_sum"]) / n
+	}},
 }
 
 // topJSON is one line of kylix top --json.
@@ -113,7 +121,8 @@ files opened by passthrough (the kernel reads those without the node);
 the chunk cache's hit rate and misses; chunk read errors; client-socket
 requests, refusals and pack fds handed out; GPU fills; imports and
 exports; the KV-cache store's block gets answered from host memory, from
-disk and by another member, and its misses (0 on a node without one).
+disk and by another member, its misses, the bytes it returned and the
+mean time of a get that hit (0 on a node without one).
 Rates are per second
 over the interval.
 
@@ -311,7 +320,8 @@ func parseMetrics(r io.Reader) (map[string]*dto.MetricFamily, error) {
 }
 
 // flatten turns metric families into a sample (counters, gauges and
-// untyped values; histograms and summaries are left out).
+// untyped values; of a histogram its count and sum, by name only;
+// summaries are left out).
 func flatten(fams []*dto.MetricFamily) sample {
 	s := sample{series: map[string]float64{}, byName: map[string]float64{}}
 	for _, mf := range fams {
@@ -325,6 +335,13 @@ func flatten(fams []*dto.MetricFamily) sample {
 				v = m.GetGauge().GetValue()
 			case m.Untyped != nil:
 				v = m.GetUntyped().GetValue()
+			case m.Histogram != nil:
+				// Its count and sum, under the names the text format
+				// gives them (for mean latencies over an interval).
+				for suffix, hv := range map[string]float64{"_count": float64(m.GetHistogram().GetSampleCount()), "_sum": m.GetHistogram().GetSampleSum()} {
+					s.byName[name+suffix] += hv
+				}
+				continue
 			default:
 				continue
 			}

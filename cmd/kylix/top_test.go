@@ -54,10 +54,11 @@ func TestShortBytes(t *testing.T) {
 	}
 }
 
-// TestTopKVColumns: the KV store's gets per tier and its misses, as rates
-// of the node's kylix_kv_* counters between two scrapes.
+// TestTopKVColumns: the KV store's gets per tier, its misses and bytes,
+// as rates of the node's kylix_kv_* counters between two scrapes, and
+// the mean time of a get from its histogram.
 func TestTopKVColumns(t *testing.T) {
-	scrape := func(mem, disk, miss, member int) sample {
+	scrape := func(mem, disk, miss, member int, secs float64) sample {
 		fams, err := parseMetrics(strings.NewReader(fmt.Sprintf(`# TYPE kylix_kv_hits_total counter
 kylix_kv_hits_total{tier="memory"} %d
 kylix_kv_hits_total{tier="disk"} %d
@@ -67,13 +68,19 @@ kylix_kv_misses_total %d
 kylix_kv_member_hits_total %d
 # TYPE kylix_kv_get_seconds histogram
 kylix_kv_get_seconds_bucket{tier="memory",le="+Inf"} %d
-kylix_kv_get_seconds_sum{tier="memory"} 0.5
+kylix_kv_get_seconds_sum{tier="memory"} %g
 kylix_kv_get_seconds_count{tier="memory"} %d
-`, mem, disk, miss, member, mem, mem)))
+kylix_kv_get_seconds_bucket{tier="disk",le="+Inf"} %d
+kylix_kv_get_seconds_sum{tier="disk"} %g
+kylix_kv_get_seconds_count{tier="disk"} %d
+# TYPE kylix_kv_read_bytes_total counter
+kylix_kv_read_bytes_total{tier="memory"} %d
+kylix_kv_read_bytes_total{tier="disk"} %d
+`, mem, disk, miss, member, mem, secs, mem, disk, secs, disk, mem<<20, disk<<20)))
 		require.NoError(t, err)
 		return flattenMap(fams)
 	}
-	prev, cur := scrape(10, 4, 1, 3), scrape(70, 24, 9, 7)
+	prev, cur := scrape(10, 4, 1, 3, 0.5), scrape(70, 24, 9, 7, 1.3)
 	got := map[string]float64{}
 	for _, c := range topColumns {
 		got[c.key] = c.value(prev, cur, 2)
@@ -82,6 +89,8 @@ kylix_kv_get_seconds_count{tier="memory"} %d
 	assert.Equal(t, 10.0, got["kv_disk_hits_per_second"])
 	assert.Equal(t, 4.0, got["kv_misses_per_second"])
 	assert.Equal(t, 2.0, got["kv_member_hits_per_second"])
+	assert.Equal(t, float64(40<<20), got["kv_read_bytes_per_second"], "60 + 20 blocks of 1 MiB in 2 s")
+	assert.InDelta(t, 20.0, got["kv_get_mean_ms"], 1e-9, "(0.8 + 0.8) s over 80 gets")
 	// A node restarted between scrapes (counters lower) shows 0, not a negative rate.
 	got = map[string]float64{}
 	for _, c := range topColumns {
@@ -94,5 +103,6 @@ kylix_kv_get_seconds_count{tier="memory"} %d
 	assert.Contains(t, hdr[1], "disk/s")
 	assert.Contains(t, hdr[1], "memb/s")
 	fields := strings.Fields(topLine(prev, cur, 2))
-	assert.Equal(t, []string{"30", "10", "4", "2"}, fields[len(fields)-4:])
+	assert.Equal(t, []string{"30", "10", "4", "2"}, fields[len(fields)-6:len(fields)-2])
+	assert.Equal(t, "20", fields[len(fields)-1], "mean get ms")
 }
