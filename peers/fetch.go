@@ -157,7 +157,8 @@ func (n *Node) fetchInto(ctx context.Context, id chunkstore.ID, dst []byte) erro
 }
 
 // fetchDirect asks the holders of chunk id one at a time: its owners first
-// (placement), then the rest, each group ordered by measured throughput
+// (placement), then the rest (a coded chunk: its stripe holder, then its
+// stripe, then the rest), each group ordered by measured throughput
 // (weights.go: the member expected to deliver soonest first). It verifies
 // what each sends against the id, and moves on when a member does not hold
 // the chunk, fails, or sends wrong bytes (counted as a bad chunk, shown by
@@ -171,37 +172,59 @@ func (n *Node) fetchDirect(ctx context.Context, id chunkstore.ID, size uint32, i
 		}
 		return b, nil
 	}
-	var lastErr error
+	var lastErr, stripeErr error
 	asked := 0
 	tried := map[string]bool{}
-	for {
-		if err := ctx.Err(); err != nil {
-			return nil, err
+	// ask asks the holders not tried yet (ownOnly: its owners only);
+	// found is false when none sent it.
+	ask := func(ownOnly bool) (data []byte, found bool, err error) {
+		for {
+			if err := ctx.Err(); err != nil {
+				return nil, false, err
+			}
+			// Ordered again before each attempt: the in-flight counts
+			// and measurements move while this fetch waits.
+			p, ok := n.pickHolder(id, tried, ownOnly)
+			if !ok {
+				return nil, false, nil
+			}
+			tried[p.name] = true
+			asked++
+			data, err := n.askTimed(ctx, p, id, size, into)
+			if errors.Is(err, errNotHeld) {
+				continue
+			}
+			if err != nil {
+				lastErr = err
+				continue
+			}
+			return data, true, nil
 		}
-		// Ordered again before each attempt: the in-flight counts and
-		// measurements move while this fetch waits.
-		p, found := n.pickHolder(id, tried)
-		if !found {
-			break
-		}
-		tried[p.name] = true
-		asked++
-		data, err := n.askTimed(ctx, p, id, size, into)
-		if errors.Is(err, errNotHeld) {
-			continue
-		}
-		if err != nil {
-			lastErr = err
-			continue
-		}
-		return data, nil
 	}
-	if sm, ok := n.stripeOf(id); ok {
-		// No member sent it: rebuild it from its stripe (stripestore.go).
-		return n.fetchStriped(ctx, id, sm, into)
+	// A coded chunk is asked of its stripe holder, then rebuilt from its
+	// stripe, and only when that fails of the other members (a holder
+	// pushed out of the set keeps its shards: repair is not built): they
+	// hold other shards, and asking each of them first cost a round trip
+	// per member before every rebuild.
+	sm, coded := n.stripeOf(id)
+	if coded {
+		if data, found, err := ask(true); found || err != nil {
+			return data, err
+		}
+		data, err := n.fetchStriped(ctx, id, sm, into)
+		if err == nil {
+			return data, nil
+		}
+		stripeErr = err
+	}
+	if data, found, err := ask(false); found || err != nil {
+		return data, err
+	}
+	if stripeErr != nil {
+		return nil, fmt.Errorf("chunk %s: no member of %d asked sent it, and its stripe: %w: %w", id.Short(), asked, stripeErr, chunkstore.ErrNotLocal)
 	}
 	if lastErr != nil {
-		return nil, fmt.Errorf("chunk %s: no member of %d asked sent it (last: %v): %w", id.Short(), asked, lastErr, chunkstore.ErrNotLocal)
+		return nil, fmt.Errorf("chunk %s: no member of %d asked sent it (last: %w): %w", id.Short(), asked, lastErr, chunkstore.ErrNotLocal)
 	}
 	return nil, fmt.Errorf("chunk %s: none of the %d other members holds it: %w", id.Short(), asked, chunkstore.ErrNotLocal)
 }

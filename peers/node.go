@@ -394,11 +394,17 @@ func (n *Node) Join(addrs []string) error {
 var testGossip func(*serf.Config)
 
 // Close leaves the cluster and stops serving.
-func (n *Node) Close() error {
+func (n *Node) Close() error { return n.close(true) }
+
+// close stops serving; leave announces it first (without, the others
+// find the member failed: a crash, for tests).
+func (n *Node) close(leave bool) error {
 	if !n.started.Swap(false) {
 		return nil
 	}
-	n.serf.Leave()
+	if leave {
+		n.serf.Leave()
+	}
 	n.serf.Shutdown()
 	n.cancel()
 	n.srv.close()

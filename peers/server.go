@@ -67,6 +67,8 @@ type server struct {
 	// a member that serves wrong bytes (docs/design/peers.md); atomic so
 	// that a test can turn a running member into a liar.
 	corrupt atomic.Bool
+	// notHeld counts chunk requests answered "not held here".
+	notHeld atomic.Int64
 	stats   *Stats
 	// received counts chunks other members pushed here.
 	received func(chunks, bytes int64)
@@ -439,6 +441,7 @@ func (sv *server) answer(rq request, sendfile bool) answer {
 		}
 		switch {
 		case errors.Is(err, chunkstore.ErrNotLocal) || errors.Is(err, chunkstore.ErrNotFound):
+			sv.notHeld.Add(1)
 			return answer{st: stNotFound}
 		case err != nil:
 			return answer{st: stError, payload: errMsg(err)}

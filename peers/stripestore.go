@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/kylix/kylix/chunkstore"
@@ -302,6 +303,22 @@ func (n *Node) rebuildStripe(ctx context.Context, sm stripeMember) ([][]byte, er
 			cand = append(cand, i)
 		}
 	}
+	// Shards whose holder is alive first (in that order still): a shard
+	// whose holder is gone is sought from every member, a round trip
+	// each, so it is asked for only when the others are not enough.
+	alive := map[string]bool{}
+	for _, p := range n.livePeers() {
+		alive[p.name] = true
+	}
+	slices.SortStableFunc(cand, func(a, b int) int {
+		up := func(i int) int {
+			if i < len(holders) && alive[holders[i].name] {
+				return 0
+			}
+			return 1
+		}
+		return up(a) - up(b)
+	})
 	need := len(rec.Chunks) // good stored shards that rebuild a stripe (the zero ones count too)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -309,20 +326,40 @@ func (n *Node) rebuildStripe(ctx context.Context, sm stripeMember) ([][]byte, er
 		i    int
 		data []byte
 	}
-	results := make(chan got, len(cand))
-	next := 0
-	launch := func() {
-		i := cand[next]
-		next++
-		go func() {
-			results <- got{i, n.fetchShard(ctx, rec, i, holders)}
-		}()
+	// Each shard is asked of its holder first; only when those are not
+	// enough is a missing shard sought from every member (wide): a shard
+	// whose holder is gone, before gossip says so, would otherwise cost a
+	// round trip to every member.
+	type attempt struct {
+		i    int
+		wide bool
 	}
-	for next < len(cand) && next < need {
-		launch()
+	var attempts []attempt
+	for _, wide := range []bool{false, true} {
+		for _, i := range cand {
+			attempts = append(attempts, attempt{i, wide})
+		}
 	}
-	pending := next
+	results := make(chan got, len(attempts))
 	gathered := map[int]bool{}
+	next, pending := 0, 0
+	launch := func() bool {
+		for next < len(attempts) {
+			a := attempts[next]
+			next++
+			if gathered[a.i] {
+				continue
+			}
+			pending++
+			go func() {
+				results <- got{a.i, n.fetchShard(ctx, rec, a.i, holders, a.wide)}
+			}()
+			return true
+		}
+		return false
+	}
+	for pending < need && launch() {
+	}
 	for pending > 0 && !shards.Enough() {
 		r := <-results
 		pending--
@@ -332,10 +369,7 @@ func (n *Node) rebuildStripe(ctx context.Context, sm stripeMember) ([][]byte, er
 				continue
 			}
 		}
-		if next < len(cand) {
-			launch()
-			pending++
-		}
+		launch()
 	}
 	cancel()
 	all := make([]int, len(rec.Chunks))
@@ -396,11 +430,11 @@ func (n *Node) forgetRecent() {
 }
 
 // fetchShard returns shard i of rec, checked against its id, from the
-// member the stripe placed it on, else from the other holders (holders may
-// be nil), else from the other live members (a holder pushed out of the set by a join keeps
-// its shards until repair moves them, which is not built); nil when none
-// sends it.
-func (n *Node) fetchShard(ctx context.Context, rec *stripe.Record, i int, holders []peer) []byte {
+// member the stripe placed it on; wide, else from the other holders
+// (holders may be nil), else from the other live members (a holder pushed
+// out of the set by a join keeps its shards until repair moves them,
+// which is not built); nil when none sends it.
+func (n *Node) fetchShard(ctx context.Context, rec *stripe.Record, i int, holders []peer, wide bool) []byte {
 	sid, size, _ := rec.ShardID(i)
 	var order []peer
 	inSet := map[string]bool{}
@@ -408,15 +442,17 @@ func (n *Node) fetchShard(ctx context.Context, rec *stripe.Record, i int, holder
 		order = append(order, holders[i])
 		inSet[holders[i].name] = true
 	}
-	for _, p := range holders {
-		if !inSet[p.name] {
-			order = append(order, p)
-			inSet[p.name] = true
+	if wide {
+		for _, p := range holders {
+			if !inSet[p.name] {
+				order = append(order, p)
+				inSet[p.name] = true
+			}
 		}
-	}
-	for _, p := range n.livePeers() {
-		if !inSet[p.name] {
-			order = append(order, p)
+		for _, p := range n.livePeers() {
+			if !inSet[p.name] {
+				order = append(order, p)
+			}
 		}
 	}
 	for _, p := range order {

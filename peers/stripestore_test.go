@@ -180,15 +180,27 @@ func TestStripedReads(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(data, got), "a read with a lying member differs")
 
-	closeAll(t, nodeNamed(ms, holders[0].name), nodeNamed(ms, holders[1].name))
+	// Two holders crash (no leave: the others find them failed, and they
+	// stay the stripe's holders through the failure grace).
+	for _, h := range holders[:2] {
+		require.NoError(t, nodeNamed(ms, h.name).close(false))
+	}
 	got, err = readAll(reader, "cold/model.bin")
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(data, got), "the read with two members gone differs")
 	reader.forgetRecent()
 	before := reader.StripeReads()
+	notHeld := func() (sum int64) {
+		for _, m := range ms {
+			sum += m.srv.notHeld.Load()
+		}
+		return sum
+	}
+	asked := notHeld()
 	fetchRight(0)
 	fetchRight(1)
 	require.Equal(t, before+2, reader.StripeReads(), "one rebuild of stripe 0 for both chunks")
+	require.Equal(t, asked, notHeld(), "chunks whose stripe holder is gone go to their stripe at once: no other member is asked for them")
 
 	require.NoError(t, nodeNamed(ms, holders[r.K].name).Close()) // stripe 0's first parity
 	reader.forgetRecent()

@@ -160,8 +160,11 @@ func (n *Node) weigh(ps []peer) []peer {
 // to it (askTimed ends it).
 // Weighing and counting are one step, so fetches that start together
 // spread over the holders instead of all choosing the same one.
-func (n *Node) pickHolder(id chunkstore.ID, tried map[string]bool) (peer, bool) {
+func (n *Node) pickHolder(id chunkstore.ID, tried map[string]bool, ownOnly bool) (peer, bool) {
 	own, rest := n.holders(id)
+	if ownOnly {
+		rest = nil
+	}
 	n.pick.Lock()
 	defer n.pick.Unlock()
 	for _, group := range [][]peer{own, rest} {
