@@ -146,6 +146,9 @@ type PeersStatus struct {
 	Placement peers.PlacementStats `json:"placement"`
 	Swarm     peers.SwarmStats     `json:"swarm"`
 	Members   []peers.Member       `json:"members"`
+	// StripeRebuilt: chunks this member rebuilt from their erasure-coded
+	// stripes (docs/design/erasure.md).
+	StripeRebuilt int64 `json:"stripe_rebuilt_chunks"`
 }
 
 // ReadAheadStatus is the store's read-ahead for sequential readers.

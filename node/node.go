@@ -263,6 +263,7 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.onClose(n.metrics.close)
+	n.metrics.reg.MustRegister(&peersCollector{n.Peers})
 	if n.kv != nil {
 		n.metrics.reg.MustRegister(&kvCollector{n.kv, func() *KVMemberStats { return n.kvm.Load().stats() }})
 	}

@@ -62,7 +62,7 @@ func (n *Node) PeersStatus() (PeersStatus, error) {
 	if p == nil {
 		return PeersStatus{}, n.errNotInCluster("")
 	}
-	out := PeersStatus{Self: p.Name(), Replicas: p.Replicas(), Placement: p.Placement(), Swarm: p.Swarm(), Members: p.Members()}
+	out := PeersStatus{Self: p.Name(), Replicas: p.Replicas(), Placement: p.Placement(), Swarm: p.Swarm(), Members: p.Members(), StripeRebuilt: p.StripeReads()}
 	sc := n.s.Counters()
 	out.ReadAhead = ReadAheadStatus{Window: n.s.ReadAheadWindow(), Chunks: sc.ReadAheadChunks, Bytes: sc.ReadAheadBytes}
 	return out, nil

@@ -417,6 +417,10 @@ func (n *Node) close(leave bool) error {
 	return nil
 }
 
+// Running reports whether the member has started (Start) and not
+// closed: its membership can be asked.
+func (n *Node) Running() bool { return n.started.Load() }
+
 // Name is this member's name.
 func (n *Node) Name() string { return n.self }
 
