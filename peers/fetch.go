@@ -224,7 +224,7 @@ func (n *Node) fetchDirect(ctx context.Context, id chunkstore.ID, size uint32, i
 		return nil, fmt.Errorf("chunk %s: no member of %d asked sent it, and its stripe: %w: %w", id.Short(), asked, stripeErr, chunkstore.ErrNotLocal)
 	}
 	if lastErr != nil {
-		return nil, fmt.Errorf("chunk %s: no member of %d asked sent it (last: %w): %w", id.Short(), asked, lastErr, chunkstore.ErrNotLocal)
+		return nil, fmt.Errorf("chunk %s: no member of %d asked sent it (last: %v): %w", id.Short(), asked, lastErr, chunkstore.ErrNotLocal)
 	}
 	return nil, fmt.Errorf("chunk %s: none of the %d other members holds it: %w", id.Short(), asked, chunkstore.ErrNotLocal)
 }

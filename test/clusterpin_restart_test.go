@@ -24,7 +24,7 @@ func TestClusterPinResumedAtRestart(t *testing.T) {
 	for _, name := range []string{"cp/pending.bin", "cp/recorded.bin"} {
 		src, sum := randomFile(t, 20<<20+333)
 		mustKylix(t, "/", "import", "--data", a.data, src, name)
-		waitFor(t, 20*time.Second, name+" in B's namespace", visible(filepath.Join(b.mnt, name)))
+		waitFor(t, nsWait, name+" in B's namespace", visible(filepath.Join(b.mnt, name)))
 		if st := clusterStat(t, b, name); *st.LocalBytes >= st.Size {
 			t.Fatalf("B stores all of %s before the test (R=1, two members)", name)
 		}
@@ -97,7 +97,7 @@ func TestClusterLoadFetches(t *testing.T) {
 	models := t.TempDir()
 	mustKylix(t, "/", "demo-model", "--size", "48MiB", models)
 	mustKylix(t, "/", "import", "--data", a.data, filepath.Join(models, "base"), "cp/model")
-	waitFor(t, 20*time.Second, "cp/load.bin and cp/model in B's namespace", func() bool {
+	waitFor(t, nsWait, "cp/load.bin and cp/model in B's namespace", func() bool {
 		return visible(filepath.Join(b.mnt, "cp", "load.bin"))() && visible(filepath.Join(b.mnt, "cp", "model"))()
 	})
 	before := clusterStat(t, b, "cp/load.bin")

@@ -89,7 +89,7 @@ func TestClusterPinWarmStat(t *testing.T) {
 	// A file of A's: B stores only the chunks it owns.
 	src, sum := randomFile(t, 24<<20+4321)
 	mustKylix(t, "/", "import", "--data", a.data, src, "cp/pinned.bin")
-	waitFor(t, 20*time.Second, "cp/pinned.bin in B's namespace", visible(filepath.Join(b.mnt, "cp", "pinned.bin")))
+	waitFor(t, nsWait, "cp/pinned.bin in B's namespace", visible(filepath.Join(b.mnt, "cp", "pinned.bin")))
 	before := clusterStat(t, b, "cp/pinned.bin")
 	if *before.LocalBytes >= before.Size || before.Pinned {
 		t.Fatalf("before the pin, B stores %d of %d bytes (pinned %v): want fewer (R=1, two members)", *before.LocalBytes, before.Size, before.Pinned)
@@ -132,7 +132,7 @@ func TestClusterPinWarmStat(t *testing.T) {
 	msrc, msum := randomFile(t, 16<<20+17)
 	mustKylix(t, "/", "import", "--data", a.data, msrc, "cp/local.bin")
 	lp := filepath.Join(b.mnt, "cp", "local.bin")
-	waitFor(t, 20*time.Second, "cp/local.bin in B's namespace", visible(lp))
+	waitFor(t, nsWait, "cp/local.bin in B's namespace", visible(lp))
 	if st := clusterStat(t, b, "cp/local.bin"); *st.LocalBytes >= st.Size {
 		t.Fatalf("B stores all of cp/local.bin (%d bytes) before MAKE_LOCAL", st.Size)
 	}
@@ -168,7 +168,7 @@ func TestClusterPinWarmStat(t *testing.T) {
 	// Warm on B of another file of A's: what B lacks is fetched.
 	wsrc, wsum := randomFile(t, 16<<20+99)
 	mustKylix(t, "/", "import", "--data", a.data, wsrc, "cp/warm.bin")
-	waitFor(t, 20*time.Second, "cp/warm.bin in B's namespace", visible(filepath.Join(b.mnt, "cp", "warm.bin")))
+	waitFor(t, nsWait, "cp/warm.bin in B's namespace", visible(filepath.Join(b.mnt, "cp", "warm.bin")))
 	var w struct {
 		Bytes        int64 `json:"bytes"`
 		LocalBytes   int64 `json:"local_bytes"`
@@ -239,7 +239,7 @@ func TestClusterPinWarmStat(t *testing.T) {
 	// --all empties the cache: another file of A's warmed on B first.
 	w2src, _ := randomFile(t, 8<<20+5)
 	mustKylix(t, "/", "import", "--data", a.data, w2src, "cp/warm2.bin")
-	waitFor(t, 20*time.Second, "cp/warm2.bin in B's namespace", visible(filepath.Join(b.mnt, "cp", "warm2.bin")))
+	waitFor(t, nsWait, "cp/warm2.bin in B's namespace", visible(filepath.Join(b.mnt, "cp", "warm2.bin")))
 	mustKylix(t, "/", "warm", "--data", b.data, "cp/warm2.bin")
 	if st := clusterStat(t, b, "cp/warm2.bin"); *st.PeerCacheBytes == 0 {
 		t.Fatalf("warm of cp/warm2.bin on B left nothing in the peer cache: %+v", st)
@@ -260,7 +260,7 @@ func TestClusterPinWarmStat(t *testing.T) {
 	// A file only A holds the rest of, then A is gone.
 	lsrc, _ := randomFile(t, 16<<20)
 	mustKylix(t, "/", "import", "--data", a.data, lsrc, "cp/lost.bin")
-	waitFor(t, 20*time.Second, "cp/lost.bin in B's namespace", visible(filepath.Join(b.mnt, "cp", "lost.bin")))
+	waitFor(t, nsWait, "cp/lost.bin in B's namespace", visible(filepath.Join(b.mnt, "cp", "lost.bin")))
 	if st := clusterStat(t, b, "cp/lost.bin"); *st.LocalBytes >= st.Size {
 		t.Fatalf("B stores all of cp/lost.bin (%d bytes) before A is killed", st.Size)
 	}

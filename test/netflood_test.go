@@ -303,7 +303,7 @@ func TestDataPlaneFloodWithoutKey(t *testing.T) {
 		src, sum := randomFile(t, size)
 		mustKylix(t, "/", "import", "--data", a.data, src, name)
 		onB := filepath.Join(b.mnt, name)
-		waitFor(t, 20*time.Second, name+" in B's mount", visible(onB))
+		waitFor(t, nsWait, name+" in B's mount", visible(onB))
 		if got := shaOn(t, b, onB); got != sum {
 			t.Fatalf("%s read through B's mount differs from the source", name)
 		}

@@ -55,6 +55,11 @@ func gossipAddr(t *testing.T, ip string) string {
 // memberlist schedules every 30 s: the wait covers two of those.
 const membershipWait = 75 * time.Second
 
+// nsWait bounds a namespace change reaching another member (the root's
+// gossip, then the merge). Alone it takes a second or two; a loaded
+// two-core CI once took more than 20 s (TestClusterBadPeer).
+const nsWait = 60 * time.Second
+
 type member struct {
 	*node
 	addr string
@@ -170,7 +175,7 @@ func TestClusterReadElsewhere(t *testing.T) {
 	src, sum := randomFile(t, 24<<20+4321)
 	mustKylix(t, "/", "import", "--data", a.data, src, "models/m.bin")
 	onB := filepath.Join(b.mnt, "models", "m.bin")
-	waitFor(t, 20*time.Second, "models/m.bin in B's mount", visible(onB))
+	waitFor(t, nsWait, "models/m.bin in B's mount", visible(onB))
 	if shaOn(t, b, onB) != sum {
 		t.Fatal("bytes read through B's mount differ from the source")
 	}
@@ -184,14 +189,14 @@ func TestClusterReadElsewhere(t *testing.T) {
 
 	other, _ := randomFile(t, 1000)
 	mustKylix(t, "/", "import", "--data", c.data, other, "from-c")
-	waitFor(t, 20*time.Second, "from-c in A's mount", visible(filepath.Join(a.mnt, "from-c")))
+	waitFor(t, nsWait, "from-c in A's mount", visible(filepath.Join(a.mnt, "from-c")))
 
 	// A second file, held by A and C (the same content imported on both).
 	src2, sum2 := randomFile(t, 32<<20)
 	mustKylix(t, "/", "import", "--data", a.data, src2, "big.bin")
 	mustKylix(t, "/", "import", "--data", c.data, src2, "big.bin")
 	onB2 := filepath.Join(b.mnt, "big.bin")
-	waitFor(t, 20*time.Second, "big.bin in B's mount", visible(onB2))
+	waitFor(t, nsWait, "big.bin in B's mount", visible(onB2))
 	f, err := os.Open(onB2)
 	if err != nil {
 		t.Fatal(err)
@@ -228,7 +233,7 @@ func TestClusterBadPeer(t *testing.T) {
 	mustKylix(t, "/", "import", "--data", a.data, src, "f.bin")
 	mustKylix(t, "/", "import", "--data", c.data, src, "f.bin")
 	onB := filepath.Join(b.mnt, "f.bin")
-	waitFor(t, 20*time.Second, "f.bin in B's mount", visible(onB))
+	waitFor(t, nsWait, "f.bin in B's mount", visible(onB))
 	if shaOn(t, b, onB) != sum {
 		t.Fatal("bytes read through B's mount differ from the source")
 	}
@@ -245,7 +250,7 @@ func TestClusterBadPeer(t *testing.T) {
 	src2, _ := randomFile(t, 32<<20)
 	mustKylix(t, "/", "import", "--data", a.data, src2, "g.bin")
 	mustKylix(t, "/", "import", "--data", c.data, src2, "g.bin")
-	waitFor(t, 20*time.Second, "g.bin in B's mount", visible(filepath.Join(b.mnt, "g.bin")))
+	waitFor(t, nsWait, "g.bin in B's mount", visible(filepath.Join(b.mnt, "g.bin")))
 	out := mustKylix(t, "/", "load", "--data", b.data, "--device", "host", "--check", "g.bin")
 	if !strings.Contains(out, "read back and compared") || !strings.Contains(out, "\nfetched: ") {
 		t.Errorf("kylix load on B of a file A and C hold: %s", out)
@@ -254,7 +259,7 @@ func TestClusterBadPeer(t *testing.T) {
 	only, _ := randomFile(t, 2<<20)
 	mustKylix(t, "/", "import", "--data", c.data, only, "only-c.bin")
 	onB = filepath.Join(b.mnt, "only-c.bin")
-	waitFor(t, 20*time.Second, "only-c.bin in B's mount", visible(onB))
+	waitFor(t, nsWait, "only-c.bin in B's mount", visible(onB))
 	_, err := os.ReadFile(onB)
 	if err == nil || !strings.Contains(err.Error(), "input/output error") {
 		t.Fatalf("read of a file only the bad member holds: %v, want EIO", err)
@@ -542,7 +547,7 @@ func TestClusterPush(t *testing.T) {
 	if d := dfCluster(t, a); d.UnderBytes != 0 || d.Bytes != st.Bytes {
 		t.Errorf("df on A: %+v", d)
 	}
-	waitFor(t, 20*time.Second, "p/m.bin in B's namespace", visible(filepath.Join(b.mnt, "p", "m.bin")))
+	waitFor(t, nsWait, "p/m.bin in B's namespace", visible(filepath.Join(b.mnt, "p", "m.bin")))
 	if sb := statCluster(t, b, "p/m.bin"); sb.MinCopies < 2 || sb.UnderChunks != 0 {
 		t.Errorf("stat on B: %+v", sb)
 	}

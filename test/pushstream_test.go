@@ -141,7 +141,7 @@ func TestClusterPushStreams(t *testing.T) {
 		t.Errorf("after kylix gc on the owners, stat on A: %+v", st)
 	}
 	onB := filepath.Join(b.mnt, "s", "m.bin")
-	waitFor(t, 20*time.Second, "s/m.bin in B's mount", visible(onB))
+	waitFor(t, nsWait, "s/m.bin in B's mount", visible(onB))
 	if shaOn(t, b, onB) != sum {
 		t.Fatal("bytes read through B's mount differ from the source")
 	}
@@ -185,7 +185,7 @@ func TestClusterPushOwnerKilled(t *testing.T) {
 		return st.Alive == 2 && st.MinCopies == 2 && st.UnderChunks == 0
 	})
 	onB := filepath.Join(b.mnt, "k", "m.bin")
-	waitFor(t, 20*time.Second, "k/m.bin in B's mount", visible(onB))
+	waitFor(t, nsWait, "k/m.bin in B's mount", visible(onB))
 	if shaOn(t, b, onB) != sum {
 		t.Fatal("bytes read through B's mount differ from the source")
 	}

@@ -86,7 +86,7 @@ func TestClusterReadAhead(t *testing.T) {
 	src, sum := randomFile(t, 48<<20+777)
 	writeThrough(t, src, filepath.Join(a.mnt, "models", "ra.bin"))
 	onB := filepath.Join(b.mnt, "models", "ra.bin")
-	waitFor(t, 20*time.Second, "models/ra.bin in B's mount", visible(onB))
+	waitFor(t, nsWait, "models/ra.bin in B's mount", visible(onB))
 	if got, _ := seqSHA(t, b, onB); got != sum {
 		t.Fatal("bytes read through B's mount differ from the source")
 	}
@@ -149,7 +149,7 @@ func TestClusterReadAheadBench(t *testing.T) {
 		src, sum := randomFile(t, 64<<20)
 		name := filepath.Join("bench", "f"+string(rune('0'+i))+".bin")
 		writeThrough(t, src, filepath.Join(a.mnt, name))
-		waitFor(t, 20*time.Second, name+" in the reader's mount", visible(filepath.Join(m.mnt, name)))
+		waitFor(t, nsWait, name+" in the reader's mount", visible(filepath.Join(m.mnt, name)))
 		got, d := seqSHA(t, m, filepath.Join(m.mnt, name))
 		if got != sum {
 			t.Fatal("bytes differ from the source")

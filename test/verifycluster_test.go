@@ -6,7 +6,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 )
 
 // TestVerifyClusterMember: on a healthy member of a two-member cluster
@@ -20,7 +19,7 @@ func TestVerifyClusterMember(t *testing.T) {
 	a, b, _ := startPairR1(t, "127.0.0.66", "127.0.0.67")
 	src, _ := randomFile(t, 24<<20+777)
 	mustKylix(t, "/", "import", "--data", a.data, src, "v/f.bin")
-	waitFor(t, 20*time.Second, "v/f.bin in B's namespace", visible(filepath.Join(b.mnt, "v", "f.bin")))
+	waitFor(t, nsWait, "v/f.bin in B's namespace", visible(filepath.Join(b.mnt, "v", "f.bin")))
 
 	out, errs, code := kylix(t, "/", "verify", "--data", b.data)
 	if code != 0 || strings.Contains(out, "CORRUPT") || !strings.Contains(out, "held by the cluster") || !strings.Contains(out, "not stored here: ") {
