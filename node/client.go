@@ -99,19 +99,22 @@ type ClientStats struct {
 }
 
 type clientServer struct {
-	path  string
-	ln    *unixsock.Listener
-	s     *chunkstore.Store
-	fsys  *kfs.FS
-	log   *slog.Logger
-	ctx   context.Context
-	stop  context.CancelFunc
-	wg    sync.WaitGroup
-	fill  *fillService
-	kv    *kvstore.Store // nil: KV requests refused (kv.go)
-	kvm   *kvMembers     // nil: not in a cluster (kv_members.go)
-	mu    sync.Mutex
-	conns map[*net.UnixConn]struct{}
+	path string
+	ln   *unixsock.Listener
+	s    *chunkstore.Store
+	fsys *kfs.FS
+	log  *slog.Logger
+	ctx  context.Context
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+	fill *fillService
+	// kvMapped: the IPC mappings of KV requests, shared by the
+	// connections that keep them (kv_ipc.go); nil without fill.
+	kvMapped *kvMapped
+	kv       *kvstore.Store // nil: KV requests refused (kv.go)
+	kvm      *kvMembers     // nil: not in a cluster (kv_members.go)
+	mu       sync.Mutex
+	conns    map[*net.UnixConn]struct{}
 	// users caps unprivileged uids' connections, privileged root's and
 	// the node's uid's (maxClientConnsPerUID).
 	users, privileged *connlimit.Limiter
@@ -180,6 +183,9 @@ func listenClient(path, dataDir string, log *slog.Logger) (*clientServer, error)
 // the listen backlog).
 func (c *clientServer) serve(s *chunkstore.Store, fsys *kfs.FS, fill *fillService) {
 	c.s, c.fsys, c.fill = s, fsys, fill
+	if fill != nil {
+		c.kvMapped = newKVMapped(fill)
+	}
 	c.wg.Add(1)
 	go c.acceptLoop()
 }
@@ -312,7 +318,7 @@ func (c *clientServer) serveConn(conn *net.UnixConn, p peer, release func()) {
 		release()
 	}()
 	if c.fill != nil {
-		p.kvMaps = newKVMaps(c.fill)
+		p.kvMaps = newKVMaps(c.kvMapped)
 		defer p.kvMaps.close()
 	}
 	log := c.log.With("client_pid", p.pid, "client_uid", p.uid)

@@ -663,8 +663,8 @@ func TestKVStubGPUConcurrent(t *testing.T) {
 // TestKVStubGPUKeepsMappings: a connection's GPU KV requests keep the
 // caller's allocations mapped in the node between requests (opening an
 // IPC handle per request cost more than the copies), at most eight per
-// connection, the least recently used unmapped first, and none once the
-// connection closes. The stub driver maps an allocation's /dev/shm file,
+// connection, the least recently used let go first, one mapping per
+// allocation however many connections name it, and none once they close. The stub driver maps an allocation's /dev/shm file,
 // so the node's /proc/PID/maps shows what it keeps.
 func TestKVStubGPUKeepsMappings(t *testing.T) {
 	requireFUSE(t)
@@ -720,13 +720,17 @@ func TestKVStubGPUKeepsMappings(t *testing.T) {
 	for _, a := range more {
 		assert.Equal(t, 1, mapped(a))
 	}
-	// Another connection's requests map their own; closing the first
-	// unmaps everything it kept.
+	// Another connection keeps what it names too, sharing the node's one
+	// mapping of an allocation both name (a handle is opened once per
+	// context); closing the first lets go of what only it kept.
 	c2 := dialClient(t, sock)
 	assert.Equal(t, clientproto.KVMemory, get(c2, dst, 1))
+	shared := more[len(more)-1]
+	assert.Equal(t, clientproto.KVMemory, get(c2, shared, 1))
+	assert.Equal(t, 1, mapped(shared), "one mapping for two connections")
 	c.c.Close()
 	waitFor(t, 10*time.Second, "the closed connection's allocations unmapped", func() bool {
-		for _, a := range append(more, other) {
+		for _, a := range append(more[:len(more)-1], other) {
 			if mapped(a) != 0 {
 				return false
 			}
@@ -734,6 +738,11 @@ func TestKVStubGPUKeepsMappings(t *testing.T) {
 		return true
 	})
 	assert.Equal(t, 1, mapped(dst), "the open connection keeps its own")
+	assert.Equal(t, 1, mapped(shared), "and the one it shared")
+	c2.c.Close()
+	waitFor(t, 10*time.Second, "nothing mapped once no connection is left", func() bool {
+		return mapped(dst) == 0 && mapped(shared) == 0
+	})
 }
 
 // TestKVBatchGetIsOneCopy: blocks put from GPU memory in one request take
