@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/kylix/kylix/chunkstore"
 	"github.com/kylix/kylix/peers/stripe"
@@ -33,7 +34,10 @@ type stripeIndex struct {
 	flights     map[chunkstore.ID]*stripeFlight
 	recent      map[chunkstore.ID][]byte
 	recentOrder []*stripe.Record
+	recentAt    []time.Time // when each of recentOrder was kept
 	recentBytes int64
+	// now is the kept stripes' clock (nil: time.Now; tests move it).
+	now func() time.Time
 }
 
 // codec returns the codec of shape sh (a Codec is safe for concurrent use;
@@ -235,8 +239,13 @@ func (n *Node) fetchStriped(ctx context.Context, id chunkstore.ID, sm stripeMemb
 }
 
 // recentStripeBytes bounds the chunks of stripes rebuilt lately that this
-// node keeps in memory (the oldest stripe goes first).
-const recentStripeBytes = 64 << 20
+// node keeps in memory (the oldest stripe goes first); recentStripeTTL how
+// long one is kept: the reads of a lost region come together, and the
+// memory goes back when they are done.
+const (
+	recentStripeBytes = 64 << 20
+	recentStripeTTL   = time.Minute
+)
 
 // stripeFlight is one rebuild of a stripe, which every fetch of its
 // chunks at that time waits for.
@@ -397,12 +406,7 @@ func (n *Node) keepRecent(rec *stripe.Record, chunks [][]byte) {
 		return
 	}
 	for len(x.recentOrder) > 0 && x.recentBytes+size > recentStripeBytes {
-		old := x.recentOrder[0]
-		x.recentOrder = x.recentOrder[1:]
-		for _, c := range old.Chunks {
-			delete(x.recent, c.ID)
-		}
-		x.recentBytes -= old.Logical()
+		n.dropOldestRecent()
 	}
 	if x.recent == nil {
 		x.recent = map[chunkstore.ID][]byte{}
@@ -411,13 +415,47 @@ func (n *Node) keepRecent(rec *stripe.Record, chunks [][]byte) {
 		x.recent[c.ID] = chunks[i]
 	}
 	x.recentOrder = append(x.recentOrder, rec)
+	x.recentAt = append(x.recentAt, n.stripeClock())
 	x.recentBytes += size
+	time.AfterFunc(recentStripeTTL, n.dropStaleRecent)
+}
+
+// dropOldestRecent drops the oldest stripe kept. n.stripes.mu is held.
+func (n *Node) dropOldestRecent() {
+	x := &n.stripes
+	old := x.recentOrder[0]
+	x.recentOrder, x.recentAt = x.recentOrder[1:], x.recentAt[1:]
+	for _, c := range old.Chunks {
+		delete(x.recent, c.ID)
+	}
+	x.recentBytes -= old.Logical()
+}
+
+// dropStaleRecent drops the stripes kept longer than recentStripeTTL.
+func (n *Node) dropStaleRecent() {
+	n.stripes.mu.Lock()
+	defer n.stripes.mu.Unlock()
+	n.dropStaleRecentLocked()
+}
+
+func (n *Node) dropStaleRecentLocked() {
+	for x := &n.stripes; len(x.recentOrder) > 0 && n.stripeClock().Sub(x.recentAt[0]) >= recentStripeTTL; {
+		n.dropOldestRecent()
+	}
+}
+
+func (n *Node) stripeClock() time.Time {
+	if n.stripes.now != nil {
+		return n.stripes.now()
+	}
+	return time.Now()
 }
 
 // stripeRecent returns chunk id if a stripe rebuilt lately holds it.
 func (n *Node) stripeRecent(id chunkstore.ID) ([]byte, bool) {
 	n.stripes.mu.Lock()
 	defer n.stripes.mu.Unlock()
+	n.dropStaleRecentLocked()
 	b, ok := n.stripes.recent[id]
 	return b, ok
 }
@@ -426,7 +464,7 @@ func (n *Node) stripeRecent(id chunkstore.ID) ([]byte, bool) {
 func (n *Node) forgetRecent() {
 	n.stripes.mu.Lock()
 	defer n.stripes.mu.Unlock()
-	n.stripes.recent, n.stripes.recentOrder, n.stripes.recentBytes = nil, nil, 0
+	n.stripes.recent, n.stripes.recentOrder, n.stripes.recentAt, n.stripes.recentBytes = nil, nil, nil, 0
 }
 
 // fetchShard returns shard i of rec, checked against its id, from the

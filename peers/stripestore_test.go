@@ -214,8 +214,8 @@ func TestStripedReads(t *testing.T) {
 }
 
 // TestRecentStripesBounded: the stripes kept after a rebuild stay within
-// recentStripeBytes, the oldest dropped first; one larger than that is
-// not kept.
+// recentStripeBytes, the oldest dropped first, and recentStripeTTL; one
+// larger than that is not kept.
 func TestRecentStripesBounded(t *testing.T) {
 	n := &Node{}
 	rec := func(seed byte, lens ...uint32) *stripe.Record {
@@ -255,4 +255,23 @@ func TestRecentStripesBounded(t *testing.T) {
 	require.True(t, has(b) && has(c), "a stripe too large to keep dropped others")
 	n.forgetRecent()
 	require.False(t, has(b) || has(c))
+
+	// A stripe is kept recentStripeTTL at most: read or not, its memory
+	// goes back.
+	now := time.Now()
+	n.stripes.mu.Lock()
+	n.stripes.now = func() time.Time { return now }
+	n.stripes.mu.Unlock()
+	keep(a)
+	now = now.Add(recentStripeTTL / 2)
+	keep(b)
+	require.True(t, has(a) && has(b))
+	now = now.Add(recentStripeTTL / 2)
+	n.dropStaleRecent() // what the timer set at keep does
+	require.False(t, has(a), "kept past its time")
+	require.True(t, has(b))
+	require.Equal(t, b.Logical(), n.stripes.recentBytes)
+	now = now.Add(recentStripeTTL)
+	require.False(t, has(b), "a lookup drops what is past its time too")
+	require.Zero(t, n.stripes.recentBytes)
 }
