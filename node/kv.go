@@ -288,17 +288,12 @@ func (c *clientServer) kvGPU(op uint16, r clientproto.KVBlocksRequest, p peer) r
 	kv := c.kv
 	bs := kv.BlockSize()
 	opening := time.Now()
-	mem, d, done, reused, err := c.kvOpenGPU(r, uint64(bs), p.kvMaps)
+	mem, d, reused, err := c.kvOpenGPU(r, uint64(bs), p.kvMaps)
 	if err != nil {
 		return refuse(err)
 	}
-	opened := time.Since(opening)
-	defer func() {
-		closing := time.Now()
-		done()
-		c.log.Debug("kv: GPU request", "op", op, "blocks", len(r.Keys), "mapping", map[bool]string{true: "kept", false: "opened"}[reused],
-			"open", opened, "close", time.Since(closing))
-	}()
+	c.log.Debug("kv: GPU request", "op", op, "blocks", len(r.Keys), "mapping", map[bool]string{true: "kept", false: "opened"}[reused],
+		"open", time.Since(opening))
 	host, streams := d.kv.pin(d, kv, c.log)
 	ctx := context.Background()
 	stream := func(i int) *cuda.Stream { return streams[i%len(streams)] }
@@ -475,41 +470,27 @@ func (k *kvDev) close() error {
 	return errors.Join(errs...)
 }
 
-// kvOpenGPU opens the caller's CUDA allocation of a KV request (its IPC
-// handle, on the device's context that FILL holds: fill.go), or finds it
-// among those the connection keeps mapped (maps, kv_ipc.go; nil: opened
-// for this request only), and checks every block against the
-// allocation's size as the driver reports it, never the caller's word,
-// before any byte moves. done gives back what this request alone holds;
-// reused says the mapping was the connection's already.
-func (c *clientServer) kvOpenGPU(r clientproto.KVBlocksRequest, bs uint64, maps *kvMaps) (mem *cuda.DeviceMem, d *fillDev, done func(), reused bool, err error) {
-	if c.fill == nil {
-		return nil, nil, nil, false, fmt.Errorf("this node serves no GPU: %w", syscall.ENODEV)
+// kvOpenGPU finds the caller's CUDA allocation of a KV request among
+// those its connection keeps mapped, or opens it (its IPC handle, on the
+// device's context that FILL holds: fill.go; kv_ipc.go), and checks every
+// block against the allocation's size as the driver reports it, never
+// the caller's word, before any byte moves. reused says the connection
+// had it mapped already.
+func (c *clientServer) kvOpenGPU(r clientproto.KVBlocksRequest, bs uint64, maps *kvMaps) (mem *cuda.DeviceMem, d *fillDev, reused bool, err error) {
+	if c.fill == nil || maps == nil {
+		return nil, nil, false, fmt.Errorf("this node serves no GPU: %w", syscall.ENODEV)
 	}
-	if maps != nil {
-		km, ok, err := maps.get(int(r.Device), r.IPCHandle)
-		if err != nil {
-			return nil, nil, nil, false, err
-		}
-		mem, d, done, reused = km.mem, km.d, func() {}, ok
-	} else {
-		if d, err = c.fill.acquire(int(r.Device)); err != nil {
-			return nil, nil, nil, false, err
-		}
-		if mem, err = d.dev.Context().OpenIPCMem(r.IPCHandle); err != nil {
-			c.fill.release(d)
-			return nil, nil, nil, false, fmt.Errorf("cannot open the CUDA IPC handle on cuda:%d (from cuIpcGetMemHandle of an allocation on that device, in another process): %v: %w", r.Device, err, syscall.EINVAL)
-		}
-		done = func() { mem.Free(); c.fill.release(d) }
+	km, reused, err := maps.get(int(r.Device), r.IPCHandle)
+	if err != nil {
+		return nil, nil, false, err
 	}
-	alloc := uint64(mem.Size())
+	alloc := uint64(km.mem.Size())
 	for i, off := range r.Offsets {
 		if off > alloc || bs > alloc-off {
-			done()
-			return nil, nil, nil, false, fmt.Errorf("block %d at offset %d (%d bytes) does not fit the allocation's %d bytes: %w", i, off, bs, alloc, syscall.EFAULT)
+			return nil, nil, false, fmt.Errorf("block %d at offset %d (%d bytes) does not fit the allocation's %d bytes: %w", i, off, bs, alloc, syscall.EFAULT)
 		}
 	}
-	return mem, d, done, reused, nil
+	return km.mem, km.d, reused, nil
 }
 
 // kvWorkers bounds the keys of one request handled at once: a put hashes
