@@ -292,8 +292,13 @@ func (c *clientServer) kvGPU(op uint16, r clientproto.KVBlocksRequest, p peer) r
 	if err != nil {
 		return refuse(err)
 	}
-	c.log.Debug("kv: GPU request", "op", op, "blocks", len(r.Keys), "mapping", map[bool]string{true: "kept", false: "opened"}[reused],
-		"open", time.Since(opening))
+	if c.log.Enabled(context.Background(), slog.LevelDebug) {
+		mapping := "opened"
+		if reused {
+			mapping = "kept"
+		}
+		c.log.Debug("kv: GPU request", "op", op, "blocks", len(r.Keys), "mapping", mapping, "open", time.Since(opening))
+	}
 	host, streams := d.kv.pin(d, kv, c.log)
 	ctx := context.Background()
 	stream := func(i int) *cuda.Stream { return streams[i%len(streams)] }
