@@ -56,6 +56,9 @@ var (
 	// fstat and the open that reads it (only where /proc is not mounted and
 	// the file must be opened again by name; docs/design/rootops.md).
 	ErrSourceChanged = errors.New("changed while being imported")
+	// ErrFileChanged: a file whose content changed while it was being
+	// converted (coded or made warm again); nothing of it was changed.
+	ErrFileChanged = errors.New("file changed during the conversion; run it again")
 )
 
 // CorruptError is a chunk whose stored bytes cannot be used: they do not hash

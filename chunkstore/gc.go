@@ -72,6 +72,15 @@ func (s *Store) Collect(ctx context.Context, opts GCOptions) (GCResult, error) {
 			for _, c := range m.Chunks {
 				liveChunk[c.ID] = true
 			}
+			// A cold file's stripes need every shard (docs/design/erasure.md):
+			// the data shards of other files' chunks and the parity.
+			for _, r := range m.Stripes {
+				for i := range r.Shards() {
+					if id, _, ok := r.ShardID(i); ok {
+						liveChunk[id] = true
+					}
+				}
+			}
 		case KindDir:
 			d, err := s.dirAt(e.ID)
 			if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -24,6 +25,10 @@ const (
 	MaxChunkLen   = 1 << 30 // bytes in one chunk
 	maxFileSize   = 1 << 50
 	manifestFile  = "KXF1"
+	// manifestFileCoded is a file manifest that also names the stripes
+	// its chunks are coded in (cold data, docs/design/erasure.md); a file
+	// without stripes keeps the KXF1 encoding, and so its id.
+	manifestFileCoded = "KXF2"
 	// manifestDirV1 is the directory encoding before owners were stored:
 	// still decoded (its entries' owners are OwnerUnknown), and still the
 	// one encoding of the empty directory, whose ID is well known and
@@ -114,12 +119,25 @@ type FileManifest struct {
 	Size   int64
 	Format Format
 	Chunks []ChunkRef
+	// Stripes are the stripes the file's chunks are coded in, when the
+	// file is cold (docs/design/erasure.md, "Stripes in the metadata"):
+	// each names at least one of Chunks (and may name chunks of other
+	// files: a stripe is shared by every file that has a chunk in it).
+	// Every shard of each is reachable from the file for garbage
+	// collection. Empty for a file kept by replicas. Encode orders them
+	// by their encoding; each must pass Stripe.Check.
+	Stripes []*Stripe
 }
 
-// Encode returns the manifest's canonical bytes.
+// Encode returns the manifest's canonical bytes. It panics on a stripe
+// that fails Stripe.Check (a caller's bug: SetFileStripes checks them).
 func (m *FileManifest) Encode() []byte {
 	b := make([]byte, 0, 16+len(m.Chunks)*(IDSize+3))
-	b = append(b, manifestFile...)
+	magic := manifestFile
+	if len(m.Stripes) > 0 {
+		magic = manifestFileCoded
+	}
+	b = append(b, magic...)
 	b = append(b, byte(m.Format))
 	b = binary.AppendUvarint(b, uint64(m.Size))
 	b = binary.AppendUvarint(b, uint64(len(m.Chunks)))
@@ -127,14 +145,50 @@ func (m *FileManifest) Encode() []byte {
 		b = append(b, c.ID[:]...)
 		b = binary.AppendUvarint(b, uint64(c.Len))
 	}
+	if len(m.Stripes) == 0 {
+		return b
+	}
+	enc := make([][]byte, len(m.Stripes))
+	for i, r := range m.Stripes {
+		e, err := r.MarshalBinary()
+		if err != nil {
+			panic("chunkstore: FileManifest.Encode: " + err.Error())
+		}
+		enc[i] = e
+	}
+	slices.SortFunc(enc, bytes.Compare)
+	b = binary.AppendUvarint(b, uint64(len(enc)))
+	for _, e := range enc {
+		b = binary.AppendUvarint(b, uint64(len(e)))
+		b = append(b, e...)
+	}
 	return b
 }
 
+// Coded reports whether chunk id of the file is coded in one of its
+// stripes, and in which (nil: kept by replicas).
+func (m *FileManifest) Coded(id ID) *Stripe {
+	for _, r := range m.Stripes {
+		for _, c := range r.Chunks {
+			if c.ID == id {
+				return r
+			}
+		}
+	}
+	return nil
+}
+
 // DecodeFileManifest parses bytes made by Encode. It checks that the chunk
-// lengths add up to the size.
+// lengths add up to the size and, for a coded file, that its stripes are
+// canonical, in order, unique, and each names a chunk of the file.
 func DecodeFileManifest(b []byte) (*FileManifest, error) {
 	d := decoder{b: b}
-	if !d.magic(manifestFile) {
+	coded := false
+	switch {
+	case d.magic(manifestFile):
+	case d.magic(manifestFileCoded):
+		coded = true
+	default:
 		return nil, fmt.Errorf("file manifest: bad magic: %w", ErrCorrupt)
 	}
 	m := &FileManifest{Format: Format(d.byte())}
@@ -157,6 +211,11 @@ func DecodeFileManifest(b []byte) (*FileManifest, error) {
 		total += l
 		m.Chunks = append(m.Chunks, c)
 	}
+	if coded && d.err == nil {
+		if err := m.decodeStripes(&d); err != nil {
+			return nil, err
+		}
+	}
 	if d.err != nil {
 		return nil, fmt.Errorf("file manifest: %w", d.err)
 	}
@@ -170,6 +229,43 @@ func DecodeFileManifest(b []byte) (*FileManifest, error) {
 		return nil, fmt.Errorf("file manifest: unknown format %d: %w", m.Format, ErrCorrupt)
 	}
 	return m, nil
+}
+
+// decodeStripes reads a coded manifest's stripes: at most one per chunk,
+// each canonical, strictly in order, and naming a chunk of the file.
+func (m *FileManifest) decodeStripes(d *decoder) error {
+	n := d.uvarint()
+	if d.err == nil && (n == 0 || n > uint64(len(m.Chunks))) {
+		return fmt.Errorf("file manifest: %d stripes for %d chunks: %w", n, len(m.Chunks), ErrCorrupt)
+	}
+	mine := make(map[ID]bool, len(m.Chunks))
+	for _, c := range m.Chunks {
+		mine[c.ID] = true
+	}
+	var prev []byte
+	for i := uint64(0); i < n && d.err == nil; i++ {
+		l := d.uvarint()
+		if l > maxStripeLen {
+			return fmt.Errorf("file manifest: stripe %d of %d bytes: %w", i, l, ErrCorrupt)
+		}
+		e := d.bytes(int(l))
+		if d.err != nil {
+			break
+		}
+		r, err := ParseStripe(e)
+		if err != nil {
+			return fmt.Errorf("file manifest: stripe %d: %w: %w", i, err, ErrCorrupt)
+		}
+		if prev != nil && bytes.Compare(prev, e) >= 0 {
+			return fmt.Errorf("file manifest: stripes out of order or repeated: %w", ErrCorrupt)
+		}
+		prev = e
+		if !slices.ContainsFunc(r.Chunks, func(c ChunkRef) bool { return mine[c.ID] }) {
+			return fmt.Errorf("file manifest: stripe %d names no chunk of the file: %w", i, ErrCorrupt)
+		}
+		m.Stripes = append(m.Stripes, r)
+	}
+	return nil
 }
 
 // Kind is the type of a directory entry.

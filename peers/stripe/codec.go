@@ -143,7 +143,7 @@ type Shards struct {
 
 // NewShards starts gathering shards of r.
 func NewShards(r *Record) (*Shards, error) {
-	if err := r.check(); err != nil {
+	if err := r.Check(); err != nil {
 		return nil, err
 	}
 	return &Shards{r: r, data: make([][]byte, r.Shards())}, nil

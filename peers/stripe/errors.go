@@ -5,9 +5,6 @@ import "errors"
 // The package's sentinel errors; each is returned wrapped, with the stripe
 // or shard it is about.
 var (
-	// ErrBadRecord: bytes that are not a canonical stripe record, or
-	// parameters no stripe may have (k, m, lengths out of range).
-	ErrBadRecord = errors.New("not a valid stripe record")
 	// ErrBadShard: a shard whose length or BLAKE3 is not the one its
 	// stripe record names (damaged, cut short, or another shard).
 	ErrBadShard = errors.New("shard fails its check")
