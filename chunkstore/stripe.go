@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // A stripe record: the metadata of coded (cold) data, docs/design/erasure.md.
@@ -178,53 +179,78 @@ func ParseStripe(b []byte) (*Stripe, error) {
 	return r, nil
 }
 
+// FileStripes is one file of SetFilesStripes: its path, the manifest a
+// conversion read (Old) and the stripes its new manifest names.
+type FileStripes struct {
+	Path    string
+	Old     ID
+	Stripes []*Stripe
+}
+
 // SetFileStripes replaces the manifest of the file at path, which must
 // still be old, by one with the same chunks naming stripes (empty: the
-// file is kept by replicas again); the entry keeps its metadata and takes
-// the transaction's HLC, so a namespace merge spreads the change. Each
-// stripe must pass Check and name a chunk of the file. A file whose
-// manifest is no longer old (written, replaced or removed meanwhile) is
-// ErrFileChanged: a conversion that read old must not overwrite newer
-// content. It returns the new manifest's id.
+// file is kept by replicas again). A file whose manifest is no longer old
+// is ErrFileChanged. It returns the new manifest's id.
 func (s *Store) SetFileStripes(path string, old ID, stripes []*Stripe) (ID, error) {
-	var id ID
-	err := s.Update(func(tx *NSTx) error {
-		e, err := tx.Lookup(path)
-		if err != nil {
-			return err
-		}
-		if e.Kind != KindFile || e.ID != old {
-			return &PathError{Op: "set stripes", Path: path, Err: ErrFileChanged}
-		}
-		m, err := s.FileManifest(old)
-		if err != nil {
-			return err
-		}
-		mine := make(map[ID]bool, len(m.Chunks))
-		for _, c := range m.Chunks {
-			mine[c.ID] = true
-		}
-		nm := &FileManifest{Size: m.Size, Format: m.Format, Chunks: m.Chunks}
-		for _, r := range stripes {
-			if err := r.Check(); err != nil {
-				return fmt.Errorf("set stripes of %s: %w", path, err)
+	ids, changed, err := s.SetFilesStripes([]FileStripes{{Path: path, Old: old, Stripes: stripes}})
+	if err != nil {
+		return ID{}, err
+	}
+	if len(changed) > 0 {
+		return ID{}, &PathError{Op: "set stripes", Path: path, Err: ErrFileChanged}
+	}
+	return ids[0], nil
+}
+
+// SetFilesStripes gives each file its stripes in one namespace update: a
+// new manifest with the same chunks naming them (docs/design/erasure.md);
+// each entry keeps its metadata (the content is the same) and takes the
+// update's HLC, so a namespace merge spreads the change. Each stripe must
+// pass Check and name a chunk of its file (else nothing changes). A file
+// whose manifest is no longer Old (written, replaced or removed meanwhile)
+// is left alone and its path returned in changed: a conversion that read
+// Old must not overwrite newer content. ids are the new manifests' ids
+// (zero for a changed file).
+func (s *Store) SetFilesStripes(files []FileStripes) (ids []ID, changed []string, err error) {
+	err = s.Update(func(tx *NSTx) error {
+		ids, changed = make([]ID, len(files)), nil
+		for i, f := range files {
+			e, err := tx.Lookup(f.Path)
+			if err != nil && !errors.Is(err, ErrNotFound) {
+				return err
 			}
-			for _, c := range r.Chunks {
-				if mine[c.ID] {
-					nm.Stripes = append(nm.Stripes, r)
-					break
+			if err != nil || e.Kind != KindFile || e.ID != f.Old {
+				changed = append(changed, f.Path)
+				continue
+			}
+			m, err := s.FileManifest(f.Old)
+			if err != nil {
+				return err
+			}
+			mine := make(map[ID]bool, len(m.Chunks))
+			for _, c := range m.Chunks {
+				mine[c.ID] = true
+			}
+			nm := &FileManifest{Size: m.Size, Format: m.Format, Chunks: m.Chunks}
+			for _, r := range f.Stripes {
+				if err := r.Check(); err != nil {
+					return fmt.Errorf("set stripes of %s: %w", f.Path, err)
 				}
+				if !slices.ContainsFunc(r.Chunks, func(c ChunkRef) bool { return mine[c.ID] }) {
+					return fmt.Errorf("set stripes of %s: a stripe names none of its chunks: %w", f.Path, ErrBadStripe)
+				}
+				nm.Stripes = append(nm.Stripes, r)
+			}
+			ids[i] = tx.PutFile(nm)
+			if ids[i] == f.Old {
+				continue
+			}
+			e.ID = ids[i] // the content is the same: mtime and ctime stay
+			if err := tx.Put(f.Path, e); err != nil {
+				return err
 			}
 		}
-		if len(nm.Stripes) != len(stripes) {
-			return fmt.Errorf("set stripes of %s: %d of %d stripes name none of its chunks: %w", path, len(stripes)-len(nm.Stripes), len(stripes), ErrBadStripe)
-		}
-		id = tx.PutFile(nm)
-		if id == old {
-			return nil
-		}
-		e.ID = id // the content is the same: mtime and ctime stay
-		return tx.Put(path, e)
+		return nil
 	})
-	return id, err
+	return ids, changed, err
 }

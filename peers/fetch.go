@@ -41,7 +41,7 @@ func (n *Node) fetch(ctx context.Context, id chunkstore.ID, size uint32, keep bo
 	// not put in the peer cache too. It is still read from there when it
 	// is there: kept (warmed) before this member became its owner, when
 	// an owner failed.
-	keep = keep && !owns(id, members, n.self, n.cfg.Replicas)
+	keep = keep && !n.ownsChunk(id, members)
 	if b, ok := n.cache.get(id, size); ok {
 		return b, nil
 	}
@@ -139,7 +139,7 @@ type intoFlight struct {
 func (n *Node) fetchInto(ctx context.Context, id chunkstore.ID, dst []byte) error {
 	size := uint32(len(dst))
 	members := n.members()
-	keep := !owns(id, members, n.self, n.cfg.Replicas)
+	keep := !n.ownsChunk(id, members)
 	fetched := false
 	if r, ok := n.relayFor(id, members); ok && r.name != n.self && !n.cfg.NoRelay {
 		_, err := n.askRelay(ctx, r, id, size, dst)

@@ -32,7 +32,7 @@ func (m memTree) get(id chunkstore.ID) (*chunkstore.DirManifest, error) {
 func (m memTree) merge(t *testing.T, a, b chunkstore.ID) chunkstore.ID {
 	t.Helper()
 	var objs [][]byte
-	id, err := mergeTrees(a, b, m.get, &objs)
+	id, err := mergeTrees(a, b, m.get, nil, &objs)
 	require.NoError(t, err)
 	for _, o := range objs {
 		d, err := chunkstore.DecodeDirManifest(o)
@@ -225,7 +225,7 @@ func TestMergeLinkSets(t *testing.T) {
 	}
 	require.NoError(t, s.MergeNamespace(func(local chunkstore.ID) (chunkstore.ID, [][]byte, error) {
 		var objs [][]byte
-		id, err := mergeTrees(local, remote, get, &objs)
+		id, err := mergeTrees(local, remote, get, nil, &objs)
 		for _, b := range fetched {
 			objs = append(objs, b)
 		}

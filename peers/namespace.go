@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -64,6 +65,12 @@ func (n *Node) updateTag() {
 	n.nsTag = root.String()
 	n.mu.Unlock()
 	n.kickPlace()
+	if n.cfg.NoPlacement {
+		// No placement pass indexes the stripes the manifests name here.
+		if _, recs, err := n.namedChunks(n.ctx); err == nil {
+			n.indexStripes(recs)
+		}
+	}
 	tags := maps.Clone(n.serf.LocalMember().Tags)
 	tags[tagNS] = root.String()
 	if err := n.serf.SetTags(tags); err != nil {
@@ -141,13 +148,27 @@ func (n *Node) mergeFrom(ctx context.Context, p peer, remote chunkstore.ID) (boo
 		}
 		return n.s.DirManifest(id)
 	}
+	file := func(id chunkstore.ID) (*chunkstore.FileManifest, error) {
+		if b, ok := fetched[id]; ok {
+			return chunkstore.DecodeFileManifest(b)
+		}
+		return n.s.FileManifest(id)
+	}
+	sameBytes := func(a, b chunkstore.ID) bool {
+		ma, err := file(a)
+		if err != nil {
+			return false
+		}
+		mb, err := file(b)
+		return err == nil && ma.Size == mb.Size && slices.Equal(ma.Chunks, mb.Chunks)
+	}
 	changed := false
 	err := n.s.MergeNamespace(func(local chunkstore.ID) (chunkstore.ID, [][]byte, error) {
 		if local == remote {
 			return local, nil, nil
 		}
 		var objs [][]byte
-		id, err := mergeTrees(local, remote, get, &objs)
+		id, err := mergeTrees(local, remote, get, sameBytes, &objs)
 		if err != nil || id == local {
 			return local, nil, err
 		}
@@ -219,7 +240,10 @@ func (n *Node) fetchTree(ctx context.Context, p peer, id chunkstore.ID, kind chu
 //   - otherwise the entry with the larger HLC wins (ties: by content); when
 //     both are live files or symlinks with different content, the loser is
 //     kept beside the winner as NAME.conflict-HLC (its own HLC, in hex).
-func mergeTrees(a, b chunkstore.ID, get func(chunkstore.ID) (*chunkstore.DirManifest, error), objs *[][]byte) (chunkstore.ID, error) {
+//     Two file manifests with the same chunks are the same content (a
+//     file made cold or warm: its manifest names stripes, or no longer):
+//     sameBytes says so, and no conflict copy is kept.
+func mergeTrees(a, b chunkstore.ID, get func(chunkstore.ID) (*chunkstore.DirManifest, error), sameBytes func(a, b chunkstore.ID) bool, objs *[][]byte) (chunkstore.ID, error) {
 	if a == b {
 		return a, nil
 	}
@@ -257,7 +281,7 @@ func mergeTrees(a, b chunkstore.ID, get func(chunkstore.ID) (*chunkstore.DirMani
 			out.Entries = append(out.Entries, *ea)
 		case ea.Kind == chunkstore.KindDir && eb.Kind == chunkstore.KindDir && !ea.Deleted && !eb.Deleted:
 			w := winner(*ea, *eb)
-			id, err := mergeTrees(ea.ID, eb.ID, get, objs)
+			id, err := mergeTrees(ea.ID, eb.ID, get, sameBytes, objs)
 			if err != nil {
 				return chunkstore.ID{}, err
 			}
@@ -270,7 +294,11 @@ func mergeTrees(a, b chunkstore.ID, get func(chunkstore.ID) (*chunkstore.DirMani
 			if w == *ea {
 				l = *eb
 			}
-			if !w.Deleted && !l.Deleted && w.Kind != chunkstore.KindDir && l.Kind != chunkstore.KindDir && (w.ID != l.ID || w.Target != l.Target || w.Kind != l.Kind || w.Rdev != l.Rdev) {
+			differ := w.ID != l.ID || w.Target != l.Target || w.Kind != l.Kind || w.Rdev != l.Rdev
+			if differ && w.Kind == chunkstore.KindFile && l.Kind == chunkstore.KindFile && w.ID != l.ID && sameBytes != nil && sameBytes(w.ID, l.ID) {
+				differ = false
+			}
+			if !w.Deleted && !l.Deleted && w.Kind != chunkstore.KindDir && l.Kind != chunkstore.KindDir && differ {
 				l.Name = fmt.Sprintf("%s.conflict-%x", l.Name, uint64(l.HLC))
 				if len(l.Name) <= chunkstore.MaxNameLen {
 					conflicts = append(conflicts, l)

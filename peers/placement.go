@@ -12,6 +12,7 @@ import (
 
 	"github.com/kylix/kylix/chunkstore"
 	"github.com/kylix/kylix/internal/pace"
+	"github.com/kylix/kylix/peers/stripe"
 )
 
 // Placement: every chunk named by the namespace has R owners, the first R
@@ -163,42 +164,32 @@ func (n *Node) placementMembersGrace(kick bool) ([]peer, []string) {
 	return ps, inGrace
 }
 
-// placePass pulls the chunks this member owns and lacks.
+// placePass pulls the chunks this member owns and lacks. It indexes the
+// stripes the manifests name first (indexStripes): a coded chunk and a
+// parity shard have one home, their stripe holder (homes), and a shard
+// this member should hold and nobody sends is rebuilt from its stripe
+// (repair).
 func (n *Node) placePass(ctx context.Context) error {
 	start := time.Now()
 	members, inGrace := n.placementMembersGrace(true)
-	r := n.cfg.Replicas
-	seen := map[chunkstore.ID]bool{}
-	var want, extra []chunkstore.ChunkRef
-	var owned int64
-	err := n.s.Walk("", func(p string, e chunkstore.Entry) error {
-		if e.Kind != chunkstore.KindFile {
-			return nil
-		}
-		m, err := n.s.FileManifest(e.ID)
-		if err != nil {
-			return nil // a manifest not here yet: the next pass
-		}
-		for _, c := range m.Chunks {
-			if seen[c.ID] {
-				continue
-			}
-			seen[c.ID] = true
-			if !owns(c.ID, members, n.self, r) {
-				if n.s.HasChunk(c.ID) {
-					extra = append(extra, c)
-				}
-				continue
-			}
-			owned++
-			if !n.s.HasChunk(c.ID) {
-				want = append(want, c)
-			}
-		}
-		return ctx.Err()
-	})
+	refs, recs, err := n.namedChunks(ctx)
 	if err != nil {
 		return err
+	}
+	n.indexStripes(recs)
+	var want, extra []chunkstore.ChunkRef
+	var owned int64
+	for _, c := range refs {
+		if !n.ownsChunk(c.ID, members) {
+			if n.s.HasChunk(c.ID) {
+				extra = append(extra, c)
+			}
+			continue
+		}
+		owned++
+		if !n.s.HasChunk(c.ID) {
+			want = append(want, c)
+		}
 	}
 	var missing atomic.Int64
 	if len(want) > 0 {
@@ -221,6 +212,51 @@ func (n *Node) placePass(ctx context.Context) error {
 	n.place.stats.InGrace = inGrace
 	n.place.mu.Unlock()
 	return nil
+}
+
+// namedChunks returns every chunk the namespace names, each once: the
+// chunks of the files and every shard of the stripes their manifests name
+// (a stripe's parity, and its data shards that are chunks of files since
+// removed: the stripe needs them), and those stripes, each once. A
+// manifest not stored here yet is skipped (the next pass).
+func (n *Node) namedChunks(ctx context.Context) ([]chunkstore.ChunkRef, []*stripe.Record, error) {
+	seen := map[chunkstore.ID]bool{}
+	var refs []chunkstore.ChunkRef
+	var recs []*stripe.Record
+	add := func(id chunkstore.ID, size uint32) {
+		if !seen[id] {
+			seen[id] = true
+			refs = append(refs, chunkstore.ChunkRef{ID: id, Len: size})
+		}
+	}
+	seenStripe := map[string]bool{}
+	err := n.s.Walk("", func(p string, e chunkstore.Entry) error {
+		if e.Kind != chunkstore.KindFile {
+			return nil
+		}
+		m, err := n.s.FileManifest(e.ID)
+		if err != nil {
+			return nil // a manifest not here yet: the next pass
+		}
+		for _, c := range m.Chunks {
+			add(c.ID, c.Len)
+		}
+		for _, r := range m.Stripes {
+			key := string(r.Parity[0][:]) // a parity shard is its stripe's alone
+			if seenStripe[key] {
+				continue
+			}
+			seenStripe[key] = true
+			recs = append(recs, r)
+			for i := range r.Shards() {
+				if id, size, ok := r.ShardID(i); ok {
+					add(id, size)
+				}
+			}
+		}
+		return ctx.Err()
+	})
+	return refs, recs, err
 }
 
 // owns reports whether self is among the owners of id.

@@ -95,7 +95,7 @@ func (sv *server) has(raw []byte) (byte, []byte) {
 // (failed members in their grace included).
 func (n *Node) ownsFn() func(chunkstore.ID) bool {
 	members := n.placementMembers()
-	return func(id chunkstore.ID) bool { return owns(id, members, n.self, n.cfg.Replicas) }
+	return func(id chunkstore.ID) bool { return n.ownsChunk(id, members) }
 }
 
 // put stores pushed chunks (each verified against its id by PutReceived,
@@ -288,8 +288,8 @@ func (n *Node) rebalance(ctx context.Context, members []peer, extra []chunkstore
 		if keep[c.ID] {
 			continue
 		}
-		ow := owners(c.ID, members, r)
-		ok := len(ow) == r
+		ow := n.homes(c.ID, members)
+		ok := len(ow) > 0
 		for _, o := range ow {
 			if _, live := alive[o.name]; !live || o.name == n.self {
 				ok = false
@@ -298,7 +298,7 @@ func (n *Node) rebalance(ctx context.Context, members []peer, extra []chunkstore
 		if !ok {
 			continue
 		}
-		need[c.ID] = r
+		need[c.ID] = len(ow)
 		for _, o := range ow {
 			per[o.name] = append(per[o.name], c)
 		}

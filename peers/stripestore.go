@@ -1,8 +1,8 @@
 package peers
 
 import (
+	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -12,21 +12,23 @@ import (
 	"github.com/kylix/kylix/peers/stripe"
 )
 
-// Coded data over the data plane, the first piece of issue 19's real path
-// (docs/design/erasure.md, "Shards over the data plane"): a member codes
-// chunks it holds into stripes and stores each shard on its holder (a
-// shard is a chunk under its own id: the put op, verified on receipt and
-// committed before the answer), and a fetch that finds a chunk nowhere
-// rebuilds it from its stripe. Which chunks are in which stripe is kept in
-// this node's memory only (AddStripes); recording stripes in the metadata
-// log and spreading them to the members is not built, nor is any caller in
-// the node: conversion, repair and tiers are the next steps.
+// Coded data over the data plane (docs/design/erasure.md): a member codes
+// chunks into stripes and stores each shard on its holder (a shard is a
+// chunk under its own id: the put op, verified on receipt and committed
+// before the answer), and a fetch that finds a chunk nowhere rebuilds it
+// from its stripe. Which chunks are in which stripe comes from the file
+// manifests (a cold file's names its stripes): every placement pass, and
+// every change of the namespace on a member without placement, rebuilds
+// this node's index of them (indexStripes).
 
-// stripeIndex maps a chunk to the stripe it is a member of, as this node
-// was told (AddStripes).
+// stripeIndex maps a shard (a coded chunk or a parity shard) to its
+// stripe: the stripes of the manifests reachable from the head
+// (indexStripes) and those this node was told of (AddStripes).
 type stripeIndex struct {
 	mu     sync.Mutex
 	member map[chunkstore.ID]stripeMember
+	added  []*stripe.Record // by AddStripes, kept through indexStripes
+	known  int              // stripes indexed
 	codecs map[StripeShape]*stripe.Codec // one per shape, made when first used
 	// flights: the stripes being rebuilt now; recent: the member chunks of
 	// the stripes rebuilt lately (recentOrder, oldest first, recentBytes
@@ -62,26 +64,98 @@ func (n *Node) codec(sh StripeShape) (*stripe.Codec, error) {
 type stripeMember struct {
 	rec *stripe.Record
 	id  chunkstore.ID // the record's
-	idx int           // data shard index of the chunk
+	idx int           // shard index: data shard of a chunk, k+i of parity i
 }
 
-// AddStripes makes this node rebuild the member chunks of recs from their
-// stripes when no member sends them.
+func (sm stripeMember) shape() StripeShape { return StripeShape{K: sm.rec.K, M: sm.rec.M} }
+
+// AddStripes makes this node rebuild the shards of recs from their
+// stripes when no member sends them, and keep them at their stripe
+// holders, as if a manifest named them.
 func (n *Node) AddStripes(recs []*stripe.Record) {
+	n.stripes.mu.Lock()
+	defer n.stripes.mu.Unlock()
+	n.stripes.added = append(n.stripes.added, recs...)
+	if n.stripes.member == nil {
+		n.stripes.member = map[chunkstore.ID]stripeMember{}
+	}
+	for _, r := range recs {
+		n.stripes.index(r)
+	}
+}
+
+// indexMore adds recs to the stripes this node knows until the next
+// indexStripes (a conversion's, before the manifests naming them are
+// committed).
+func (n *Node) indexMore(recs []*stripe.Record) {
 	n.stripes.mu.Lock()
 	defer n.stripes.mu.Unlock()
 	if n.stripes.member == nil {
 		n.stripes.member = map[chunkstore.ID]stripeMember{}
 	}
 	for _, r := range recs {
-		sid, err := r.ID()
-		if err != nil {
-			continue // not a valid record: nothing to rebuild from
+		n.stripes.index(r)
+	}
+}
+
+// indexStripes makes recs (and those given to AddStripes) the stripes this
+// node knows: those of the manifests reachable from its head now. A shard
+// in two stripes (two conversions of files sharing a chunk, at once) is
+// kept in the one with the smaller id, the same on every member.
+func (n *Node) indexStripes(recs []*stripe.Record) {
+	n.stripes.mu.Lock()
+	defer n.stripes.mu.Unlock()
+	n.stripes.member = make(map[chunkstore.ID]stripeMember, len(recs)*8)
+	n.stripes.known = 0
+	for _, r := range append(recs, n.stripes.added...) {
+		n.stripes.index(r)
+	}
+}
+
+// index adds r's shards; x.mu is held.
+func (x *stripeIndex) index(r *stripe.Record) {
+	sid, err := r.ID()
+	if err != nil {
+		return // not a valid record: nothing to rebuild from
+	}
+	x.known++
+	for i := range r.Shards() {
+		id, _, ok := r.ShardID(i)
+		if !ok {
+			continue
 		}
-		for i, c := range r.Chunks {
-			n.stripes.member[c.ID] = stripeMember{rec: r, id: sid, idx: i}
+		if old, ok := x.member[id]; ok && bytes.Compare(old.id[:], sid[:]) <= 0 {
+			continue
+		}
+		x.member[id] = stripeMember{rec: r, id: sid, idx: i}
+	}
+}
+
+// StripesKnown is the number of stripes this node has indexed.
+func (n *Node) StripesKnown() int {
+	n.stripes.mu.Lock()
+	defer n.stripes.mu.Unlock()
+	return n.stripes.known
+}
+
+// homes returns the members that keep chunk id, from members: a shard of
+// a known stripe (a coded chunk or a parity shard) has one, its stripe
+// holder; any other chunk its R owners (placement.go). A stripe wider
+// than the members now (members lost past the failure grace, too few to
+// repair onto) has its shards kept as replicas meanwhile: more copies,
+// never fewer.
+func (n *Node) homes(id chunkstore.ID, members []peer) []peer {
+	if sm, ok := n.stripeOf(id); ok {
+		if hs, err := stripeHolders(sm.id, members, sm.shape()); err == nil {
+			return hs[sm.idx : sm.idx+1]
 		}
 	}
+	return owners(id, members, n.cfg.Replicas)
+}
+
+// ownsChunk reports whether this member is a home of chunk id (homes).
+func (n *Node) ownsChunk(id chunkstore.ID, members []peer) bool {
+	return slices.ContainsFunc(n.homes(id, members), func(p peer) bool { return p.name == n.self })
 }
 
 // stripeHome is the member a coded chunk was stored on: its stripe's
@@ -92,7 +166,7 @@ func (n *Node) stripeHome(id chunkstore.ID) (peer, bool) {
 	if !ok {
 		return peer{}, false
 	}
-	hs, err := stripeHolders(sm.id, n.placementMembers(), StripeShape{K: sm.rec.K, M: sm.rec.M})
+	hs, err := stripeHolders(sm.id, n.placementMembers(), sm.shape())
 	if err != nil {
 		return peer{}, false
 	}
@@ -119,59 +193,11 @@ func (n *Node) EncodeStripes(ctx context.Context, chunks []chunkstore.ChunkRef) 
 	if err != nil {
 		return nil, err
 	}
-	codec, err := n.codec(sh)
-	if err != nil {
-		return nil, err
-	}
-	members := n.placementMembers()
 	var recs []*stripe.Record
 	for _, g := range stripe.Group(chunks, sh.K) {
-		data := make([]stripe.Chunk, len(g))
-		for i, c := range g {
-			b, err := n.s.ReadChunk(ctx, c.ID)
-			if err != nil {
-				return nil, fmt.Errorf("coding chunk %s: %w", c.ID.Short(), err)
-			}
-			data[i] = stripe.Chunk{ID: c.ID, Data: b}
-		}
-		rec, parity, err := codec.Encode(data, nil)
+		rec, err := n.encodeStripe(ctx, g, sh)
 		if err != nil {
 			return nil, err
-		}
-		sid, err := rec.ID()
-		if err != nil {
-			return nil, err
-		}
-		holders, err := stripeHolders(sid, members, sh)
-		if err != nil {
-			return nil, err
-		}
-		shard := func(i int) (chunkstore.ID, []byte, bool) {
-			id, _, ok := rec.ShardID(i)
-			switch {
-			case !ok:
-				return id, nil, false
-			case i < len(data):
-				return id, data[i].Data, true
-			}
-			return id, parity[i-rec.K], true
-		}
-		var wg sync.WaitGroup
-		errs := make([]error, len(holders))
-		for i, p := range holders {
-			id, b, ok := shard(i)
-			if !ok {
-				continue // a known zero shard: not stored
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs[i] = n.storeShard(ctx, p, id, b)
-			}()
-		}
-		wg.Wait()
-		if err := errors.Join(errs...); err != nil {
-			return nil, fmt.Errorf("storing the shards of stripe %s: %w", sid.Short(), err)
 		}
 		recs = append(recs, rec)
 	}
@@ -226,16 +252,46 @@ func (n *Node) fetchStriped(ctx context.Context, id chunkstore.ID, sm stripeMemb
 		if f.err != nil {
 			return nil, fmt.Errorf("chunk %s: rebuilding from its stripe %s: %w", id.Short(), sm.id.Short(), f.err)
 		}
-		b = f.chunks[sm.idx]
+		if sm.idx < len(f.chunks) {
+			b = f.chunks[sm.idx]
+		} else {
+			var err error
+			if b, err = n.encodeParity(sm, f.chunks); err != nil {
+				return nil, err
+			}
+		}
 	}
-	if uint32(len(b)) != sm.rec.Chunks[sm.idx].Len {
-		return nil, fmt.Errorf("chunk %s: rebuilt %d bytes, want %d: %w", id.Short(), len(b), sm.rec.Chunks[sm.idx].Len, chunkstore.ErrCorrupt)
+	if _, size, _ := sm.rec.ShardID(sm.idx); uint32(len(b)) != size {
+		return nil, fmt.Errorf("chunk %s: rebuilt %d bytes, want %d: %w", id.Short(), len(b), size, chunkstore.ErrCorrupt)
 	}
 	if into != nil {
 		copy(into, b)
 		return into, nil
 	}
 	return b, nil
+}
+
+// encodeParity computes parity shard sm.idx of stripe sm from its member
+// chunks (rebuilt or gathered, each checked against its id), and checks it
+// against the record: the repair of a lost parity shard.
+func (n *Node) encodeParity(sm stripeMember, chunks [][]byte) ([]byte, error) {
+	codec, err := n.codec(sm.shape())
+	if err != nil {
+		return nil, err
+	}
+	data := make([]stripe.Chunk, len(chunks))
+	for i, c := range chunks {
+		data[i] = stripe.Chunk{ID: sm.rec.Chunks[i].ID, Data: c}
+	}
+	rec, parity, err := codec.Encode(data, nil)
+	if err != nil {
+		return nil, fmt.Errorf("stripe %s: coding its parity again: %w", sm.id.Short(), err)
+	}
+	i := sm.idx - sm.rec.K
+	if rec.Parity[i] != sm.rec.Parity[i] {
+		return nil, fmt.Errorf("stripe %s: parity shard %d coded again differs from its record: %w", sm.id.Short(), i, chunkstore.ErrCorrupt)
+	}
+	return parity[i], nil
 }
 
 // recentStripeBytes bounds the chunks of stripes rebuilt lately that this

@@ -1,0 +1,339 @@
+package peers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/peers/stripe"
+)
+
+// Tiers (docs/design/erasure.md, "Tiers"): MakeCold codes the files below
+// a path into stripes and names them in the files' manifests; MakeWarm
+// gives their chunks back to replicas. Both run on one member, block until
+// done and report progress; placement on every member then keeps each
+// shard at its home (homes) and drops the copies beyond it.
+
+// TierResult is what MakeCold or MakeWarm did.
+type TierResult struct {
+	Files int `json:"files"` // files whose manifests changed
+	// Changed: files written, replaced or removed during the conversion,
+	// left as they were (run it again); Pinned: files below a pinned
+	// path, which never move.
+	Changed []string `json:"changed,omitempty"`
+	Pinned  []string `json:"pinned,omitempty"`
+	// Stripes and Chunks coded by this run, their bytes (Logical) and the
+	// parity stored for them; Replicated: bytes left replicated because
+	// their stripe would have cost MaxStripeOverhead or more.
+	Stripes    int    `json:"stripes"`
+	Chunks     int    `json:"chunks"`
+	Logical    int64  `json:"logical_bytes"`
+	Parity     int64  `json:"parity_bytes"`
+	Replicated int64  `json:"replicated_bytes"`
+	Shape      string `json:"shape,omitempty"` // k+m of the stripes coded
+	// Pushed: replicas stored on their owners by MakeWarm.
+	Pushed      int   `json:"pushed_chunks"`
+	PushedBytes int64 `json:"pushed_bytes"`
+}
+
+// TierProgress is called as a conversion goes: bytes done of total.
+type TierProgress func(done, total int64)
+
+// tierFile is one file of a conversion.
+type tierFile struct {
+	path string
+	id   chunkstore.ID
+	m    *chunkstore.FileManifest
+}
+
+// tierFiles lists the files at and below p (each version once), without
+// those under a pinned path, which it returns apart.
+func (n *Node) tierFiles(ctx context.Context, p string) (files []tierFile, pinned []string, err error) {
+	pfs, err := n.s.FilesBelow(ctx, p)
+	if err != nil {
+		return nil, nil, err
+	}
+	var pins []string
+	if n.cfg.Keep != nil {
+		if pins, err = n.cfg.Keep(); err != nil {
+			return nil, nil, fmt.Errorf("reading the pinned paths: %w", err)
+		}
+	}
+	for _, pf := range pfs {
+		if pf.Again {
+			continue
+		}
+		if slices.ContainsFunc(pins, func(pin string) bool { return below(pf.Path, pin) }) {
+			pinned = append(pinned, pf.Path)
+			continue
+		}
+		m, err := n.s.FileManifest(pf.Entry.ID)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", pf.Path, err)
+		}
+		files = append(files, tierFile{path: pf.Path, id: pf.Entry.ID, m: m})
+	}
+	return files, pinned, nil
+}
+
+// below reports whether namespace path p is dir or below it.
+func below(p, dir string) bool {
+	p, dir = path.Clean("/"+p), path.Clean("/"+dir)
+	return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/")
+}
+
+// MakeCold codes the chunks of the files at and below p that are not
+// coded yet into stripes of the cluster's shape (StripeShape; a cluster
+// too small says so: *ClusterTooSmallError), stores every shard on its
+// holder, then names the stripes in the files' manifests in one namespace
+// update. A crash before that update changes nothing (the parity stored
+// is named by nothing: garbage collection takes it); after it the files
+// are cold, and placement drops the copies beyond each shard's home once
+// that home confirms it. Stripes that would cost MaxStripeOverhead or
+// more (the few chunks left over) stay replicated. Files under a pinned
+// path are left warm.
+func (n *Node) MakeCold(ctx context.Context, p string, progress TierProgress) (TierResult, error) {
+	var res TierResult
+	files, pinned, err := n.tierFiles(ctx, p)
+	if err != nil {
+		return res, err
+	}
+	res.Pinned = pinned
+	sh, err := n.StripeShape()
+	if err != nil {
+		return res, err
+	}
+	res.Shape = sh.String()
+	// The chunks to code: those no stripe this node knows holds.
+	seen := map[chunkstore.ID]bool{}
+	var todo []chunkstore.ChunkRef
+	var total int64
+	for _, f := range files {
+		for _, c := range f.m.Chunks {
+			if seen[c.ID] || f.m.Coded(c.ID) != nil {
+				continue
+			}
+			seen[c.ID] = true
+			if _, ok := n.stripeOf(c.ID); ok {
+				continue
+			}
+			todo = append(todo, c)
+			total += int64(c.Len)
+		}
+	}
+	var done int64
+	if progress != nil {
+		progress(0, total)
+	}
+	var recs []*stripe.Record
+	for _, g := range stripe.Group(todo, sh.K) {
+		logical, raw := stripe.GroupRaw([][]chunkstore.ChunkRef{g}, sh.M)
+		if float64(raw) >= MaxStripeOverhead*float64(logical) {
+			res.Replicated += logical
+		} else {
+			rec, err := n.encodeStripe(ctx, g, sh)
+			if err != nil {
+				return res, err
+			}
+			recs = append(recs, rec)
+			res.Stripes++
+			res.Chunks += len(g)
+			res.Logical += logical
+			res.Parity += raw - logical
+		}
+		done += logical
+		if progress != nil {
+			progress(done, total)
+		}
+	}
+	// Each file names every stripe one of its chunks is in: its own, the
+	// new ones and those of other files.
+	n.indexMore(recs)
+	var changes []chunkstore.FileStripes
+	for _, f := range files {
+		var mine []*stripe.Record
+		have := map[chunkstore.ID]bool{}
+		for _, c := range f.m.Chunks {
+			sm, ok := n.stripeOf(c.ID)
+			if !ok || have[sm.id] {
+				continue
+			}
+			have[sm.id] = true
+			mine = append(mine, sm.rec)
+		}
+		if len(mine) == len(f.m.Stripes) {
+			continue // nothing new for it
+		}
+		changes = append(changes, chunkstore.FileStripes{Path: f.path, Old: f.id, Stripes: mine})
+	}
+	if err := n.commitTier(changes, &res); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+// commitTier writes the files' new manifests in one namespace update and
+// indexes their stripes at once (placement and the merge do it on the
+// other members).
+func (n *Node) commitTier(changes []chunkstore.FileStripes, res *TierResult) error {
+	if len(changes) == 0 {
+		return nil
+	}
+	_, changed, err := n.s.SetFilesStripes(changes)
+	if err != nil {
+		return err
+	}
+	res.Changed = changed
+	res.Files = len(changes) - len(changed)
+	if _, recs, err := n.namedChunks(n.ctx); err == nil {
+		n.indexStripes(recs)
+	}
+	n.kickPlace()
+	return nil
+}
+
+// encodeStripe codes one group of chunks and stores its shards (chunks
+// this node lacks are fetched, verified, from the members).
+func (n *Node) encodeStripe(ctx context.Context, g []chunkstore.ChunkRef, sh StripeShape) (*stripe.Record, error) {
+	codec, err := n.codec(sh)
+	if err != nil {
+		return nil, err
+	}
+	data := make([]stripe.Chunk, len(g))
+	for i, c := range g {
+		b, err := n.s.ReadChunk(ctx, c.ID)
+		if errors.Is(err, chunkstore.ErrNotLocal) {
+			b, err = n.Fetch(ctx, c.ID, c.Len)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("coding chunk %s: %w", c.ID.Short(), err)
+		}
+		data[i] = stripe.Chunk{ID: c.ID, Data: b}
+	}
+	rec, parity, err := codec.Encode(data, nil)
+	if err != nil {
+		return nil, err
+	}
+	sid, err := rec.ID()
+	if err != nil {
+		return nil, err
+	}
+	holders, err := stripeHolders(sid, n.placementMembers(), sh)
+	if err != nil {
+		return nil, err
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(holders))
+	for i, p := range holders {
+		id, _, ok := rec.ShardID(i)
+		if !ok {
+			continue // a known zero shard: not stored
+		}
+		b := parity[max(i-rec.K, 0)]
+		if i < len(data) {
+			b = data[i].Data
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = n.storeShard(ctx, p, id, b)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("storing the shards of stripe %s: %w", sid.Short(), err)
+	}
+	return rec, nil
+}
+
+// MakeWarm gives the chunks of the cold files at and below p back to
+// replicas: it stores each chunk on its R owners (fetched from its home
+// or rebuilt from its stripe), then removes the stripes from the files'
+// manifests in one namespace update, then checks the owners once more
+// (a member's rebalance may have dropped a copy it did not own yet). A
+// chunk that is also in the stripe of a file that stays cold keeps that
+// stripe's home. The parity no manifest names any more is garbage.
+func (n *Node) MakeWarm(ctx context.Context, p string, progress TierProgress) (TierResult, error) {
+	var res TierResult
+	files, pinned, err := n.tierFiles(ctx, p)
+	if err != nil {
+		return res, err
+	}
+	res.Pinned = pinned
+	var changes []chunkstore.FileStripes
+	var refs []chunkstore.ChunkRef
+	seen := map[chunkstore.ID]bool{}
+	for _, f := range files {
+		if len(f.m.Stripes) == 0 {
+			continue
+		}
+		changes = append(changes, chunkstore.FileStripes{Path: f.path, Old: f.id})
+		for _, c := range f.m.Chunks {
+			if !seen[c.ID] {
+				seen[c.ID] = true
+				refs = append(refs, c)
+			}
+		}
+	}
+	if err := n.pushReplicas(ctx, refs, progress, &res); err != nil {
+		return res, err
+	}
+	if err := n.commitTier(changes, &res); err != nil {
+		return res, err
+	}
+	return res, n.pushReplicas(ctx, refs, nil, &res)
+}
+
+// pushReplicas stores each of refs on those of its R owners (replica
+// owners, whatever its stripe) that do not hold it.
+func (n *Node) pushReplicas(ctx context.Context, refs []chunkstore.ChunkRef, progress TierProgress, res *TierResult) error {
+	members := n.placementMembers()
+	var total, done int64
+	for _, c := range refs {
+		total += int64(c.Len)
+	}
+	if progress != nil {
+		progress(0, total)
+	}
+	for _, c := range refs {
+		var b []byte
+		for _, o := range owners(c.ID, members, n.cfg.Replicas) {
+			if o.name == n.self && n.s.HasChunk(c.ID) {
+				continue
+			}
+			if o.name != n.self {
+				held, err := n.askHas(ctx, o, []chunkstore.ChunkRef{c})
+				if err != nil {
+					return fmt.Errorf("member %s: %w", o.name, err)
+				}
+				if held[0] {
+					continue
+				}
+			}
+			if b == nil {
+				var err error
+				if b, err = n.s.ReadChunk(ctx, c.ID); errors.Is(err, chunkstore.ErrNotLocal) {
+					b, err = n.Fetch(ctx, c.ID, c.Len)
+				}
+				if err != nil {
+					return fmt.Errorf("chunk %s: %w", c.ID.Short(), err)
+				}
+			}
+			if err := n.storeShard(ctx, o, c.ID, b); err != nil {
+				return err
+			}
+			res.Pushed++
+			res.PushedBytes += int64(len(b))
+		}
+		done += int64(c.Len)
+		if progress != nil {
+			progress(done, total)
+		}
+	}
+	return nil
+}

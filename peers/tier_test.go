@@ -1,0 +1,235 @@
+package peers
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kylix/kylix/chunkstore"
+)
+
+// tierCluster starts 8 members with placement and a reader (which stores
+// nothing), and imports a file of size random bytes on the first; it
+// returns when every chunk is on its two owners.
+func tierCluster(t *testing.T, size int) (ms []*testNode, reader *testNode, data []byte, m *chunkstore.FileManifest) {
+	key, _ := NewKey()
+	start := func(cfg Config) *testNode {
+		n, err := startNodeCfg(t, cfg)
+		require.NoError(t, err)
+		return n
+	}
+	var join []string
+	for i := range 8 {
+		n := start(Config{Name: fmt.Sprintf("m%d", i), Key: key, Replicas: 2, Join: join})
+		ms = append(ms, n)
+		join = append(join, n.cfg.Listen)
+	}
+	reader = start(Config{Name: "reader", Key: key, NoPlacement: true, NoRelay: true, Reader: true, Join: join})
+	t.Cleanup(func() { closeAll(t, append([]*testNode{reader}, ms...)...) })
+	for _, n := range append([]*testNode{reader}, ms...) {
+		waitFor(t, "9 members alive on "+n.self, func() bool { return len(n.livePeers()) == 8 })
+	}
+	data = randBytes(size)
+	src := filepath.Join(t.TempDir(), "src")
+	require.NoError(t, os.WriteFile(src, data, 0o644))
+	_, err := ms[0].s.Import(context.Background(), src, "cold/model.bin", chunkstore.ImportOptions{})
+	require.NoError(t, err)
+	f, _, err := ms[0].s.OpenPath("cold/model.bin")
+	require.NoError(t, err)
+	m = f.M
+	waitFor(t, "every chunk on its two owners", func() bool {
+		for _, c := range m.Chunks {
+			if copiesOf(ms, c.ID) < 2 {
+				return false
+			}
+		}
+		return true
+	})
+	waitFor(t, "the file on the reader", func() bool {
+		_, err := reader.s.Lookup("cold/model.bin")
+		return err == nil
+	})
+	return ms, reader, data, m
+}
+
+// copiesOf counts the members storing chunk id.
+func copiesOf(ms []*testNode, id chunkstore.ID) int {
+	k := 0
+	for _, n := range ms {
+		if n.s.HasChunk(id) {
+			k++
+		}
+	}
+	return k
+}
+
+// TestMakeColdThenWarm: a file made cold is named coded on every member
+// (its stripes spread with the namespace), each shard ends up on its home
+// alone, so the raw bytes fall from 2x to under 1.5x; it reads byte-equal
+// through a member storing nothing, with two holders of a stripe crashed;
+// and made warm again, every chunk is on its two owners and the reader
+// knows no stripe.
+func TestMakeColdThenWarm(t *testing.T) {
+	ms, reader, data, m := tierCluster(t, 24<<20+777)
+	ctx := context.Background()
+	var calls int
+	var last [2]int64
+	res, err := ms[3].MakeCold(ctx, "cold", func(done, total int64) { calls++; last = [2]int64{done, total} })
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Files)
+	require.Equal(t, "6+2", res.Shape)
+	require.GreaterOrEqual(t, res.Stripes, 2)
+	require.Positive(t, calls)
+	require.Equal(t, last[0], last[1], "progress ends at the total")
+	require.Equal(t, int64(len(data)), res.Logical+res.Replicated)
+	e, err := ms[3].s.Lookup("cold/model.bin")
+	require.NoError(t, err)
+	cm, err := ms[3].s.FileManifest(e.ID)
+	require.NoError(t, err)
+	require.Len(t, cm.Stripes, res.Stripes)
+
+	for _, n := range append([]*testNode{reader}, ms...) {
+		waitFor(t, "the stripes known on "+n.self, func() bool { return n.StripesKnown() == res.Stripes })
+	}
+	raw := func() (sum int64) {
+		for _, n := range ms {
+			for _, c := range m.Chunks {
+				if n.s.HasChunk(c.ID) {
+					sum += int64(c.Len)
+				}
+			}
+			for _, r := range cm.Stripes {
+				for _, p := range r.Parity {
+					if n.s.HasChunk(p) {
+						sum += int64(r.ShardSize)
+					}
+				}
+			}
+		}
+		return sum
+	}
+	want := res.Logical + res.Parity + 2*res.Replicated
+	waitFor(t, "each shard on its home alone, the rest on its two owners", func() bool {
+		for _, r := range cm.Stripes {
+			hs := stripeHoldersOf(t, ms[0], r)
+			for i := range r.Shards() {
+				id, _, ok := r.ShardID(i)
+				if ok && (copiesOf(ms, id) != 1 || !nodeNamed(ms, hs[i].name).s.HasChunk(id)) {
+					return false
+				}
+			}
+		}
+		return raw() == want
+	})
+	require.Less(t, float64(raw()), 1.5*float64(len(data)), "cold costs less than 1.5x")
+
+	got, err := readAll(reader, "cold/model.bin")
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(data, got), "a healthy read of the cold file differs")
+
+	// Warm again: two owners for every chunk, the stripes forgotten.
+	wres, err := ms[5].MakeWarm(ctx, "cold", nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, wres.Files)
+	require.Positive(t, wres.Pushed)
+	for _, n := range append([]*testNode{reader}, ms...) {
+		waitFor(t, "no stripe known on "+n.self, func() bool { return n.StripesKnown() == 0 })
+	}
+	// A member that merged the warm namespace late may have dropped a
+	// copy pushed to it (by its cold view, not its to keep); placement on
+	// its owner pulls it again.
+	waitFor(t, "every chunk of the warm file on its two owners", func() bool {
+		for _, c := range m.Chunks {
+			if copiesOf(ms, c.ID) < 2 {
+				return false
+			}
+		}
+		return true
+	})
+	e, err = ms[0].s.Lookup("cold/model.bin")
+	require.NoError(t, err)
+	wm, err := ms[0].s.FileManifest(e.ID)
+	require.NoError(t, err)
+	require.Empty(t, wm.Stripes)
+	names, err := ms[0].s.List("cold")
+	require.NoError(t, err)
+	require.Len(t, names, 1, "a conversion is no conflict: the content is the same")
+
+	// Cold again, then two holders of the first stripe crash.
+	res, err = ms[1].MakeCold(ctx, "cold", nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Files)
+	e, err = ms[1].s.Lookup("cold/model.bin")
+	require.NoError(t, err)
+	require.Equal(t, cm.Encode(), func() []byte {
+		m2, err := ms[1].s.FileManifest(e.ID)
+		require.NoError(t, err)
+		return m2.Encode()
+	}(), "the same chunks code into the same stripes on any member")
+	for _, n := range append([]*testNode{reader}, ms...) {
+		waitFor(t, "the stripes known again on "+n.self, func() bool { return n.StripesKnown() == len(cm.Stripes) })
+	}
+	r := cm.Stripes[0]
+	hs := stripeHoldersOf(t, ms[0], r)
+	waitFor(t, "stripe 0's shards on their homes alone", func() bool {
+		for i := range r.Shards() {
+			id, _, ok := r.ShardID(i)
+			if ok && (copiesOf(ms, id) != 1 || !nodeNamed(ms, hs[i].name).s.HasChunk(id)) {
+				return false
+			}
+		}
+		return true
+	})
+	// Two holders of stripe 0 that are not both owners of a chunk left
+	// replicated (two replicas do not survive losing both).
+	members := ms[0].placementMembers()
+	var gone [2]peer
+	found := false
+	for i := 0; i < len(hs) && !found; i++ {
+		for j := i + 1; j < len(hs) && !found; j++ {
+			found = true
+			for _, c := range m.Chunks {
+				if cm.Coded(c.ID) != nil {
+					continue
+				}
+				ow := owners(c.ID, members, 2)
+				if (ow[0].name == hs[i].name || ow[0].name == hs[j].name) && (ow[1].name == hs[i].name || ow[1].name == hs[j].name) {
+					found = false
+				}
+			}
+			gone = [2]peer{hs[i], hs[j]}
+		}
+	}
+	require.True(t, found)
+	for _, h := range gone {
+		require.NoError(t, nodeNamed(ms, h.name).close(false))
+	}
+	reader.forgetRecent()
+	got, err = readAll(reader, "cold/model.bin")
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(data, got), "the read with two holders gone differs")
+	require.Positive(t, reader.StripeReads())
+
+	// A third: a chunk of stripe 0 whose home is gone, rebuilt (never
+	// kept in the peer cache), can come only from its stripe.
+	var third peer
+	for _, h := range hs {
+		if h.name != gone[0].name && h.name != gone[1].name {
+			third = h
+			break
+		}
+	}
+	require.NoError(t, nodeNamed(ms, third.name).close(false))
+	reader.forgetRecent()
+	lost := slices.IndexFunc(hs[:len(r.Chunks)], func(p peer) bool { return p.name == gone[0].name || p.name == gone[1].name || p.name == third.name })
+	require.GreaterOrEqual(t, lost, 0)
+	b, err := reader.Fetch(ctx, r.Chunks[lost].ID, r.Chunks[lost].Len)
+	require.ErrorIs(t, err, chunkstore.ErrNotLocal, "three shards of a 6+2 stripe gone: an error, never wrong bytes")
+	require.Nil(t, b)
+}
