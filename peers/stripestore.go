@@ -27,8 +27,8 @@ import (
 type stripeIndex struct {
 	mu     sync.Mutex
 	member map[chunkstore.ID]stripeMember
-	added  []*stripe.Record // by AddStripes, kept through indexStripes
-	known  int              // stripes indexed
+	added  []*stripe.Record              // by AddStripes, kept through indexStripes
+	known  int                           // stripes indexed
 	codecs map[StripeShape]*stripe.Codec // one per shape, made when first used
 	// flights: the stripes being rebuilt now; recent: the member chunks of
 	// the stripes rebuilt lately (recentOrder, oldest first, recentBytes
