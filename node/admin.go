@@ -270,6 +270,12 @@ func (n *Node) dispatch(ctx context.Context, req Request, c *adminConn) (any, er
 			return nil, err
 		}
 		return n.Import(ctx, r, c.progress())
+	case OpTier:
+		var r TierRequest
+		if err := decode(req.Body, &r); err != nil {
+			return nil, err
+		}
+		return n.Tier(ctx, r, c.progress())
 	case OpKVStats:
 		return n.KVStats(), nil
 	case OpKVClear:

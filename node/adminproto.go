@@ -61,6 +61,8 @@ const (
 	// KVClearRequest, KVClearReply).
 	OpKVStats = "kv-stats"
 	OpKVClear = "kv-clear"
+	// OpTier moves a path between tiers (tier.go: TierRequest, TierReply).
+	OpTier = "tier"
 )
 
 // Request is one admin request.

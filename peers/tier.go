@@ -28,14 +28,12 @@ type TierResult struct {
 	Changed []string `json:"changed,omitempty"`
 	Pinned  []string `json:"pinned,omitempty"`
 	// Stripes and Chunks coded by this run, their bytes (Logical) and the
-	// parity stored for them; Replicated: bytes left replicated because
-	// their stripe would have cost MaxStripeOverhead or more.
-	Stripes    int    `json:"stripes"`
-	Chunks     int    `json:"chunks"`
-	Logical    int64  `json:"logical_bytes"`
-	Parity     int64  `json:"parity_bytes"`
-	Replicated int64  `json:"replicated_bytes"`
-	Shape      string `json:"shape,omitempty"` // k+m of the stripes coded
+	// parity stored for them.
+	Stripes int    `json:"stripes"`
+	Chunks  int    `json:"chunks"`
+	Logical int64  `json:"logical_bytes"`
+	Parity  int64  `json:"parity_bytes"`
+	Shape   string `json:"shape,omitempty"` // k+m of the stripes coded
 	// Pushed: replicas stored on their owners by MakeWarm.
 	Pushed      int   `json:"pushed_chunks"`
 	PushedBytes int64 `json:"pushed_bytes"`
@@ -94,9 +92,7 @@ func below(p, dir string) bool {
 // update. A crash before that update changes nothing (the parity stored
 // is named by nothing: garbage collection takes it); after it the files
 // are cold, and placement drops the copies beyond each shard's home once
-// that home confirms it. Stripes that would cost MaxStripeOverhead or
-// more (the few chunks left over) stay replicated. Files under a pinned
-// path are left warm.
+// that home confirms it. Files under a pinned path are left warm.
 func (n *Node) MakeCold(ctx context.Context, p string, progress TierProgress) (TierResult, error) {
 	var res TierResult
 	files, pinned, err := n.tierFiles(ctx, p)
@@ -132,20 +128,19 @@ func (n *Node) MakeCold(ctx context.Context, p string, progress TierProgress) (T
 	}
 	var recs []*stripe.Record
 	for _, g := range stripe.Group(todo, sh.K) {
+		// Every group is coded, the short last one too (its overhead is
+		// above (k+m)/k, yet below the m+1 replicas that would survive as
+		// many losses): a cold file survives m members lost, all of it.
 		logical, raw := stripe.GroupRaw([][]chunkstore.ChunkRef{g}, sh.M)
-		if float64(raw) >= MaxStripeOverhead*float64(logical) {
-			res.Replicated += logical
-		} else {
-			rec, err := n.encodeStripe(ctx, g, sh)
-			if err != nil {
-				return res, err
-			}
-			recs = append(recs, rec)
-			res.Stripes++
-			res.Chunks += len(g)
-			res.Logical += logical
-			res.Parity += raw - logical
+		rec, err := n.encodeStripe(ctx, g, sh)
+		if err != nil {
+			return res, err
 		}
+		recs = append(recs, rec)
+		res.Stripes++
+		res.Chunks += len(g)
+		res.Logical += logical
+		res.Parity += raw - logical
 		done += logical
 		if progress != nil {
 			progress(done, total)

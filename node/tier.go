@@ -1,0 +1,59 @@
+package node
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/kylix/kylix/peers"
+)
+
+// Tiers of a cluster's data (docs/design/erasure.md, "Tiers"): kylix tier
+// cold|warm PATH.
+
+// TierRequest is the request of OpTier: To is "cold" or "warm".
+type TierRequest struct {
+	Path string `json:"path"`
+	To   string `json:"to"`
+}
+
+// TierReply is the reply of OpTier.
+type TierReply struct {
+	Path string `json:"path"`
+	To   string `json:"to"`
+	peers.TierResult
+}
+
+// Tier moves the files at and below path to the cold tier (erasure-coded
+// stripes) or back to the warm one (replicas), blocking until done, with
+// progress. It needs a cluster: a single node has no members to code
+// across.
+func (n *Node) Tier(ctx context.Context, r TierRequest, progress Progress) (TierReply, error) {
+	out := TierReply{Path: r.Path, To: r.To}
+	if n.peers == nil {
+		return out, n.errNotInCluster(": tiers code data across the members")
+	}
+	prog := func(done, total int64) {
+		if progress != nil {
+			progress("coding", done, total)
+		}
+	}
+	var err error
+	switch r.To {
+	case "cold":
+		out.TierResult, err = n.peers.MakeCold(ctx, r.Path, prog)
+	case "warm":
+		prog = func(done, total int64) {
+			if progress != nil {
+				progress("replicating", done, total)
+			}
+		}
+		out.TierResult, err = n.peers.MakeWarm(ctx, r.Path, prog)
+	default:
+		return out, fmt.Errorf("bad request: tier %q: want cold or warm", r.To)
+	}
+	if err != nil {
+		return out, fmt.Errorf("tier %s %s: %w", r.To, r.Path, err)
+	}
+	n.log.Info("tier: moved", "path", r.Path, "to", r.To, "files", out.Files, "stripes", out.Stripes, "coded_bytes", out.Logical, "parity_bytes", out.Parity)
+	return out, nil
+}
