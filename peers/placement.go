@@ -3,6 +3,7 @@ package peers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -220,43 +221,63 @@ func (n *Node) placePass(ctx context.Context) error {
 // removed: the stripe needs them), and those stripes, each once. A
 // manifest not stored here yet is skipped (the next pass).
 func (n *Node) namedChunks(ctx context.Context) ([]chunkstore.ChunkRef, []*stripe.Record, error) {
-	seen := map[chunkstore.ID]bool{}
-	var refs []chunkstore.ChunkRef
-	var recs []*stripe.Record
-	add := func(id chunkstore.ID, size uint32) {
-		if !seen[id] {
-			seen[id] = true
-			refs = append(refs, chunkstore.ChunkRef{ID: id, Len: size})
+	refs, recs, err := n.chunksAndStripes(ctx, "", true)
+	if err != nil {
+		return nil, nil, err
+	}
+	seen := make(map[chunkstore.ID]bool, len(refs))
+	for _, c := range refs {
+		seen[c.ID] = true
+	}
+	for _, r := range recs {
+		for i := range r.Shards() {
+			if id, size, ok := r.ShardID(i); ok && !seen[id] {
+				seen[id] = true
+				refs = append(refs, chunkstore.ChunkRef{ID: id, Len: size})
+			}
 		}
 	}
-	seenStripe := map[string]bool{}
-	err := n.s.Walk("", func(p string, e chunkstore.Entry) error {
-		if e.Kind != chunkstore.KindFile {
-			return nil
+	return refs, recs, nil
+}
+
+// chunksAndStripes returns the distinct chunks of the files at and below
+// p, in file order, and the stripes their manifests name (each once).
+// Errors as chunkstore's FilesBelow; a manifest not stored here is an
+// error naming the file, or with skipMissing skipped.
+func (n *Node) chunksAndStripes(ctx context.Context, p string, skipMissing bool) ([]chunkstore.ChunkRef, []*stripe.Record, error) {
+	files, err := n.s.FilesBelow(ctx, p)
+	if err != nil {
+		return nil, nil, err
+	}
+	var refs []chunkstore.ChunkRef
+	var recs []*stripe.Record
+	seen := map[chunkstore.ID]bool{}
+	seenStripe := map[chunkstore.ID]bool{} // by its first parity shard, its alone
+	for _, pf := range files {
+		if pf.Again {
+			continue
 		}
-		m, err := n.s.FileManifest(e.ID)
+		m, err := n.s.FileManifest(pf.Entry.ID)
 		if err != nil {
-			return nil // a manifest not here yet: the next pass
-		}
-		for _, c := range m.Chunks {
-			add(c.ID, c.Len)
-		}
-		for _, r := range m.Stripes {
-			key := string(r.Parity[0][:]) // a parity shard is its stripe's alone
-			if seenStripe[key] {
+			if skipMissing {
 				continue
 			}
-			seenStripe[key] = true
-			recs = append(recs, r)
-			for i := range r.Shards() {
-				if id, size, ok := r.ShardID(i); ok {
-					add(id, size)
-				}
+			return nil, nil, fmt.Errorf("%s: %w", pf.Path, err)
+		}
+		for _, c := range m.Chunks {
+			if !seen[c.ID] {
+				seen[c.ID] = true
+				refs = append(refs, c)
 			}
 		}
-		return ctx.Err()
-	})
-	return refs, recs, err
+		for _, r := range m.Stripes {
+			if !seenStripe[r.Parity[0]] {
+				seenStripe[r.Parity[0]] = true
+				recs = append(recs, r)
+			}
+		}
+	}
+	return refs, recs, nil
 }
 
 // owns reports whether self is among the owners of id.

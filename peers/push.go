@@ -166,27 +166,70 @@ type Replication struct {
 	Holders      []Holder `json:"holders"`
 	// Unanswered lists alive members that could not be asked, with why.
 	Unanswered []string `json:"unanswered,omitempty"`
+	// Cold data (docs/design/erasure.md): chunks coded in stripes want
+	// one copy (their stripe holder's), counted in UnderReplicated when
+	// they have none; ParityBytes are the parity shards of their stripes
+	// held (all copies). A stripe missing stored shards is degraded, and
+	// past repair (Unreadable) when it misses more than its m.
+	ColdChunks        int64 `json:"cold_chunks"`
+	ColdBytes         int64 `json:"cold_bytes"`
+	Stripes           int   `json:"stripes"`
+	ParityBytes       int64 `json:"parity_bytes"`
+	DegradedStripes   int   `json:"degraded_stripes"`
+	UnreadableStripes int   `json:"unreadable_stripes"`
 }
 
 // Replication asks every alive member which chunks of the files at and
 // below path ("" is the whole namespace) it holds, and sums up.
 func (n *Node) Replication(ctx context.Context, path string) (Replication, error) {
 	res := Replication{Replicas: n.cfg.Replicas}
-	refs, err := n.s.ChunksBelow(ctx, path)
+	refs, recs, err := n.chunksAndStripes(ctx, path, false)
 	if err != nil {
 		return res, err
+	}
+	// The chunks of the files, then the parity of their stripes.
+	files := len(refs)
+	at := map[chunkstore.ID]int{}
+	for i, c := range refs {
+		at[c.ID] = i
+	}
+	for _, r := range recs {
+		for i := range r.Shards() {
+			if id, size, ok := r.ShardID(i); ok {
+				if _, dup := at[id]; !dup {
+					at[id] = len(refs)
+					refs = append(refs, chunkstore.ChunkRef{ID: id, Len: size})
+				}
+			}
+		}
+	}
+	want := make([]int, len(refs))
+	for i := range refs {
+		want[i] = n.cfg.Replicas
+		if i >= files {
+			want[i] = 1 // a parity shard
+		}
+	}
+	for _, r := range recs {
+		for _, c := range r.Chunks {
+			want[at[c.ID]] = 1 // a coded chunk: its stripe holder's
+		}
 	}
 	copies := make([]int, len(refs))
 	peers := n.livePeers()
 	res.Alive = len(peers) + 1
 	self := Holder{Member: n.self}
 	for i, c := range refs {
-		res.Chunks++
-		res.Bytes += int64(c.Len)
+		if i < files {
+			res.Chunks++
+			res.Bytes += int64(c.Len)
+		}
 		if n.s.HasChunk(c.ID) {
 			copies[i]++
-			self.Chunks++
-			self.Bytes += int64(c.Len)
+			if i < files {
+				self.Chunks++
+				self.Bytes += int64(c.Len)
+			}
 		}
 	}
 	res.LocalBytes = self.Bytes
@@ -208,8 +251,10 @@ func (n *Node) Replication(ctx context.Context, path string) (Replication, error
 			for i, ok := range held {
 				if ok {
 					copies[i]++
-					h.Chunks++
-					h.Bytes += int64(refs[i].Len)
+					if i < files {
+						h.Chunks++
+						h.Bytes += int64(refs[i].Len)
+					}
 				}
 			}
 			res.Holders = append(res.Holders, h)
@@ -220,16 +265,39 @@ func (n *Node) Replication(ctx context.Context, path string) (Replication, error
 	sort.Strings(res.Unanswered)
 	res.MinCopies = -1
 	for i, c := range refs {
+		if i >= files {
+			res.ParityBytes += int64(copies[i]) * int64(c.Len)
+			continue
+		}
 		if res.MinCopies < 0 || copies[i] < res.MinCopies {
 			res.MinCopies = copies[i]
 		}
-		if copies[i] < n.cfg.Replicas {
+		if want[i] == 1 {
+			res.ColdChunks++
+			res.ColdBytes += int64(c.Len)
+		}
+		if copies[i] < want[i] {
 			res.UnderChunks++
 			res.UnderBytes += int64(c.Len)
 		}
 		if copies[i] == 0 {
 			res.UnheldChunks++
 			res.UnheldBytes += int64(c.Len)
+		}
+	}
+	res.Stripes = len(recs)
+	for _, r := range recs {
+		missing := 0
+		for i := range r.Shards() {
+			if id, _, ok := r.ShardID(i); ok && copies[at[id]] == 0 {
+				missing++
+			}
+		}
+		if missing > 0 {
+			res.DegradedStripes++
+		}
+		if missing > r.M {
+			res.UnreadableStripes++
 		}
 	}
 	if res.MinCopies < 0 {

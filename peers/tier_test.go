@@ -129,6 +129,15 @@ func TestMakeColdThenWarm(t *testing.T) {
 	})
 	require.Less(t, float64(raw()), 1.5*float64(len(data)), "cold costs less than 1.5x")
 
+	rep, err := reader.Replication(ctx, "cold")
+	require.NoError(t, err)
+	require.Equal(t, int64(len(m.Chunks)), rep.ColdChunks)
+	require.Equal(t, res.Stripes, rep.Stripes)
+	require.Equal(t, res.Parity, rep.ParityBytes)
+	require.Zero(t, rep.UnderChunks, "one copy is what a coded chunk wants")
+	require.Zero(t, rep.DegradedStripes)
+	require.Equal(t, 1, rep.MinCopies)
+
 	got, err := readAll(reader, "cold/model.bin")
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(data, got), "a healthy read of the cold file differs")
@@ -196,6 +205,10 @@ func TestMakeColdThenWarm(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(data, got), "the read with two holders gone differs")
 	require.Positive(t, reader.StripeReads())
+	rep, err = reader.Replication(ctx, "cold")
+	require.NoError(t, err)
+	require.Positive(t, rep.DegradedStripes)
+	require.Zero(t, rep.UnreadableStripes)
 
 	// A third: a chunk of stripe 0 whose home is gone, rebuilt (never
 	// kept in the peer cache), can come only from its stripe.

@@ -23,6 +23,10 @@ func printReplication(w io.Writer, r *peers.Replication) {
 	fmt.Fprintf(w, "local:    %s of %s (distinct chunks) on this node\n", human(r.LocalBytes), human(r.Bytes))
 	fmt.Fprintf(w, "under-replicated: %d chunks, %d bytes (%s); held by no alive member: %d chunks (%s)\n",
 		r.UnderChunks, r.UnderBytes, human(r.UnderBytes), r.UnheldChunks, human(r.UnheldBytes))
+	if r.Stripes > 0 {
+		fmt.Fprintf(w, "cold:     %d chunks (%s) coded in %d stripes, one copy each wanted; %s of parity held; stripes missing shards: %d (past repair: %d)\n",
+			r.ColdChunks, human(r.ColdBytes), r.Stripes, human(r.ParityBytes), r.DegradedStripes, r.UnreadableStripes)
+	}
 	for _, h := range r.Holders {
 		fmt.Fprintf(w, "  held by %s: %d chunks (%s)\n", h.Member, h.Chunks, human(h.Bytes))
 	}
