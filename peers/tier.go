@@ -203,7 +203,7 @@ func (n *Node) encodeStripe(ctx context.Context, g []chunkstore.ChunkRef, sh Str
 	for i, c := range g {
 		b, err := n.s.ReadChunk(ctx, c.ID)
 		if errors.Is(err, chunkstore.ErrNotLocal) {
-			b, err = n.Fetch(ctx, c.ID, c.Len)
+			b, err = n.fetch(ctx, c.ID, c.Len, false) // not kept in the peer cache: a conversion reads each once
 		}
 		if err != nil {
 			return nil, fmt.Errorf("coding chunk %s: %w", c.ID.Short(), err)
@@ -313,7 +313,7 @@ func (n *Node) pushReplicas(ctx context.Context, refs []chunkstore.ChunkRef, pro
 			if b == nil {
 				var err error
 				if b, err = n.s.ReadChunk(ctx, c.ID); errors.Is(err, chunkstore.ErrNotLocal) {
-					b, err = n.Fetch(ctx, c.ID, c.Len)
+					b, err = n.fetch(ctx, c.ID, c.Len, false) // not kept in the peer cache: a conversion reads each once
 				}
 				if err != nil {
 					return fmt.Errorf("chunk %s: %w", c.ID.Short(), err)

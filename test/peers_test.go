@@ -440,6 +440,12 @@ type replicationOut struct {
 		Bytes  int64  `json:"bytes"`
 	} `json:"holders"`
 	Unanswered []string `json:"unanswered"`
+	// Cold data.
+	ColdChunks        int64 `json:"cold_chunks"`
+	Stripes           int   `json:"stripes"`
+	ParityBytes       int64 `json:"parity_bytes"`
+	DegradedStripes   int   `json:"degraded_stripes"`
+	UnreadableStripes int   `json:"unreadable_stripes"`
 }
 
 func dfCluster(t *testing.T, m *member) replicationOut {

@@ -1,0 +1,110 @@
+package test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestClusterCold: eight `kylix serve` processes; kylix tier cold on one
+// member codes a file (6+2 stripes) and the replicas beyond each shard's
+// home go, so every chunk is held once (df and stat say so); a file
+// reads byte-equal through another member's mount with any two members
+// killed (kill -9), and with a third killed a file nobody read gives EIO,
+// not wrong bytes. kylix tier refuses a bad tier and a path
+// that is not there.
+func TestClusterCold(t *testing.T) {
+	requireFUSE(t)
+	key := clusterKey(t)
+	grace := []string{"--failure-grace", "5m"} // the killed stay their stripes' holders
+	var ms []*member
+	for i := range 8 {
+		var join []string
+		if i > 0 {
+			join = []string{ms[0].addr}
+		}
+		ms = append(ms, startMemberArgs(t, fmt.Sprintf("127.0.0.%d", 70+i), key, nil, grace, join...))
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, m := range ms {
+				t.Logf("log of %s:\n%s", m.addr, m.log)
+			}
+		}
+	})
+	waitFor(t, membershipWait, "eight alive members seen by each", func() bool {
+		for _, m := range ms {
+			if aliveCount(t, m) != 8 {
+				return false
+			}
+		}
+		return true
+	})
+	// m.bin is read; n.bin is never read before the end, so that no
+	// member keeps its chunks in memory (members serve what they read or
+	// relayed lately, rightly).
+	src, sum := randomFile(t, 40<<20)
+	mustKylix(t, "/", "import", "--data", ms[0].data, src, "d/m.bin")
+	src2, _ := randomFile(t, 24<<20)
+	mustKylix(t, "/", "import", "--data", ms[0].data, src2, "d/n.bin")
+	for _, m := range ms {
+		waitFor(t, nsWait, "d/n.bin in the mount of "+m.addr, visible(filepath.Join(m.mnt, "d/n.bin")))
+	}
+
+	if _, errs, code := kylix(t, "/", "tier", "--data", ms[1].data, "tepid", "m.bin"); code != 2 || !strings.Contains(errs, "cold or warm") {
+		t.Errorf("kylix tier tepid: exit %d, %s", code, errs)
+	}
+	if _, errs, code := kylix(t, "/", "tier", "--data", ms[1].data, "cold", "no/such"); code == 0 || !strings.Contains(errs, "no such path") {
+		t.Errorf("kylix tier cold of a missing path: exit %d, %s", code, errs)
+	}
+	out := mustKylix(t, "/", "tier", "--data", ms[1].data, "cold", "d")
+	if !strings.Contains(out, "cold d: 2 files") || !strings.Contains(out, "of 6+2") {
+		t.Fatalf("kylix tier cold: %s", out)
+	}
+	var st replicationOut
+	waitFor(t, 90*time.Second, "every chunk held once, no stripe missing a shard (df on C)", func() bool {
+		st = dfCluster(t, ms[2]) // the namespace is d
+		var held int64
+		for _, h := range st.Holders {
+			held += h.Bytes
+		}
+		return st.ColdChunks == st.Chunks && st.UnderChunks == 0 && st.DegradedStripes == 0 && held == st.Bytes && st.Bytes == 64<<20
+	})
+	if raw := st.Bytes + st.ParityBytes; float64(raw) >= 1.5*float64(st.Bytes) {
+		t.Errorf("cold d costs %d bytes for %d: %.2fx, want below 1.5x", raw, st.Bytes, float64(raw)/float64(st.Bytes))
+	}
+	if df := dfCluster(t, ms[3]); df.Stripes != st.Stripes || df.MinCopies != 1 {
+		t.Errorf("kylix df on D: %+v, want %d stripes and one copy of each chunk", df, st.Stripes)
+	}
+
+	// Any two members killed: F and H.
+	for _, m := range []*member{ms[5], ms[7]} {
+		m.kill9()
+		syscall.Unmount(m.mnt, syscall.MNT_DETACH)
+	}
+	if shaOn(t, ms[2], filepath.Join(ms[2].mnt, "d/m.bin")) != sum {
+		t.Fatal("bytes read through C's mount with two members killed differ from the source")
+	}
+	if st := dfCluster(t, ms[2]); st.DegradedStripes == 0 || st.UnreadableStripes != 0 {
+		t.Errorf("stat on C with two members killed: %+v, want degraded stripes, none past repair", st)
+	}
+
+	// A third: some stripe of n.bin lost three of its eight shards.
+	ms[6].kill9()
+	syscall.Unmount(ms[6].mnt, syscall.MNT_DETACH)
+	if st := statCluster(t, ms[2], "d/n.bin"); st.UnreadableStripes == 0 {
+		t.Errorf("stat on C with three members killed: %+v, want stripes past repair", st)
+	}
+	start := time.Now()
+	_, err := os.ReadFile(filepath.Join(ms[4].mnt, "d/n.bin"))
+	if err == nil || !strings.Contains(err.Error(), "input/output error") {
+		t.Fatalf("read through E's mount with three members killed: %v, want EIO", err)
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Errorf("the failing read took %s", d)
+	}
+}
