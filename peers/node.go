@@ -57,6 +57,10 @@ type Config struct {
 	// ServeDelay delays every byte the data plane sends by this much
 	// (the sender does not wait). Tests only: a distant member.
 	ServeDelay time.Duration
+	// CrashAfterStripes makes MakeCold kill its own process (SIGKILL,
+	// as kill -9) once it has stored that many stripes, before it names
+	// them (0: never). Tests only: a crash in the middle of a conversion.
+	CrashAfterStripes int
 	// Replicas is the number of members that keep each chunk (placement).
 	// Default DefaultReplicas.
 	Replicas int

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/kylix/kylix/chunkstore"
 	"github.com/kylix/kylix/peers/stripe"
@@ -137,6 +139,10 @@ func (n *Node) MakeCold(ctx context.Context, p string, progress TierProgress) (T
 			return res, err
 		}
 		recs = append(recs, rec)
+		if len(recs) == n.cfg.CrashAfterStripes {
+			n.log.Warn("tier: crashing as asked (a test)", "stripes", len(recs))
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		}
 		res.Stripes++
 		res.Chunks += len(g)
 		res.Logical += logical

@@ -1,6 +1,7 @@
 package test
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,13 +11,29 @@ import (
 	"time"
 )
 
-// TestClusterCold: eight `kylix serve` processes; kylix tier cold on one
-// member codes a file (6+2 stripes) and the replicas beyond each shard's
-// home go, so every chunk is held once (df and stat say so); a file
-// reads byte-equal through another member's mount with any two members
-// killed (kill -9), and with a third killed a file nobody read gives EIO,
-// not wrong bytes. kylix tier refuses a bad tier and a path
-// that is not there.
+// gcKept runs kylix gc on m and returns the received chunks it kept that
+// no path names.
+func gcKept(t *testing.T, m *member) int {
+	t.Helper()
+	var out struct {
+		Kept int `json:"received_kept"`
+	}
+	if err := json.Unmarshal([]byte(mustKylix(t, "/", "gc", "--data", m.data, "--json")), &out); err != nil {
+		t.Fatal(err)
+	}
+	return out.Kept
+}
+
+// TestClusterCold: eight `kylix serve` processes. A member killed
+// (SIGKILL) in the middle of kylix tier cold loses nothing: after its
+// restart the files are warm and read byte-equal. Run again on another
+// member, the conversion codes the files (6+2 stripes), names the parity
+// the crashed one stored (gc keeps no unnamed received chunk anywhere),
+// and the replicas beyond each shard's home go, so every chunk is held
+// once (df and stat say so). A file reads byte-equal through a member's
+// mount with any two members killed (kill -9); with a third killed, a
+// file nobody read gives EIO, not wrong bytes. kylix tier refuses a bad
+// tier and a path that is not there.
 func TestClusterCold(t *testing.T) {
 	requireFUSE(t)
 	key := clusterKey(t)
@@ -27,7 +44,11 @@ func TestClusterCold(t *testing.T) {
 		if i > 0 {
 			join = []string{ms[0].addr}
 		}
-		ms = append(ms, startMemberArgs(t, fmt.Sprintf("127.0.0.%d", 70+i), key, nil, grace, join...))
+		var env []string
+		if i == 1 {
+			env = []string{"KYLIX_TEST_TIER_CRASH_AFTER=2"} // B dies in its first conversion
+		}
+		ms = append(ms, startMemberArgs(t, fmt.Sprintf("127.0.0.%d", 70+i), key, env, grace, join...))
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -61,7 +82,44 @@ func TestClusterCold(t *testing.T) {
 	if _, errs, code := kylix(t, "/", "tier", "--data", ms[1].data, "cold", "no/such"); code == 0 || !strings.Contains(errs, "no such path") {
 		t.Errorf("kylix tier cold of a missing path: exit %d, %s", code, errs)
 	}
-	out := mustKylix(t, "/", "tier", "--data", ms[1].data, "cold", "d")
+	// B is killed (SIGKILL) after storing two stripes, before naming
+	// them: nothing changes, and the parity it stored is named by nothing
+	// (garbage after the received-chunk grace).
+	if out, errs, code := kylix(t, "/", "tier", "--data", ms[1].data, "cold", "d"); code == 0 {
+		t.Fatalf("kylix tier cold on a member that crashes in it: exit 0: %s", out)
+	} else if !strings.Contains(errs, "node") {
+		t.Errorf("kylix tier cold on a member that crashed: %s", errs)
+	}
+	if ms[1].cmd.Wait(); ms[1].cmd.ProcessState.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("B did not die of SIGKILL: %v", ms[1].cmd.ProcessState)
+	}
+	ms[1] = &member{node: launchNode(t, ms[1].data, ms[1].mnt, nil, nil, "--listen", ms[1].addr, "--cluster-key", key,
+		"--node-name", "127.0.0.71", "--log-gossip", "--leave-delay", "10ms", "--failure-grace", "5m", "--join", ms[0].addr), addr: ms[1].addr}
+	waitFor(t, membershipWait, "B back and alive for each", func() bool {
+		for _, m := range ms {
+			if aliveCount(t, m) != 8 {
+				return false
+			}
+		}
+		return true
+	})
+	if st := statCluster(t, ms[1], "d/m.bin"); st.Stripes != 0 || st.ColdChunks != 0 {
+		t.Fatalf("after the crash, d/m.bin has stripes: %+v", st)
+	}
+	if shaOn(t, ms[1], filepath.Join(ms[1].mnt, "d/m.bin")) != sum {
+		t.Fatal("d/m.bin read through B after its crash differs from the source")
+	}
+	var kept int
+	for _, m := range ms {
+		kept += gcKept(t, m)
+	}
+	if kept == 0 {
+		t.Error("no member keeps a received chunk no path names: where did the crashed conversion's parity go?")
+	}
+
+	// The conversion run again on C codes the same stripes: the parity B
+	// stored is named now, and no member keeps an unnamed chunk.
+	out := mustKylix(t, "/", "tier", "--data", ms[2].data, "cold", "d")
 	if !strings.Contains(out, "cold d: 2 files") || !strings.Contains(out, "of 6+2") {
 		t.Fatalf("kylix tier cold: %s", out)
 	}
@@ -79,6 +137,11 @@ func TestClusterCold(t *testing.T) {
 	}
 	if df := dfCluster(t, ms[3]); df.Stripes != st.Stripes || df.MinCopies != 1 {
 		t.Errorf("kylix df on D: %+v, want %d stripes and one copy of each chunk", df, st.Stripes)
+	}
+	for _, m := range ms {
+		if k := gcKept(t, m); k != 0 {
+			t.Errorf("after the conversion, gc on %s keeps %d received chunks no path names", m.addr, k)
+		}
 	}
 
 	// Any two members killed: F and H.

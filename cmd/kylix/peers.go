@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -111,7 +112,8 @@ func (pf *peerFlags) config(data string, log *slog.Logger) (*peers.Config, error
 		RepairRate: orNone(*pf.repairRate), FailureGrace: time.Duration(orNone(int64(*pf.failureGrace))),
 		LeaveDelay:    time.Duration(orNone(int64(*pf.leaveDelay))),
 		CorruptServed: os.Getenv("KYLIX_TEST_PEER_CORRUPT") == "1", ServeDelay: testServeDelay(),
-		HandshakeTimeout: testDuration("KYLIX_TEST_PEER_HANDSHAKE"), IdleTimeout: testDuration("KYLIX_TEST_PEER_IDLE")}, nil
+		CrashAfterStripes: testInt("KYLIX_TEST_TIER_CRASH_AFTER"),
+		HandshakeTimeout:  testDuration("KYLIX_TEST_PEER_HANDSHAKE"), IdleTimeout: testDuration("KYLIX_TEST_PEER_IDLE")}, nil
 }
 
 // readAheadChunks is the store's Options.ReadAheadChunks from --read-ahead.
@@ -132,6 +134,12 @@ func testServeDelay() time.Duration {
 func testDuration(name string) time.Duration {
 	d, _ := time.ParseDuration(os.Getenv(name))
 	return d
+}
+
+// testInt reads a test hook's count from the environment (0: unset).
+func testInt(name string) int {
+	v, _ := strconv.Atoi(os.Getenv(name))
+	return v
 }
 
 // orNone maps a flag's 0 ("none") to the node's negative "none" (its 0
