@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/kylix/kylix/chunkstore"
 	"github.com/kylix/kylix/peers/stripe"
@@ -209,7 +210,7 @@ func (n *Node) encodeStripe(ctx context.Context, g []chunkstore.ChunkRef, sh Str
 	for i, c := range g {
 		b, err := n.s.ReadChunk(ctx, c.ID)
 		if errors.Is(err, chunkstore.ErrNotLocal) {
-			b, err = n.fetch(ctx, c.ID, c.Len, false) // not kept in the peer cache: a conversion reads each once
+			b, err = n.fetchDirect(ctx, c.ID, c.Len, nil) // from its holders, not a relay, kept nowhere: a conversion reads each once
 		}
 		if err != nil {
 			return nil, fmt.Errorf("coding chunk %s: %w", c.ID.Short(), err)
@@ -242,7 +243,7 @@ func (n *Node) encodeStripe(ctx context.Context, g []chunkstore.ChunkRef, sh Str
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = n.storeShard(ctx, p, id, b)
+			errs[i] = n.storeShardRetry(ctx, p, id, b)
 		}()
 	}
 	wg.Wait()
@@ -250,6 +251,35 @@ func (n *Node) encodeStripe(ctx context.Context, g []chunkstore.ChunkRef, sh Str
 		return nil, fmt.Errorf("storing the shards of stripe %s: %w", sid.Short(), err)
 	}
 	return rec, nil
+}
+
+// shardTries and shardRetry: a shard that cannot be stored is tried again
+// on its member as gossip names it then (a member that restarted has a
+// new data plane address), after shardRetry, twice as long each time.
+const (
+	shardTries = 4
+	shardRetry = 500 * time.Millisecond
+)
+
+// storeShardRetry is storeShard, tried again shardTries times at most.
+func (n *Node) storeShardRetry(ctx context.Context, p peer, id chunkstore.ID, b []byte) error {
+	var err error
+	wait := shardRetry
+	for try := 1; ; try++ {
+		if err = n.storeShard(ctx, p, id, b); err == nil || try == shardTries {
+			return err
+		}
+		n.log.Warn("tier: could not store a shard; trying again", "member", p.name, "shard", id.Short(), "err", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait *= 2
+		if i := slices.IndexFunc(n.members(), func(m peer) bool { return m.name == p.name }); i >= 0 {
+			p = n.members()[i]
+		}
+	}
 }
 
 // MakeWarm gives the chunks of the cold files at and below p back to
@@ -319,7 +349,7 @@ func (n *Node) pushReplicas(ctx context.Context, refs []chunkstore.ChunkRef, pro
 			if b == nil {
 				var err error
 				if b, err = n.s.ReadChunk(ctx, c.ID); errors.Is(err, chunkstore.ErrNotLocal) {
-					b, err = n.fetch(ctx, c.ID, c.Len, false) // not kept in the peer cache: a conversion reads each once
+					b, err = n.fetchDirect(ctx, c.ID, c.Len, nil) // from its holders, not a relay, kept nowhere: a conversion reads each once
 				}
 				if err != nil {
 					return fmt.Errorf("chunk %s: %w", c.ID.Short(), err)
