@@ -86,6 +86,8 @@ type Store struct {
 	// to it with the index transactions that apply them (metalog.go).
 	mlog     *metaLog
 	commitMu sync.Mutex
+	// lastRead: the last day each file version was read (lastread.go).
+	lastRead lastReads
 	// testHookBeforeIndex, when set (tests only), runs between a commit's
 	// log append and its index transaction; an error returned stops the
 	// commit there, as a crash would.
@@ -308,6 +310,9 @@ func (s *Store) Close() error {
 func (s *Store) closeAll() error {
 	var errs []error
 	s.stopBackground() // background pack checks (packprogress.go)
+	if s.db != nil {
+		errs = append(errs, s.FlushLastRead())
+	}
 	s.packs.close()
 	s.mu.Lock()
 	if s.shared != nil {

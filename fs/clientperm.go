@@ -442,6 +442,7 @@ func (u *permUpdate) add(p string, up []perm, e chunkstore.Entry) error {
 		if err != nil {
 			return fmt.Errorf("open %s to list its packs: %w", p, err)
 		}
+		u.f.s.NoteRead(e.ID) // handed out to be read (chunkstore/lastread.go)
 		info = &fileInfo{ext: map[uint64][]span{}}
 		for _, x := range sf.Extents() {
 			if x.Pack != 0 {

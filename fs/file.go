@@ -376,6 +376,7 @@ func (n *fileNode) storeFileLocked() (*chunkstore.File, error) {
 	if err != nil {
 		return nil, err
 	}
+	n.fsys.s.NoteRead(n.id) // serve --cold-after counts from here (chunkstore/lastread.go)
 	st.file = f
 	return f, nil
 }

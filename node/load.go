@@ -278,6 +278,7 @@ func loadOne(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpui
 	if err != nil {
 		return nil, err
 	}
+	s.NoteRead(file.ID) // serve --cold-after counts from here (chunkstore/lastread.go)
 	lf := LoadFile{Path: p}
 	var res gpuio.Result
 	var verifyFn func() error

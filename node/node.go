@@ -86,6 +86,10 @@ type Config struct {
 	// node creates the member with it; Keep, if nil, is the pinned and
 	// kept paths of the node's pin record.
 	Cluster *peers.Config
+	// ColdAfter moves the files nobody read for this long to the cold
+	// tier (peers' MakeColdIdle; docs/design/erasure.md, "Tiers"), in a
+	// cluster; 0: never.
+	ColdAfter time.Duration
 	// ReadAheadChunks is chunkstore.Options.ReadAheadChunks (0: default,
 	// negative: none).
 	ReadAheadChunks int
@@ -372,6 +376,12 @@ func (n *Node) Run(ctx context.Context, onReady func(Ready)) error {
 		fetched := make(chan struct{})
 		go func() { n.pins.fetchMissing(fetchCtx); close(fetched) }()
 		n.onClose(func() { stopFetch(); <-fetched })
+		if n.cfg.ColdAfter > 0 {
+			coldCtx, stopCold := context.WithCancel(ctx)
+			cold := make(chan struct{})
+			go func() { n.coldLoop(coldCtx, n.cfg.ColdAfter); close(cold) }()
+			n.onClose(func() { stopCold(); <-cold })
+		}
 	}
 	if n.client != nil {
 		if n.kv != nil && n.peers != nil {

@@ -2,7 +2,9 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/kylix/kylix/peers"
 )
@@ -56,4 +58,39 @@ func (n *Node) Tier(ctx context.Context, r TierRequest, progress Progress) (Tier
 	}
 	n.log.Info("tier: moved", "path", r.Path, "to", r.To, "files", out.Files, "stripes", out.Stripes, "coded_bytes", out.Logical, "parity_bytes", out.Parity)
 	return out, nil
+}
+
+// coldEvery is how often serve --cold-after looks for idle files: a
+// quarter of the idle time, between a second and an hour.
+func coldEvery(idle time.Duration) time.Duration {
+	return min(max(idle/4, time.Second), time.Hour)
+}
+
+// coldLoop moves the files nobody read for idle to the cold tier until
+// ctx ends (serve --cold-after). A cluster too small for stripes is said
+// once, and looked at again each time.
+func (n *Node) coldLoop(ctx context.Context, idle time.Duration) {
+	t := time.NewTicker(coldEvery(idle))
+	defer t.Stop()
+	saidSmall := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		res, err := n.peers.MakeColdIdle(ctx, idle)
+		switch {
+		case errors.Is(err, peers.ErrClusterTooSmall):
+			if !saidSmall {
+				n.log.Warn("cold-after: the cluster is too small for erasure coding; files stay replicated", "err", err)
+				saidSmall = true
+			}
+		case err != nil && ctx.Err() == nil:
+			n.log.Warn("cold-after: moving idle files to the cold tier failed; will retry", "err", err)
+		case err == nil && res.Files > 0:
+			saidSmall = false
+			n.log.Info("cold-after: moved idle files to the cold tier", "files", res.Files, "stripes", res.Stripes, "coded_bytes", res.Logical, "parity_bytes", res.Parity, "changed", len(res.Changed))
+		}
+	}
 }

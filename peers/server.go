@@ -468,6 +468,8 @@ func (sv *server) answer(rq request, sendfile bool) answer {
 	case opHas:
 		st, p := sv.has(rq.raw)
 		return answer{st: st, payload: p}
+	case opLastRead:
+		return answer{st: stOK, payload: sv.lastRead(rq.raw)}
 	case opPut:
 		st, p := sv.put(rq.raw)
 		return answer{st: st, payload: p}

@@ -2,6 +2,7 @@ package peers
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -47,9 +48,10 @@ type TierProgress func(done, total int64)
 
 // tierFile is one file of a conversion.
 type tierFile struct {
-	path string
-	id   chunkstore.ID
-	m    *chunkstore.FileManifest
+	path    string
+	id      chunkstore.ID
+	m       *chunkstore.FileManifest
+	changed time.Time // the entry's last change in the namespace (its HLC)
 }
 
 // tierFiles lists the files at and below p (each version once), without
@@ -77,9 +79,21 @@ func (n *Node) tierFiles(ctx context.Context, p string) (files []tierFile, pinne
 		if err != nil {
 			return nil, nil, fmt.Errorf("%s: %w", pf.Path, err)
 		}
-		files = append(files, tierFile{path: pf.Path, id: pf.Entry.ID, m: m})
+		files = append(files, tierFile{path: pf.Path, id: pf.Entry.ID, m: m, changed: pf.Entry.HLC.Wall()})
 	}
 	return files, pinned, nil
+}
+
+// lastRead answers opLastRead from this member's store: per file version,
+// the Unix day its last read here counts until (0: never read here).
+func (sv *server) lastRead(raw []byte) []byte {
+	out := make([]byte, len(raw)/32*4)
+	for i := range len(raw) / 32 {
+		if t, ok := sv.s.LastRead(chunkstore.ID(raw[32*i : 32*i+32])); ok {
+			binary.BigEndian.PutUint32(out[4*i:], uint32(t.Unix()/86400))
+		}
+	}
+	return out
 }
 
 // below reports whether namespace path p is dir or below it.
@@ -97,12 +111,102 @@ func below(p, dir string) bool {
 // are cold, and placement drops the copies beyond each shard's home once
 // that home confirms it. Files under a pinned path are left warm.
 func (n *Node) MakeCold(ctx context.Context, p string, progress TierProgress) (TierResult, error) {
-	var res TierResult
 	files, pinned, err := n.tierFiles(ctx, p)
 	if err != nil {
-		return res, err
+		return TierResult{}, err
 	}
+	res, err := n.makeCold(ctx, files, progress)
 	res.Pinned = pinned
+	return res, err
+}
+
+// MakeColdIdle makes cold, as MakeCold, the files of the namespace nobody
+// read for idle or longer: last read (chunkstore's LastRead) before
+// now-idle, or never read and last changed in the namespace (its entry's
+// HLC: an import, a write; not the mtime, which an import copies from the
+// source) before it. Files already
+// cold and files under a pinned path are left alone. serve --cold-after
+// runs it.
+func (n *Node) MakeColdIdle(ctx context.Context, idle time.Duration) (TierResult, error) {
+	all, _, err := n.tierFiles(ctx, "")
+	if err != nil {
+		return TierResult{}, err
+	}
+	before := time.Now().Add(-idle)
+	var idleHere []tierFile
+	for _, f := range all {
+		if len(f.m.Stripes) > 0 {
+			continue
+		}
+		last, ok := n.s.LastRead(f.id)
+		if !ok {
+			last = f.changed
+		}
+		if last.Before(before) {
+			idleHere = append(idleHere, f)
+		}
+	}
+	if len(idleHere) == 0 {
+		return TierResult{}, nil
+	}
+	// Reads happen on every member (GPU nodes read through their own
+	// mounts): each is asked when it last read these files.
+	last, err := n.lastReadEverywhere(ctx, idleHere)
+	if err != nil {
+		return TierResult{}, err
+	}
+	var files []tierFile
+	for i, f := range idleHere {
+		if last[i].Before(before) {
+			files = append(files, f)
+		}
+	}
+	if len(files) == 0 {
+		return TierResult{}, nil
+	}
+	return n.makeCold(ctx, files, nil)
+}
+
+// lastReadEverywhere returns, for each file, the end of the last day any
+// live member (readers included) read it, at least its last change. A
+// member that cannot be asked is an error: nothing moves on a guess.
+func (n *Node) lastReadEverywhere(ctx context.Context, files []tierFile) ([]time.Time, error) {
+	last := make([]time.Time, len(files))
+	for i, f := range files {
+		last[i] = f.changed
+		if t, ok := n.s.LastRead(f.id); ok && t.After(last[i]) {
+			last[i] = t
+		}
+	}
+	for _, p := range n.livePeers() {
+		for start := 0; start < len(files); start += maxHasIDs {
+			batch := files[start:min(start+maxHasIDs, len(files))]
+			raw := make([]byte, 0, 32*len(batch))
+			for _, f := range batch {
+				raw = append(raw, f.id[:]...)
+			}
+			ans, err := n.request(ctx, p, request{op: opLastRead, raw: raw}, uint32(4*len(batch)))
+			if err != nil {
+				return nil, fmt.Errorf("asking member %s when it last read the idle files: %w", p.name, err)
+			}
+			if len(ans) != 4*len(batch) {
+				return nil, fmt.Errorf("member %s answered %d bytes for %d files: %w", p.name, len(ans), len(batch), errProtocol)
+			}
+			for i := range batch {
+				if d := binary.BigEndian.Uint32(ans[4*i:]); d > 0 {
+					if t := time.Unix(int64(d)*86400, 0); t.After(last[start+i]) {
+						last[start+i] = t
+					}
+				}
+			}
+		}
+	}
+	return last, nil
+}
+
+// makeCold is MakeCold's work on files.
+func (n *Node) makeCold(ctx context.Context, files []tierFile, progress TierProgress) (TierResult, error) {
+	var res TierResult
 	sh, err := n.StripeShape()
 	if err != nil {
 		return res, err

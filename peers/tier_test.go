@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -226,4 +227,39 @@ func TestMakeColdThenWarm(t *testing.T) {
 	b, err := reader.Fetch(ctx, r.Chunks[lost].ID, r.Chunks[lost].Len)
 	require.ErrorIs(t, err, chunkstore.ErrNotLocal, "three shards of a 6+2 stripe gone: an error, never wrong bytes")
 	require.Nil(t, b)
+}
+
+// TestMakeColdIdle: serve --cold-after's pass makes cold a file nobody
+// read, and leaves warm a file read today on another member (a reader:
+// GPU nodes read through their own mounts), which the member running the
+// pass asks.
+func TestMakeColdIdle(t *testing.T) {
+	ms, reader, _, _ := tierCluster(t, 12<<20)
+	ctx := context.Background()
+	src := filepath.Join(t.TempDir(), "read")
+	require.NoError(t, os.WriteFile(src, randBytes(12<<20), 0o644))
+	_, err := ms[0].s.Import(ctx, src, "cold/read.bin", chunkstore.ImportOptions{})
+	require.NoError(t, err)
+	var read chunkstore.Entry
+	waitFor(t, "read.bin on the reader", func() bool {
+		read, err = reader.s.Lookup("cold/read.bin")
+		return err == nil
+	})
+	reader.s.NoteRead(read.ID) // as its mount's open does
+
+	res, err := ms[2].MakeColdIdle(ctx, time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Files)
+	unread, err := ms[2].s.Lookup("cold/model.bin")
+	require.NoError(t, err)
+	um, err := ms[2].s.FileManifest(unread.ID)
+	require.NoError(t, err)
+	require.NotEmpty(t, um.Stripes, "the file nobody read is cold")
+	e, err := ms[2].s.Lookup("cold/read.bin")
+	require.NoError(t, err)
+	require.Equal(t, read.ID, e.ID, "the file read on the reader today stays warm")
+
+	res, err = ms[2].MakeColdIdle(ctx, time.Hour)
+	require.NoError(t, err)
+	require.Zero(t, res.Files, "nothing idle for an hour")
 }

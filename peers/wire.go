@@ -49,6 +49,11 @@ const (
 	// member keeps: payload = 4-byte namespace, 32-byte keys; answer = one
 	// byte per key, 1 if kept.
 	opKVHas byte = 8
+	// opLastRead asks for the last day each of up to maxHasIDs file
+	// versions was read on the member (serve --cold-after, tier.go):
+	// payload = 32-byte manifest ids; answer = 4 bytes a id, big-endian,
+	// the Unix day after the last read (0: never read there).
+	opLastRead byte = 9
 )
 
 // Statuses (response kinds).
@@ -82,7 +87,7 @@ func readRequest(r io.Reader) (frame, error) {
 	}
 	max := uint32(maxRequest)
 	switch kind {
-	case opHas:
+	case opHas, opLastRead:
 		max = maxHasIDs * 32
 	case opKVHas:
 		max = 4 + maxHasIDs*32
@@ -234,7 +239,7 @@ func decodeRequest(f frame) (request, error) {
 			return rq, fmt.Errorf("object request of %d bytes: %w", len(f.payload), errProtocol)
 		}
 		copy(rq.id[:], f.payload)
-	case opHas:
+	case opHas, opLastRead:
 		if len(f.payload) == 0 || len(f.payload)%32 != 0 || len(f.payload) > maxHasIDs*32 {
 			return rq, fmt.Errorf("has request of %d bytes: %w", len(f.payload), errProtocol)
 		}

@@ -29,7 +29,7 @@ type peerFlags struct {
 	replicas, readAhead                           *int
 	logGossip                                     *bool
 	repairRate                                    *int64
-	failureGrace, leaveDelay                      *time.Duration
+	failureGrace, leaveDelay, coldAfter           *time.Duration
 }
 
 func addPeerFlags(f *flags) *peerFlags {
@@ -51,6 +51,8 @@ func addPeerFlags(f *flags) *peerFlags {
 			"how long after gossip marks a member failed its chunks are repaired elsewhere (0: at once)"),
 		leaveDelay: f.Duration("leave-delay", peers.DefaultLeaveDelay,
 			"on stop, how long the member waits after announcing its leave, so the others learn it left rather than failed (0: none)"),
+		coldAfter: f.Duration("cold-after", 0, "move the files nobody read (nor wrote) for this long to the cold tier: Reed-Solomon stripes across the members, "+
+			"as kylix tier cold does (0: never; a read counts until the end of its day, UTC; pinned files never move; needs 7 members)"),
 		role:      f.String("role", "node", "node (stores its share of the cluster's chunks) or reader (owns none: reads from the others, keeps what it fetched in its peer cache and what it pins; for GPU nodes that load models)"),
 		logGossip: f.Bool("log-gossip", false, "log every line of the gossip layer (serf, memberlist), not only its warnings and errors: joins, state exchanges, probes (diagnosis)"),
 	}
@@ -63,7 +65,13 @@ func (pf *peerFlags) config(data string, log *slog.Logger) (*peers.Config, error
 		if *pf.join != "" || *pf.keyFile != "" {
 			return nil, fmt.Errorf("serve: --join and --cluster-key need --listen HOST:PORT")
 		}
+		if *pf.coldAfter != 0 {
+			return nil, fmt.Errorf("serve: --cold-after needs a cluster (--listen HOST:PORT): the cold tier codes data across its members")
+		}
 		return nil, nil
+	}
+	if *pf.coldAfter < 0 {
+		return nil, fmt.Errorf("serve: --cold-after %s: want a duration above 0, or 0 for never", *pf.coldAfter)
 	}
 	if *pf.keyFile == "" {
 		return nil, fmt.Errorf("serve: --listen needs --cluster-key FILE (make one with: kylix cluster-key > FILE; chmod 600 FILE)")

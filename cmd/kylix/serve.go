@@ -155,7 +155,7 @@ names. Example and details: docs/examples/kylix.toml, docs/design/peers.md.`)
 		DataDir: f.data, Mount: *mnt, ClientSocket: *clientSock, GPUIdle: *gpuIdle,
 		NoPassthrough: *noPT, ReadOnly: *readOnly, Debug: *debug, Reserve: &reserve, ScrubRate: orNone(*scrubRate),
 		PinBudget: orNone(budget), Metrics: *metricsAddr, StopTimeout: *stopTimeout,
-		Cluster: cluster, ReadAheadChunks: pf.readAheadChunks(), Exec: execInNode, KV: kv,
+		Cluster: cluster, ReadAheadChunks: pf.readAheadChunks(), Exec: execInNode, KV: kv, ColdAfter: *pf.coldAfter,
 		Logger: log, Version: buildVersion().String(),
 	}
 	n, err := node.New(cfg)
