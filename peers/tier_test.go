@@ -245,6 +245,10 @@ func TestMakeColdIdle(t *testing.T) {
 		read, err = reader.s.Lookup("cold/read.bin")
 		return err == nil
 	})
+	waitFor(t, "read.bin on the member running the pass", func() bool {
+		_, err := ms[2].s.Lookup("cold/read.bin")
+		return err == nil
+	})
 	reader.s.NoteRead(read.ID) // as its mount's open does
 
 	res, err := ms[2].MakeColdIdle(ctx, time.Millisecond)

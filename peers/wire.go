@@ -261,7 +261,7 @@ func decodeRequest(f frame) (request, error) {
 }
 
 func encodeRequest(rq request) []byte {
-	if rq.op == opHas || rq.op == opPut || rq.op == opKVGet || rq.op == opKVPut || rq.op == opKVHas {
+	if rq.op == opHas || rq.op == opLastRead || rq.op == opPut || rq.op == opKVGet || rq.op == opKVPut || rq.op == opKVHas {
 		return rq.raw
 	}
 	p := append([]byte(nil), rq.id[:]...)

@@ -41,6 +41,7 @@ func FuzzReadRequest(f *testing.F) {
 	f.Add([]byte{1, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff})
 	f.Add(appendFrame(nil, opHas, 4, make([]byte, 64)))
 	f.Add(appendFrame(nil, opPut, 5, appendPut(nil, [32]byte{1}, []byte("abc"))))
+	f.Add(appendFrame(nil, opLastRead, 6, make([]byte, 96)))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r := bytes.NewReader(b)
 		for {
@@ -51,7 +52,8 @@ func FuzzReadRequest(f *testing.F) {
 				}
 				return
 			}
-			if len(fr.payload) > maxRequest && fr.kind != opHas && fr.kind != opPut || len(fr.payload) > maxPut {
+			big := fr.kind == opHas || fr.kind == opLastRead || fr.kind == opKVHas || fr.kind == opPut || fr.kind == opKVPut
+			if len(fr.payload) > maxRequest && !big || len(fr.payload) > maxPut {
 				t.Fatalf("payload of %d bytes passed the limit", len(fr.payload))
 			}
 			rq, err := decodeRequest(fr)

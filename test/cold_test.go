@@ -202,3 +202,47 @@ func TestClusterCold(t *testing.T) {
 		t.Errorf("the read took %s", d)
 	}
 }
+
+// TestClusterColdAfter: seven members, one started with --cold-after 5s:
+// a file nobody read goes cold by itself; a file read through that
+// member's mount (the open notes the read: it counts until the end of
+// the day) stays warm. serve refuses --cold-after without --listen.
+func TestClusterColdAfter(t *testing.T) {
+	requireFUSE(t)
+	if out := refusedServe(t, "--cold-after", "1h"); !strings.Contains(out, "--cold-after needs a cluster") {
+		t.Errorf("serve --cold-after without --listen: %s", out)
+	}
+	key := clusterKey(t)
+	var ms []*member
+	for i := range 7 {
+		var join, extra []string
+		if i > 0 {
+			join = []string{ms[0].addr}
+		} else {
+			extra = []string{"--cold-after", "5s"}
+		}
+		ms = append(ms, startMemberArgs(t, fmt.Sprintf("127.0.0.%d", 90+i), key, nil, extra, join...))
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("log of the member with --cold-after:\n%s", ms[0].log)
+		}
+	})
+	a := ms[0]
+	src, sum := randomFile(t, 8<<20)
+	mustKylix(t, "/", "import", "--data", a.data, src, "read.bin")
+	if shaOn(t, a, filepath.Join(a.mnt, "read.bin")) != sum {
+		t.Fatal("read.bin through A's mount differs from the source")
+	}
+	src2, _ := randomFile(t, 8<<20)
+	mustKylix(t, "/", "import", "--data", a.data, src2, "unread.bin")
+	waitFor(t, membershipWait+30*time.Second, "unread.bin cold by itself", func() bool {
+		return statCluster(t, a, "unread.bin").Stripes > 0
+	})
+	if st := statCluster(t, a, "read.bin"); st.Stripes != 0 {
+		t.Errorf("read.bin, read through A's mount today, went cold: %+v", st)
+	}
+	if !strings.Contains(a.log.String(), "cold-after: moved idle files to the cold tier") {
+		t.Error("A's log does not say it moved idle files")
+	}
+}
