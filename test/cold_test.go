@@ -203,10 +203,15 @@ func TestClusterCold(t *testing.T) {
 	}
 }
 
-// TestClusterColdAfter: seven members, one started with --cold-after 5s:
-// a file nobody read goes cold by itself; a file read through that
-// member's mount (the open notes the read: it counts until the end of
-// the day) stays warm. serve refuses --cold-after without --listen.
+// TestClusterColdAfter: eight members, one started with --cold-after 5s
+// and one that serves wrong bytes for every chunk (a liar). A file nobody
+// read goes cold by itself (the liar's copies never enter a stripe: the
+// converter checks every chunk it fetches); a file read through the
+// first member's mount (the open notes the read: it counts until the end
+// of the day) stays warm. The cold file reads byte-equal through another
+// member's mount, the liar's shards caught and rebuilt from their stripes,
+// and again with an honest member killed as well (two bad shards a
+// stripe at most). serve refuses --cold-after without --listen.
 func TestClusterColdAfter(t *testing.T) {
 	requireFUSE(t)
 	if out := refusedServe(t, "--cold-after", "1h"); !strings.Contains(out, "--cold-after needs a cluster") {
@@ -214,27 +219,33 @@ func TestClusterColdAfter(t *testing.T) {
 	}
 	key := clusterKey(t)
 	var ms []*member
-	for i := range 7 {
-		var join, extra []string
+	for i := range 8 {
+		var join, extra, env []string
+		switch i {
+		case 0:
+			extra = []string{"--cold-after", "5s"}
+		case 7:
+			env = []string{"KYLIX_TEST_PEER_CORRUPT=1"}
+		}
 		if i > 0 {
 			join = []string{ms[0].addr}
-		} else {
-			extra = []string{"--cold-after", "5s"}
 		}
-		ms = append(ms, startMemberArgs(t, fmt.Sprintf("127.0.0.%d", 90+i), key, nil, extra, join...))
+		ms = append(ms, startMemberArgs(t, fmt.Sprintf("127.0.0.%d", 90+i), key, env, extra, join...))
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("log of the member with --cold-after:\n%s", ms[0].log)
 		}
 	})
-	a := ms[0]
+	a, b, c, liar := ms[0], ms[1], ms[2], ms[7]
 	src, sum := randomFile(t, 8<<20)
 	mustKylix(t, "/", "import", "--data", a.data, src, "read.bin")
 	if shaOn(t, a, filepath.Join(a.mnt, "read.bin")) != sum {
 		t.Fatal("read.bin through A's mount differs from the source")
 	}
-	src2, _ := randomFile(t, 8<<20)
+	// 32 chunks of about 1 MiB: 6 stripes, each with one shard on the
+	// liar, a data shard in all but certainly one of them.
+	src2, sum2 := randomFile(t, 32<<20)
 	mustKylix(t, "/", "import", "--data", a.data, src2, "unread.bin")
 	waitFor(t, membershipWait+30*time.Second, "unread.bin cold by itself", func() bool {
 		return statCluster(t, a, "unread.bin").Stripes > 0
@@ -244,5 +255,24 @@ func TestClusterColdAfter(t *testing.T) {
 	}
 	if !strings.Contains(a.log.String(), "cold-after: moved idle files to the cold tier") {
 		t.Error("A's log does not say it moved idle files")
+	}
+	waitFor(t, 90*time.Second, "unread.bin's shards each held once", func() bool {
+		st := statCluster(t, b, "unread.bin")
+		var held int64
+		for _, h := range st.Holders {
+			held += h.Bytes
+		}
+		return st.ColdChunks == st.Chunks && st.DegradedStripes == 0 && held == st.Bytes
+	})
+	if shaOn(t, b, filepath.Join(b.mnt, "unread.bin")) != sum2 {
+		t.Fatal("cold unread.bin through B's mount differs from the source")
+	}
+	if p := peersOf(t, b)[liar.addr[:strings.LastIndex(liar.addr, ":")]]; p.BadChunks == 0 {
+		t.Errorf("B caught no bad chunk from the liar reading unread.bin: %+v", p)
+	}
+	ms[3].kill9()
+	syscall.Unmount(ms[3].mnt, syscall.MNT_DETACH)
+	if shaOn(t, c, filepath.Join(c.mnt, "unread.bin")) != sum2 {
+		t.Fatal("cold unread.bin through C's mount with a member killed and the liar differs from the source")
 	}
 }
