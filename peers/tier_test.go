@@ -19,12 +19,21 @@ import (
 // nothing), and imports a file of size random bytes on the first; it
 // returns when every chunk is on its two owners.
 func tierCluster(t *testing.T, size int) (ms []*testNode, reader *testNode, data []byte, m *chunkstore.FileManifest) {
-	key, _ := NewKey()
 	start := func(cfg Config) *testNode {
 		n, err := startNodeCfg(t, cfg)
 		require.NoError(t, err)
 		return n
 	}
+	ms, reader = tierMembers(t, start)
+	data = randBytes(size)
+	m = importPlaced(t, ms, reader, "cold/model.bin", data)
+	return ms, reader, data, m
+}
+
+// tierMembers starts 8 members with placement (R = 2) and a reader by
+// start, each joining those before it.
+func tierMembers(tb testing.TB, start func(Config) *testNode) (ms []*testNode, reader *testNode) {
+	key, _ := NewKey()
 	var join []string
 	for i := range 8 {
 		n := start(Config{Name: fmt.Sprintf("m%d", i), Key: key, Replicas: 2, Join: join})
@@ -32,31 +41,35 @@ func tierCluster(t *testing.T, size int) (ms []*testNode, reader *testNode, data
 		join = append(join, n.cfg.Listen)
 	}
 	reader = start(Config{Name: "reader", Key: key, NoPlacement: true, NoRelay: true, Reader: true, Join: join})
-	t.Cleanup(func() { closeAll(t, append([]*testNode{reader}, ms...)...) })
+	tb.Cleanup(func() { closeAll(tb, append([]*testNode{reader}, ms...)...) })
 	for _, n := range append([]*testNode{reader}, ms...) {
-		waitFor(t, "9 members alive on "+n.self, func() bool { return len(n.livePeers()) == 8 })
+		waitFor(tb, "9 members alive on "+n.self, func() bool { return len(n.livePeers()) == 8 })
 	}
-	data = randBytes(size)
-	src := filepath.Join(t.TempDir(), "src")
-	require.NoError(t, os.WriteFile(src, data, 0o644))
-	_, err := ms[0].s.Import(context.Background(), src, "cold/model.bin", chunkstore.ImportOptions{})
-	require.NoError(t, err)
-	f, _, err := ms[0].s.OpenPath("cold/model.bin")
-	require.NoError(t, err)
-	m = f.M
-	waitFor(t, "every chunk on its two owners", func() bool {
-		for _, c := range m.Chunks {
+	return ms, reader
+}
+
+// importPlaced imports data at p on the first member and returns its
+// manifest once every chunk is on its two owners and the reader sees p.
+func importPlaced(tb testing.TB, ms []*testNode, reader *testNode, p string, data []byte) *chunkstore.FileManifest {
+	src := filepath.Join(tb.TempDir(), "src")
+	require.NoError(tb, os.WriteFile(src, data, 0o644))
+	_, err := ms[0].s.Import(context.Background(), src, p, chunkstore.ImportOptions{})
+	require.NoError(tb, err)
+	f, _, err := ms[0].s.OpenPath(p)
+	require.NoError(tb, err)
+	waitFor(tb, "every chunk on its two owners", func() bool {
+		for _, c := range f.M.Chunks {
 			if copiesOf(ms, c.ID) < 2 {
 				return false
 			}
 		}
 		return true
 	})
-	waitFor(t, "the file on the reader", func() bool {
-		_, err := reader.s.Lookup("cold/model.bin")
+	waitFor(tb, p+" on the reader", func() bool {
+		_, err := reader.s.Lookup(p)
 		return err == nil
 	})
-	return ms, reader, data, m
+	return f.M
 }
 
 // copiesOf counts the members storing chunk id.
