@@ -171,12 +171,26 @@ type Replication struct {
 	// they have none; ParityBytes are the parity shards of their stripes
 	// held (all copies). A stripe missing stored shards is degraded, and
 	// past repair (Unreadable) when it misses more than its m.
-	ColdChunks        int64 `json:"cold_chunks"`
+	// Tiers: per tier, the bytes of the path's chunks (logical) and what
+	// storing them costs on this member and across the answering members
+	// (raw; parity counted in cold). hot: chunks of the paths pinned on
+	// this member (also counted in warm or cold).
+	Tiers      []TierUsage `json:"tiers"`
+	ColdChunks int64       `json:"cold_chunks"`
 	ColdBytes         int64 `json:"cold_bytes"`
 	Stripes           int   `json:"stripes"`
 	ParityBytes       int64 `json:"parity_bytes"`
 	DegradedStripes   int   `json:"degraded_stripes"`
 	UnreadableStripes int   `json:"unreadable_stripes"`
+}
+
+// TierUsage is one tier's share of a path (Replication.Tiers).
+type TierUsage struct {
+	Tier       string `json:"tier"` // hot, warm or cold
+	Chunks     int64  `json:"chunks"`
+	Logical    int64  `json:"logical_bytes"`
+	RawHere    int64  `json:"raw_here_bytes"`
+	RawCluster int64  `json:"raw_cluster_bytes"`
 }
 
 // Replication asks every alive member which chunks of the files at and
@@ -216,6 +230,7 @@ func (n *Node) Replication(ctx context.Context, path string) (Replication, error
 		}
 	}
 	copies := make([]int, len(refs))
+	here := make([]bool, len(refs))
 	peers := n.livePeers()
 	res.Alive = len(peers) + 1
 	self := Holder{Member: n.self}
@@ -226,6 +241,7 @@ func (n *Node) Replication(ctx context.Context, path string) (Replication, error
 		}
 		if n.s.HasChunk(c.ID) {
 			copies[i]++
+			here[i] = true
 			if i < files {
 				self.Chunks++
 				self.Bytes += int64(c.Len)
@@ -285,6 +301,10 @@ func (n *Node) Replication(ctx context.Context, path string) (Replication, error
 			res.UnheldBytes += int64(c.Len)
 		}
 	}
+	res.Tiers, err = n.tierUsage(ctx, path, refs, files, want, copies, here)
+	if err != nil {
+		return res, err
+	}
 	res.Stripes = len(recs)
 	for _, r := range recs {
 		missing := 0
@@ -304,6 +324,58 @@ func (n *Node) Replication(ctx context.Context, path string) (Replication, error
 		res.MinCopies = 0
 	}
 	return res, ctx.Err()
+}
+
+// tierUsage sums Replication's refs (the path's chunks, then parity) by
+// tier: cold for coded chunks (want 1) and parity, warm for the rest, hot
+// for the chunks of the paths this member pins that are under path.
+func (n *Node) tierUsage(ctx context.Context, path string, refs []chunkstore.ChunkRef, files int, want, copies []int, here []bool) ([]TierUsage, error) {
+	hot := TierUsage{Tier: "hot"}
+	warm := TierUsage{Tier: "warm"}
+	cold := TierUsage{Tier: "cold"}
+	pinned := map[chunkstore.ID]bool{}
+	if n.cfg.Keep != nil {
+		pins, err := n.cfg.Keep()
+		if err != nil {
+			return nil, fmt.Errorf("reading the pinned paths: %w", err)
+		}
+		for _, p := range pins {
+			if !below(p, path) && !below(path, p) {
+				continue
+			}
+			cs, err := n.s.ChunksBelow(ctx, p)
+			if err != nil {
+				continue // a pinned path not in the namespace pins nothing
+			}
+			for _, c := range cs {
+				pinned[c.ID] = true
+			}
+		}
+	}
+	for i, c := range refs {
+		t := &warm
+		if i >= files || want[i] == 1 {
+			t = &cold
+		}
+		size := int64(c.Len)
+		if i < files {
+			t.Chunks++
+			t.Logical += size
+		}
+		t.RawCluster += int64(copies[i]) * size
+		if here[i] {
+			t.RawHere += size
+		}
+		if i < files && pinned[c.ID] {
+			hot.Chunks++
+			hot.Logical += size
+			if here[i] {
+				hot.RawHere += size
+			}
+			hot.RawCluster += int64(copies[i]) * size
+		}
+	}
+	return []TierUsage{hot, warm, cold}, nil
 }
 
 // rebalance drops the chunks this member holds but no longer owns (a join

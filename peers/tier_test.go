@@ -151,6 +151,13 @@ func TestMakeColdThenWarm(t *testing.T) {
 	require.Zero(t, rep.UnderChunks, "one copy is what a coded chunk wants")
 	require.Zero(t, rep.DegradedStripes)
 	require.Equal(t, 1, rep.MinCopies)
+	require.Len(t, rep.Tiers, 3)
+	cold := rep.Tiers[2]
+	require.Equal(t, "cold", cold.Tier)
+	require.Equal(t, int64(len(data)), cold.Logical)
+	require.Equal(t, res.Logical+res.Parity, cold.RawCluster, "one copy of each shard, parity included")
+	require.Zero(t, cold.RawHere, "the reader stores nothing")
+	require.Zero(t, rep.Tiers[1].Chunks, "nothing warm")
 
 	got, err := readAll(reader, "cold/model.bin")
 	require.NoError(t, err)
@@ -201,11 +208,18 @@ func TestMakeColdThenWarm(t *testing.T) {
 	// A full stripe: every one of its k+m holders holds a shard.
 	r := cm.Stripes[slices.IndexFunc(cm.Stripes, func(r *chunkstore.Stripe) bool { return len(r.Chunks) == r.K })]
 	hs := stripeHoldersOf(t, ms[0], r)
-	waitFor(t, "stripe 0's shards on their homes alone", func() bool {
-		for i := range r.Shards() {
-			id, _, ok := r.ShardID(i)
-			if ok && (copiesOf(ms, id) != 1 || !nodeNamed(ms, hs[i].name).s.HasChunk(id)) {
-				return false
+	// Every stripe settled, not only r's: the two crashed hold a shard of
+	// each full stripe, and a shard still on its way to its home (a member
+	// on the warm view dropped its copy, the home pulls it) would be a
+	// third missing.
+	waitFor(t, "every shard on its home alone again", func() bool {
+		for _, r := range cm.Stripes {
+			hs := stripeHoldersOf(t, ms[0], r)
+			for i := range r.Shards() {
+				id, _, ok := r.ShardID(i)
+				if ok && (copiesOf(ms, id) != 1 || !nodeNamed(ms, hs[i].name).s.HasChunk(id)) {
+					return false
+				}
 			}
 		}
 		return true
@@ -279,4 +293,83 @@ func TestMakeColdIdle(t *testing.T) {
 	res, err = ms[2].MakeColdIdle(ctx, time.Hour)
 	require.NoError(t, err)
 	require.Zero(t, res.Files, "nothing idle for an hour")
+}
+
+// TestColdMemberLeaves: a member of every stripe leaves a cold cluster
+// of 8 for good. Stripes of 8 no longer fit 7 members, so their shards
+// are kept as replicas meanwhile: placement pulls each data chunk and
+// parity shard to its two owners, rebuilding the leaver's from their
+// stripes (parity coded again), and the file reads byte-equal with
+// nothing left on the leaver. A member joining makes room again: each
+// shard goes back to its home alone.
+func TestColdMemberLeaves(t *testing.T) {
+	ms, reader, data, _ := tierCluster(t, 12<<20)
+	ctx := context.Background()
+	_, err := ms[0].MakeCold(ctx, "cold", nil)
+	require.NoError(t, err)
+	e, err := ms[0].s.Lookup("cold/model.bin")
+	require.NoError(t, err)
+	cm, err := ms[0].s.FileManifest(e.ID)
+	require.NoError(t, err)
+	var shards []chunkstore.ChunkRef
+	for _, r := range cm.Stripes {
+		for i := range r.Shards() {
+			if id, size, ok := r.ShardID(i); ok {
+				shards = append(shards, chunkstore.ChunkRef{ID: id, Len: size})
+			}
+		}
+	}
+	waitFor(t, "each shard on its home alone", func() bool {
+		for _, c := range shards {
+			if copiesOf(ms, c.ID) != 1 {
+				return false
+			}
+		}
+		return true
+	})
+
+	leaver := ms[7]
+	var lost int
+	for _, c := range shards {
+		if leaver.s.HasChunk(c.ID) {
+			lost++
+		}
+	}
+	require.Positive(t, lost)
+	require.NoError(t, leaver.close(true))
+	rest := ms[:7]
+	for _, n := range append([]*testNode{reader}, rest...) {
+		waitFor(t, "the leaver gone on "+n.self, func() bool { return len(n.livePeers()) == 7 })
+	}
+	waitFor(t, "every shard on two of the seven left", func() bool {
+		for _, c := range shards {
+			if copiesOf(rest, c.ID) < 2 {
+				return false
+			}
+		}
+		return true
+	})
+	var pulled int64
+	for _, n := range rest {
+		pulled += n.Placement().PulledChunks
+	}
+	require.GreaterOrEqual(t, pulled, int64(lost), "the leaver's shards were rebuilt and pulled")
+	got, err := readAll(reader, "cold/model.bin")
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(data, got))
+
+	// A new member: stripes fit again, each shard back on its home alone.
+	key := ms[0].cfg.Key
+	n, err := startNodeCfg(t, Config{Name: "m8", Key: key, Replicas: 2, Join: []string{ms[0].cfg.Listen}})
+	require.NoError(t, err)
+	t.Cleanup(func() { n.Close() })
+	now := append(append([]*testNode{}, rest...), n)
+	waitFor(t, "each shard on its home alone again", func() bool {
+		for _, c := range shards {
+			if copiesOf(now, c.ID) != 1 {
+				return false
+			}
+		}
+		return true
+	})
 }

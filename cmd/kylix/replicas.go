@@ -23,6 +23,13 @@ func printReplication(w io.Writer, r *peers.Replication) {
 	fmt.Fprintf(w, "local:    %s of %s (distinct chunks) on this node\n", human(r.LocalBytes), human(r.Bytes))
 	fmt.Fprintf(w, "under-replicated: %d chunks, %d bytes (%s); held by no alive member: %d chunks (%s)\n",
 		r.UnderChunks, r.UnderBytes, human(r.UnderBytes), r.UnheldChunks, human(r.UnheldBytes))
+	fmt.Fprintf(w, "tiers:    %-6s %12s %12s %16s %9s\n", "", "logical", "raw here", "raw in cluster", "overhead")
+	for _, t := range r.Tiers {
+		if t.Chunks == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "          %-6s %12s %12s %16s %8.2fx\n", t.Tier, human(t.Logical), human(t.RawHere), human(t.RawCluster), ratio(t.RawCluster, t.Logical))
+	}
 	if r.Stripes > 0 {
 		fmt.Fprintf(w, "cold:     %d chunks (%s) coded in %d stripes, one copy each wanted; %s of parity held; stripes missing shards: %d (past repair: %d)\n",
 			r.ColdChunks, human(r.ColdBytes), r.Stripes, human(r.ParityBytes), r.DegradedStripes, r.UnreadableStripes)
