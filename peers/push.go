@@ -175,13 +175,13 @@ type Replication struct {
 	// storing them costs on this member and across the answering members
 	// (raw; parity counted in cold). hot: chunks of the paths pinned on
 	// this member (also counted in warm or cold).
-	Tiers      []TierUsage `json:"tiers"`
-	ColdChunks int64       `json:"cold_chunks"`
-	ColdBytes         int64 `json:"cold_bytes"`
-	Stripes           int   `json:"stripes"`
-	ParityBytes       int64 `json:"parity_bytes"`
-	DegradedStripes   int   `json:"degraded_stripes"`
-	UnreadableStripes int   `json:"unreadable_stripes"`
+	Tiers             []TierUsage `json:"tiers"`
+	ColdChunks        int64       `json:"cold_chunks"`
+	ColdBytes         int64       `json:"cold_bytes"`
+	Stripes           int         `json:"stripes"`
+	ParityBytes       int64       `json:"parity_bytes"`
+	DegradedStripes   int         `json:"degraded_stripes"`
+	UnreadableStripes int         `json:"unreadable_stripes"`
 }
 
 // TierUsage is one tier's share of a path (Replication.Tiers).
