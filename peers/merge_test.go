@@ -249,3 +249,33 @@ func TestMergeLinkSets(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, l, 3, "f, h and the conflict version: %+v", l)
 }
+
+// TestMergeSameBytes: two manifests of one file that sameBytes calls the
+// same content (a file made cold: same chunks, stripes named) merge to
+// the newer with no conflict version, either way round; different
+// content still keeps one.
+func TestMergeSameBytes(t *testing.T) {
+	m := memTree{}
+	same := func(a, b chunkstore.ID) bool { return a[0]%10 == b[0]%10 } // 1 and 11: one content
+	merge := func(a, b chunkstore.ID) *chunkstore.DirManifest {
+		var objs [][]byte
+		id, err := mergeTrees(a, b, m.get, same, &objs)
+		require.NoError(t, err)
+		for _, o := range objs {
+			d, err := chunkstore.DecodeDirManifest(o)
+			require.NoError(t, err)
+			m.put(d)
+		}
+		d, err := m.get(id)
+		require.NoError(t, err)
+		return d
+	}
+	warm := root(m, file("f", 1, 10))
+	cold := root(m, file("f", 11, 20))
+	for _, d := range []*chunkstore.DirManifest{merge(warm, cold), merge(cold, warm)} {
+		require.Len(t, d.Live(), 1, "a conversion is no conflict")
+		require.Equal(t, chunkstore.ID{11}, d.Live()[0].ID, "the newer manifest wins")
+	}
+	other := root(m, file("f", 2, 20))
+	require.Len(t, merge(warm, other).Live(), 2, "different content keeps a conflict version")
+}
