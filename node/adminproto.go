@@ -151,6 +151,10 @@ type PeersStatus struct {
 	// StripeRebuilt: chunks this member rebuilt from their erasure-coded
 	// stripes (docs/design/erasure.md).
 	StripeRebuilt int64 `json:"stripe_rebuilt_chunks"`
+	// StripeShape is the k+m kylix tier cold would code with now, "" when
+	// the cluster is too small (StripeNote says why).
+	StripeShape string `json:"stripe_shape,omitempty"`
+	StripeNote  string `json:"stripe_note,omitempty"`
 }
 
 // ReadAheadStatus is the store's read-ahead for sequential readers.

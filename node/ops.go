@@ -63,6 +63,11 @@ func (n *Node) PeersStatus() (PeersStatus, error) {
 		return PeersStatus{}, n.errNotInCluster("")
 	}
 	out := PeersStatus{Self: p.Name(), Replicas: p.Replicas(), Placement: p.Placement(), Swarm: p.Swarm(), Members: p.Members(), StripeRebuilt: p.StripeReads()}
+	if sh, err := p.StripeShape(); err != nil {
+		out.StripeNote = err.Error()
+	} else {
+		out.StripeShape = fmt.Sprintf("%s (%.2fx)", sh, sh.Overhead())
+	}
 	sc := n.s.Counters()
 	out.ReadAhead = ReadAheadStatus{Window: n.s.ReadAheadWindow(), Chunks: sc.ReadAheadChunks, Bytes: sc.ReadAheadBytes}
 	return out, nil

@@ -72,9 +72,10 @@ func mustStart(t *testing.T, name string, key Key, corrupt bool, join ...string)
 	return n
 }
 
+// eventually waits for cond, polling, up to convergeWait.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(convergeWait)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
@@ -82,6 +83,13 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// convergeWait bounds a wait for members to converge (placement, merges,
+// rebalance after its settle time). Alone they take seconds; CI runs the
+// cluster tests of test/ (eight serve processes at once) beside this
+// package on two cores, where a rebalance once took past 20 s
+// (TestJoinMovesOneNth).
+const convergeWait = 60 * time.Second
 
 // importBytes stores data at path on n.
 func importBytes(t *testing.T, n *testNode, path string, data []byte) {

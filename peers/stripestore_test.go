@@ -99,7 +99,7 @@ func codedClusterWith(t testing.TB, start func(Config) *testNode, size int) (ms 
 // waitFor is eventually for tests and benchmarks.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(convergeWait); !cond(); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}

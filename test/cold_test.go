@@ -161,6 +161,9 @@ func TestClusterCold(t *testing.T) {
 	if df := dfCluster(t, ms[3]); df.Stripes != st.Stripes || df.MinCopies != 1 {
 		t.Errorf("kylix df on D: %+v, want %d stripes and one copy of each chunk", df, st.Stripes)
 	}
+	if out, _, _ := kylix(t, "/", "doctor", "--data", ms[3].data); !strings.Contains(out, "ok  erasure coding") || !strings.Contains(out, "6+2 (1.33x)") {
+		t.Errorf("kylix doctor on D says nothing of erasure coding:\n%s", out)
+	}
 	if out := mustKylix(t, "/", "df", "--data", ms[3].data); !strings.Contains(out, "tiers:") || !strings.Contains(out, "  cold ") || strings.Contains(out, "  warm ") {
 		t.Errorf("kylix df on D shows no cold tier alone:\n%s", out)
 	}

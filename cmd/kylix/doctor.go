@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"github.com/kylix/kylix/chunkstore/storeio"
 	"github.com/kylix/kylix/cuda"
 	"github.com/kylix/kylix/gpuio"
+	"github.com/kylix/kylix/node"
 )
 
 func init() {
@@ -33,17 +35,35 @@ type doctorReport struct {
 	PathNote string `json:"gpu_path_note"`
 }
 
+// erasureCheck says whether the cluster of the node serving --data can
+// code data cold (kylix tier, serve --cold-after), as the node sees it.
+func erasureCheck(ctx context.Context, f *flags) check {
+	var out node.PeersStatus
+	err := f.call(ctx, node.OpPeers, nil, &out, nil)
+	switch {
+	case errors.Is(err, node.ErrNoNode):
+		return check{Name: "erasure coding", OK: false, Detail: "no node serves " + f.data + ": asked of a running cluster member (kylix serve --listen)"}
+	case err != nil:
+		return check{Name: "erasure coding", OK: false, Detail: err.Error()}
+	case out.StripeShape == "":
+		return check{Name: "erasure coding", OK: false, Detail: out.StripeNote}
+	}
+	return check{Name: "erasure coding", OK: true, Detail: fmt.Sprintf("%d members: kylix tier cold codes %s stripes", len(out.Members), out.StripeShape)}
+}
+
 func runDoctor(ctx context.Context, e *env, args []string) error {
 	f := newFlags(e, "doctor", "[--data DIR] [--json]", `
 Checks what this machine offers Kylix and prints one line per capability: GPUs
 and driver, cuFile mode (native GDS, P2PDMA, compatibility, absent) and why,
 RDMA devices and nvidia-peermem, io_uring, O_DIRECT on the data directory, and
-FUSE passthrough. Each line says what works and, if not, why. Also names the
+FUSE passthrough, and whether the cluster of the node serving --data can
+code data cold (erasure coding). Each line says what works and, if not, why. Also names the
 path kylix load would take to cuda:0.`).withJSON()
 	if err := f.parse(args, 0, 0); err != nil {
 		return err
 	}
 	rep := doctor(f.data)
+	rep.Checks = append(rep.Checks, erasureCheck(ctx, f))
 	if f.jsonOut {
 		return f.printJSON(rep)
 	}

@@ -209,8 +209,10 @@ started without --listen.`).withJSON()
 	fmt.Fprintf(e.stdout, "peer cache: %s of %s, %d chunks; hits %d, misses %d, evictions %d; relay: got %d chunks through relays, answered %d relay requests, %d shared fetches\n",
 		human(sw.Cache.Bytes), human(sw.Cache.BudgetBytes), sw.Cache.Chunks, sw.Cache.Hits, sw.Cache.Misses, sw.Cache.Evictions, sw.RelayAsked, sw.RelayServed, sw.SharedFetches)
 	fmt.Fprintf(e.stdout, "read-ahead: window %d chunks; fetched %d chunks (%s) ahead of sequential readers\n", out.ReadAhead.Window, out.ReadAhead.Chunks, human(out.ReadAhead.Bytes))
-	if out.StripeRebuilt > 0 {
-		fmt.Fprintf(e.stdout, "erasure coding: rebuilt %d chunks from their stripes\n", out.StripeRebuilt)
+	if out.StripeShape != "" {
+		fmt.Fprintf(e.stdout, "erasure coding: kylix tier cold codes %s stripes; rebuilt %d chunks from their stripes\n", out.StripeShape, out.StripeRebuilt)
+	} else {
+		fmt.Fprintf(e.stdout, "erasure coding: none: %s; rebuilt %d chunks from their stripes\n", out.StripeNote, out.StripeRebuilt)
 	}
 	for _, m := range out.Members {
 		self := ""
