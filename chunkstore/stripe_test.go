@@ -151,3 +151,31 @@ func TestSetFileStripes(t *testing.T) {
 	require.False(t, s.HasChunk(pid))
 	require.False(t, s.HasChunk(gm.Chunks[0].ID))
 }
+
+// TestSetFileStripesHardLink: a file with two names made cold through one
+// name is cold through both (the link set's entry changes), and keeps its
+// link count.
+func TestSetFileStripesHardLink(t *testing.T) {
+	ctx := context.Background()
+	s := openTest(t, t.TempDir())
+	src := t.TempDir()
+	writeTree(t, src, map[string]int{"f": 3 << 20}, 22)
+	_, err := s.Import(ctx, src, "d", ImportOptions{})
+	require.NoError(t, err)
+	require.NoError(t, s.Update(func(tx *NSTx) error { return tx.Link("d/f", "d/g") }))
+	e, err := s.Lookup("d/f")
+	require.NoError(t, err)
+	require.NotZero(t, e.Link)
+	m, err := s.FileManifest(e.ID)
+	require.NoError(t, err)
+	r, _ := xorStripe(t, s, m.Chunks[:1])
+	id, err := s.SetFileStripes("d/f", e.ID, []*Stripe{r})
+	require.NoError(t, err)
+	for _, name := range []string{"d/f", "d/g"} {
+		got, err := s.Lookup(name)
+		require.NoError(t, err)
+		require.Equal(t, id, got.ID, name)
+		require.Equal(t, e.Link, got.Link, name)
+		require.Equal(t, uint32(2), got.Nlink, name)
+	}
+}
