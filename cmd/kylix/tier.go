@@ -29,12 +29,15 @@ returns when it is done, with a progress bar on a terminal:
         survive as much.
   warm  stores each chunk on its replica owners again (--replicas of
         serve), then removes the stripes from the manifests; their parity
-        is garbage for kylix gc.
+        is garbage (kylix gc takes it on each member, an hour after it
+        was received).
 
 Files under a pinned path never move (reported). A file written during the
 move is left as it was (reported: run it again). A cluster too small for a
 stripe below 1.5x (7 members, at most 2 in one zone) says so and changes
-nothing. Fails when no node runs, or when it was started without --listen.`).withJSON()
+nothing (kylix doctor and kylix peers say which shape the cluster allows).
+serve --cold-after DURATION moves the files nobody read for that long by
+itself. Fails when no node runs, or when it was started without --listen.`).withJSON()
 	if err := f.parse(args, 2, 2); err != nil {
 		return err
 	}
