@@ -25,9 +25,13 @@ var bucketLastRead = []byte("lastread")
 const lastReadFlushAt = 4096
 
 type lastReads struct {
-	mu       sync.Mutex
-	day      map[ID]uint32 // noted since open
-	dirty    map[ID]uint32 // of those, not in the index yet
+	mu sync.Mutex
+	// today: the versions noted on day cur (emptied when the day changes:
+	// about 60 bytes a file read that day); dirty: days noted and not in
+	// the index yet.
+	cur      uint32
+	noted    map[ID]bool
+	dirty    map[ID]uint32
 	flushing bool
 	now      func() time.Time // nil: time.Now (tests move it)
 }
@@ -45,14 +49,17 @@ func (s *Store) NoteRead(id ID) {
 	l := &s.lastRead
 	l.mu.Lock()
 	d := l.today()
-	if l.day[id] == d {
+	if d != l.cur || l.noted == nil {
+		l.cur, l.noted = d, map[ID]bool{}
+	}
+	if l.noted[id] {
 		l.mu.Unlock()
 		return
 	}
-	if l.day == nil {
-		l.day, l.dirty = map[ID]uint32{}, map[ID]uint32{}
+	if l.dirty == nil {
+		l.dirty = map[ID]uint32{}
 	}
-	l.day[id], l.dirty[id] = d, d
+	l.noted[id], l.dirty[id] = true, d
 	start := len(l.dirty) >= lastReadFlushAt && !l.flushing
 	l.flushing = l.flushing || start
 	l.mu.Unlock()
@@ -110,7 +117,10 @@ func (s *Store) FlushLastRead() error {
 func (s *Store) LastRead(id ID) (time.Time, bool) {
 	l := &s.lastRead
 	l.mu.Lock()
-	d, ok := l.day[id]
+	d, ok := l.cur, l.noted[id]
+	if !ok {
+		d, ok = l.dirty[id]
+	}
 	l.mu.Unlock()
 	if !ok {
 		s.db.View(func(tx *bolt.Tx) error {
