@@ -16,6 +16,9 @@ import (
 type TierRequest struct {
 	Path string `json:"path"`
 	To   string `json:"to"`
+	// DataShards is k of the stripes (cold only; 0: the cluster's
+	// default, peers' StripeShape).
+	DataShards int `json:"data_shards,omitempty"`
 }
 
 // TierReply is the reply of OpTier.
@@ -42,8 +45,11 @@ func (n *Node) Tier(ctx context.Context, r TierRequest, progress Progress) (Tier
 	var err error
 	switch r.To {
 	case "cold":
-		out.TierResult, err = n.peers.MakeCold(ctx, r.Path, prog)
+		out.TierResult, err = n.peers.MakeColdK(ctx, r.Path, r.DataShards, prog)
 	case "warm":
+		if r.DataShards != 0 {
+			return out, fmt.Errorf("bad request: data shards are for tier cold")
+		}
 		prog = func(done, total int64) {
 			if progress != nil {
 				progress("replicating", done, total)

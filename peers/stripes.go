@@ -94,17 +94,34 @@ func stripeShapeFor(members []peer) (StripeShape, error) {
 // excluded): see stripeShapeFor.
 func (n *Node) StripeShape() (StripeShape, error) { return stripeShapeFor(n.members()) }
 
+// StripeShapeK is the stripe of k data shards and StripeParity parity
+// shards, if its overhead is below MaxStripeOverhead, k is at most
+// MaxStripeData and the members alive now hold it; k = 0 is StripeShape.
+func (n *Node) StripeShapeK(k int) (StripeShape, error) {
+	if k == 0 {
+		return n.StripeShape()
+	}
+	sh := StripeShape{K: k, M: StripeParity}
+	if k < 1 || k > MaxStripeData || sh.Overhead() >= MaxStripeOverhead {
+		return StripeShape{}, fmt.Errorf("stripes of %s cost %.2fx: want %d to %d data shards with %d parity, below %.1fx", sh, sh.Overhead(),
+			MinStripeWidth-StripeParity, MaxStripeData, StripeParity, MaxStripeOverhead)
+	}
+	ss := storers(n.members())
+	if width, zones := stripeWidth(ss, StripeParity); width < sh.K+sh.M {
+		return StripeShape{}, fmt.Errorf("stripes of %s need %d members (at most %d in one zone): %w", sh, sh.K+sh.M, StripeParity,
+			&ClusterTooSmallError{Members: len(ss), Zones: zones, Width: width})
+	}
+	return sh, nil
+}
+
 // stripeHolders returns the k+m members that hold the shards of stripe
 // id: the first members in rendezvous order for the stripe's id (rank, the
 // order replicas are placed by), skipping a member whose zone already has
 // m of them, so that losing a zone loses no more shards than the stripe
-// survives. It names the set, not which shard each holds: a conversion
-// puts shard i on the i-th; later a shard stays where it is while its
-// member is in the set, and a shard whose member left goes to a member of
-// the set holding none (docs/design/erasure.md, "Placement"). A member
-// leaving changes the set by that member (and, rarely, one more when the
-// one replacing it fills its zone); one joining enters the sets of about
-// (k+m)/N of the stripes. Fewer members than that is a
+// survives. Shard i's home is the i-th (homes, stripestore.go): a member
+// leaving shifts the homes of the shards after its position, so a repair
+// moves up to k+m-1 shards of a stripe it was in (docs/design/erasure.md,
+// "Placement and repair of shards"). Fewer members than that is a
 // *ClusterTooSmallError.
 func stripeHolders(id chunkstore.ID, members []peer, sh StripeShape) ([]peer, error) {
 	ss := storers(members)

@@ -111,11 +111,21 @@ func below(p, dir string) bool {
 // are cold, and placement drops the copies beyond each shard's home once
 // that home confirms it. Files under a pinned path are left warm.
 func (n *Node) MakeCold(ctx context.Context, p string, progress TierProgress) (TierResult, error) {
+	return n.MakeColdK(ctx, p, 0, progress)
+}
+
+// MakeColdK is MakeCold with stripes of k data shards (StripeShapeK; 0:
+// the cluster's default).
+func (n *Node) MakeColdK(ctx context.Context, p string, k int, progress TierProgress) (TierResult, error) {
+	sh, err := n.StripeShapeK(k)
+	if err != nil {
+		return TierResult{}, err
+	}
 	files, pinned, err := n.tierFiles(ctx, p)
 	if err != nil {
 		return TierResult{}, err
 	}
-	res, err := n.makeCold(ctx, files, progress)
+	res, err := n.makeCold(ctx, files, sh, progress)
 	res.Pinned = pinned
 	return res, err
 }
@@ -164,7 +174,11 @@ func (n *Node) MakeColdIdle(ctx context.Context, idle time.Duration) (TierResult
 	if len(files) == 0 {
 		return TierResult{}, nil
 	}
-	return n.makeCold(ctx, files, nil)
+	sh, err := n.StripeShape()
+	if err != nil {
+		return TierResult{}, err
+	}
+	return n.makeCold(ctx, files, sh, nil)
 }
 
 // lastReadEverywhere returns, for each file, the end of the last day any
@@ -205,13 +219,8 @@ func (n *Node) lastReadEverywhere(ctx context.Context, files []tierFile) ([]time
 }
 
 // makeCold is MakeCold's work on files.
-func (n *Node) makeCold(ctx context.Context, files []tierFile, progress TierProgress) (TierResult, error) {
-	var res TierResult
-	sh, err := n.StripeShape()
-	if err != nil {
-		return res, err
-	}
-	res.Shape = sh.String()
+func (n *Node) makeCold(ctx context.Context, files []tierFile, sh StripeShape, progress TierProgress) (TierResult, error) {
+	res := TierResult{Shape: sh.String()}
 	// The chunks to code: those no stripe this node knows holds.
 	seen := map[chunkstore.ID]bool{}
 	var todo []chunkstore.ChunkRef

@@ -293,6 +293,20 @@ func TestMakeColdIdle(t *testing.T) {
 	res, err = ms[2].MakeColdIdle(ctx, time.Hour)
 	require.NoError(t, err)
 	require.Zero(t, res.Files, "nothing idle for an hour")
+
+	// Shapes a user may ask for: 1.5x or more refused, wider than the
+	// members refused, 5+2 and 6+2 fit eight.
+	_, err = ms[2].StripeShapeK(4)
+	require.ErrorContains(t, err, "1.50x")
+	_, err = ms[2].StripeShapeK(7)
+	require.ErrorIs(t, err, ErrClusterTooSmall)
+	sh, err := ms[2].StripeShapeK(5)
+	require.NoError(t, err)
+	require.Equal(t, StripeShape{5, 2}, sh)
+	res, err = ms[2].MakeColdK(ctx, "cold/read.bin", 5, nil)
+	require.NoError(t, err)
+	require.Equal(t, "5+2", res.Shape)
+	require.Equal(t, 1, res.Files)
 }
 
 // TestColdMemberLeaves: a member of every stripe leaves a cold cluster

@@ -101,6 +101,12 @@ func TestClusterCold(t *testing.T) {
 	if _, errs, code := kylix(t, "/", "tier", "--data", ms[1].data, "tepid", "m.bin"); code != 2 || !strings.Contains(errs, "cold or warm") {
 		t.Errorf("kylix tier tepid: exit %d, %s", code, errs)
 	}
+	if _, errs, code := kylix(t, "/", "tier", "--data", ms[1].data, "--data-shards", "4", "cold", "d"); code != 1 || !strings.Contains(errs, "cost 1.50x") {
+		t.Errorf("kylix tier cold --data-shards 4: exit %d, %s", code, errs)
+	}
+	if _, errs, code := kylix(t, "/", "tier", "--data", ms[1].data, "--data-shards", "9", "cold", "d"); code != 1 || !strings.Contains(errs, "need 11 members") {
+		t.Errorf("kylix tier cold --data-shards 9 on 8 members: exit %d, %s", code, errs)
+	}
 	if _, errs, code := kylix(t, "/", "tier", "--data", ms[1].data, "cold", "no/such"); code == 0 || !strings.Contains(errs, "no such path") {
 		t.Errorf("kylix tier cold of a missing path: exit %d, %s", code, errs)
 	}

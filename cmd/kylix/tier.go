@@ -13,7 +13,7 @@ func init() {
 }
 
 func runTier(ctx context.Context, e *env, args []string) error {
-	f := newFlags(e, "tier", "[--data DIR] [--json] cold|warm PATH", `
+	f := newFlags(e, "tier", "[--data DIR] [--json] [--data-shards K] cold|warm PATH", `
 Moves the files at and below the namespace path PATH between tiers, on the
 cluster the node serving --data belongs to (docs/design/erasure.md), and
 returns when it is done, with a progress bar on a terminal:
@@ -38,6 +38,7 @@ stripe below 1.5x (7 members, at most 2 in one zone) says so and changes
 nothing (kylix doctor and kylix peers say which shape the cluster allows).
 serve --cold-after DURATION moves the files nobody read for that long by
 itself. Fails when no node runs, or when it was started without --listen.`).withJSON()
+	k := f.Int("data-shards", 0, "cold: stripes of K data shards and 2 parity (5 to 10, and at most the members less 2; 0: the widest the cluster allows). Narrower stripes cost more ((K+2)/K) and leave members to repair onto")
 	if err := f.parse(args, 2, 2); err != nil {
 		return err
 	}
@@ -46,8 +47,12 @@ itself. Fails when no node runs, or when it was started without --listen.`).with
 		fmt.Fprintf(e.stderr, "kylix tier: the tier is cold or warm, not %q (kylix tier --help)\n", to)
 		return errUsage
 	}
+	if *k != 0 && to != "cold" {
+		fmt.Fprintf(e.stderr, "kylix tier: --data-shards is for tier cold (kylix tier --help)\n")
+		return errUsage
+	}
 	var out node.TierReply
-	if err := f.callProgress(ctx, node.OpTier, node.TierRequest{Path: f.Arg(1), To: to}, &out); err != nil {
+	if err := f.callProgress(ctx, node.OpTier, node.TierRequest{Path: f.Arg(1), To: to, DataShards: *k}, &out); err != nil {
 		return noNode(err, fmt.Sprintf("no node serves %s (start one with kylix serve --listen)", f.data))
 	}
 	if f.jsonOut {
