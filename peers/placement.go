@@ -40,6 +40,11 @@ const DefaultLeaveDelay = time.Second
 // change.
 const placeEvery = 30 * time.Second
 
+// placeRetry is how soon placement runs again after a pass left owned
+// chunks missing (a shard being rebuilt needed shards that were on their
+// way too): doubled after each such pass, up to placeEvery.
+const placeRetry = 2 * time.Second
+
 // placeWorkers is the number of chunks pulled at once.
 const placeWorkers = 8
 
@@ -76,6 +81,8 @@ type PlacementStats struct {
 type placement struct {
 	mu    sync.Mutex
 	stats PlacementStats
+	// retries counts the passes in a row that left owned chunks missing.
+	retries int
 	kick  chan struct{}
 	// limit spaces pulls so that they average at most the repair rate
 	// (a chunk is never split: one may go early, the next waits).
@@ -205,6 +212,12 @@ func (n *Node) placePass(ctx context.Context) error {
 		}
 	}
 	n.place.mu.Lock()
+	if missing.Load() > 0 {
+		time.AfterFunc(min(placeRetry<<min(n.place.retries, 8), placeEvery), n.kickPlace)
+		n.place.retries++
+	} else {
+		n.place.retries = 0
+	}
 	n.place.stats.Passes++
 	n.place.stats.LastPass = start
 	n.place.stats.Members = len(members)

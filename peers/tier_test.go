@@ -310,16 +310,26 @@ func TestMakeColdIdle(t *testing.T) {
 }
 
 // TestColdMemberLeaves: a member of every stripe leaves a cold cluster
-// of 8 for good. Stripes of 8 no longer fit 7 members, so their shards
-// are kept as replicas meanwhile: placement pulls each data chunk and
-// parity shard to its two owners, rebuilding the leaver's from their
-// stripes (parity coded again), and the file reads byte-equal with
-// nothing left on the leaver. A member joining makes room again: each
-// shard goes back to its home alone.
+// of 8 for good.
+//
+// Stripes of 6+2 (the default, as wide as the cluster) no longer fit 7
+// members, so their shards are kept as replicas meanwhile: placement
+// pulls each data chunk and parity shard to its two owners, rebuilding
+// the leaver's from their stripes (parity coded again), and the file
+// reads byte-equal. A member joining makes room again: each shard goes
+// back to its home alone.
+//
+// Stripes of 5+2 (kylix tier cold --data-shards 5) still fit: the shards
+// are repaired onto their new homes and stay coded, each held once.
 func TestColdMemberLeaves(t *testing.T) {
+	t.Run("6+2 falls back to replicas", func(t *testing.T) { coldMemberLeaves(t, 0) })
+	t.Run("5+2 repaired in its stripes", func(t *testing.T) { coldMemberLeaves(t, 5) })
+}
+
+func coldMemberLeaves(t *testing.T, k int) {
 	ms, reader, data, _ := tierCluster(t, 12<<20)
 	ctx := context.Background()
-	_, err := ms[0].MakeCold(ctx, "cold", nil)
+	_, err := ms[0].MakeColdK(ctx, "cold", k, nil)
 	require.NoError(t, err)
 	e, err := ms[0].s.Lookup("cold/model.bin")
 	require.NoError(t, err)
@@ -333,15 +343,19 @@ func TestColdMemberLeaves(t *testing.T) {
 			}
 		}
 	}
-	waitFor(t, "each shard on its home alone", func() bool {
-		for _, c := range shards {
-			if copiesOf(ms, c.ID) != 1 {
-				return false
+	once := func(ns []*testNode) func() bool {
+		return func() bool {
+			for _, c := range shards {
+				if copiesOf(ns, c.ID) != 1 {
+					return false
+				}
 			}
+			return true
 		}
-		return true
-	})
+	}
+	waitFor(t, "each shard on its home alone", once(ms))
 
+	// The leaver holds a shard of every 6+2 stripe; of 5+2 ones, of most.
 	leaver := ms[7]
 	var lost int
 	for _, c := range shards {
@@ -355,35 +369,39 @@ func TestColdMemberLeaves(t *testing.T) {
 	for _, n := range append([]*testNode{reader}, rest...) {
 		waitFor(t, "the leaver gone on "+n.self, func() bool { return len(n.livePeers()) == 7 })
 	}
-	waitFor(t, "every shard on two of the seven left", func() bool {
-		for _, c := range shards {
-			if copiesOf(rest, c.ID) < 2 {
-				return false
+	if k == 0 {
+		waitFor(t, "every shard on two of the seven left", func() bool {
+			for _, c := range shards {
+				if copiesOf(rest, c.ID) < 2 {
+					return false
+				}
 			}
-		}
-		return true
-	})
+			return true
+		})
+	} else {
+		waitFor(t, "every shard on its new home alone", once(rest))
+		rep, err := reader.Replication(ctx, "cold")
+		require.NoError(t, err)
+		require.Zero(t, rep.DegradedStripes)
+		require.Zero(t, rep.UnderChunks)
+	}
 	var pulled int64
 	for _, n := range rest {
 		pulled += n.Placement().PulledChunks
 	}
 	require.GreaterOrEqual(t, pulled, int64(lost), "the leaver's shards were rebuilt and pulled")
+	reader.forgetRecent()
 	got, err := readAll(reader, "cold/model.bin")
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(data, got))
+	if k != 0 {
+		return
+	}
 
 	// A new member: stripes fit again, each shard back on its home alone.
 	key := ms[0].cfg.Key
 	n, err := startNodeCfg(t, Config{Name: "m8", Key: key, Replicas: 2, Join: []string{ms[0].cfg.Listen}})
 	require.NoError(t, err)
 	t.Cleanup(func() { n.Close() })
-	now := append(append([]*testNode{}, rest...), n)
-	waitFor(t, "each shard on its home alone again", func() bool {
-		for _, c := range shards {
-			if copiesOf(now, c.ID) != 1 {
-				return false
-			}
-		}
-		return true
-	})
+	waitFor(t, "each shard on its home alone again", once(append(append([]*testNode{}, rest...), n)))
 }
