@@ -83,7 +83,7 @@ type placement struct {
 	stats PlacementStats
 	// retries counts the passes in a row that left owned chunks missing.
 	retries int
-	kick  chan struct{}
+	kick    chan struct{}
 	// limit spaces pulls so that they average at most the repair rate
 	// (a chunk is never split: one may go early, the next waits).
 	limit *pace.Pacer
