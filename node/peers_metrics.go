@@ -22,6 +22,7 @@ var (
 	mClReceived     = desc("cluster_received_bytes_total", "Bytes other members pushed to this one.")
 	mClDropped      = desc("cluster_dropped_bytes_total", "Bytes of copies this member dropped once their owners confirmed them (rebalance).")
 	mClStripeReads  = desc("cluster_stripe_rebuilt_chunks_total", "Chunks this member rebuilt from their erasure-coded stripes (their holder did not send them).")
+	mClStripes      = desc("cluster_stripes", "Erasure-coded stripes named by the manifests this member holds (the cold tier's; docs/design/erasure.md).")
 	mClCacheHits    = desc("cluster_peer_cache_hits_total", "Chunks fetched lately from other members found in the peer cache.")
 	mClCacheMisses  = desc("cluster_peer_cache_misses_total", "Peer cache lookups that found nothing.")
 	mClCacheBytes   = desc("cluster_peer_cache_bytes", "Bytes in the peer cache.")
@@ -33,7 +34,7 @@ type peersCollector struct{ cl func() *peers.Node }
 
 func (c *peersCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{mClMembers, mClFetched, mClFetchedBytes, mClBadChunks, mClFetchErrors, mClServed, mClServedBytes,
-		mClPulled, mClPushed, mClReceived, mClDropped, mClStripeReads, mClCacheHits, mClCacheMisses, mClCacheBytes} {
+		mClPulled, mClPushed, mClReceived, mClDropped, mClStripeReads, mClStripes, mClCacheHits, mClCacheMisses, mClCacheBytes} {
 		ch <- d
 	}
 }
@@ -73,6 +74,7 @@ func (c *peersCollector) Collect(ch chan<- prometheus.Metric) {
 	m(mClReceived, prometheus.CounterValue, pl.ReceivedBytes)
 	m(mClDropped, prometheus.CounterValue, pl.DroppedBytes)
 	m(mClStripeReads, prometheus.CounterValue, p.StripeReads())
+	m(mClStripes, prometheus.GaugeValue, int64(p.StripesKnown()))
 	sw := p.Swarm()
 	m(mClCacheHits, prometheus.CounterValue, sw.Cache.Hits)
 	m(mClCacheMisses, prometheus.CounterValue, sw.Cache.Misses)

@@ -167,6 +167,15 @@ func TestClusterCold(t *testing.T) {
 	if df := dfCluster(t, ms[3]); df.Stripes != st.Stripes || df.MinCopies != 1 {
 		t.Errorf("kylix df on D: %+v, want %d stripes and one copy of each chunk", df, st.Stripes)
 	}
+	var top struct {
+		Metrics map[string]float64 `json:"metrics"`
+	}
+	if err := json.Unmarshal([]byte(mustKylix(t, "/", "top", "--data", ms[3].data, "--count", "1", "--json")), &top); err != nil {
+		t.Fatal(err)
+	}
+	if got := top.Metrics["kylix_cluster_stripes"]; got != float64(st.Stripes) {
+		t.Errorf("kylix top on D: kylix_cluster_stripes %v, want %d", got, st.Stripes)
+	}
 	if out, _, _ := kylix(t, "/", "doctor", "--data", ms[3].data); !strings.Contains(out, "ok  erasure coding") || !strings.Contains(out, "6+2 (1.33x)") {
 		t.Errorf("kylix doctor on D says nothing of erasure coding:\n%s", out)
 	}
