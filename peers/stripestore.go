@@ -74,14 +74,9 @@ func (sm stripeMember) shape() StripeShape { return StripeShape{K: sm.rec.K, M: 
 // holders, as if a manifest named them.
 func (n *Node) AddStripes(recs []*stripe.Record) {
 	n.stripes.mu.Lock()
-	defer n.stripes.mu.Unlock()
 	n.stripes.added = append(n.stripes.added, recs...)
-	if n.stripes.member == nil {
-		n.stripes.member = map[chunkstore.ID]stripeMember{}
-	}
-	for _, r := range recs {
-		n.stripes.index(r)
-	}
+	n.stripes.mu.Unlock()
+	n.indexMore(recs)
 }
 
 // indexMore adds recs to the stripes this node knows until the next
@@ -90,9 +85,6 @@ func (n *Node) AddStripes(recs []*stripe.Record) {
 func (n *Node) indexMore(recs []*stripe.Record) {
 	n.stripes.mu.Lock()
 	defer n.stripes.mu.Unlock()
-	if n.stripes.member == nil {
-		n.stripes.member = map[chunkstore.ID]stripeMember{}
-	}
 	for _, r := range recs {
 		n.stripes.index(r)
 	}
@@ -119,6 +111,9 @@ func (x *stripeIndex) index(r *stripe.Record) {
 		return // not a valid record: nothing to rebuild from
 	}
 	x.known++
+	if x.member == nil {
+		x.member = map[chunkstore.ID]stripeMember{}
+	}
 	for i := range r.Shards() {
 		id, _, ok := r.ShardID(i)
 		if !ok {

@@ -14,6 +14,31 @@ import (
 	"github.com/kylix/kylix/chunkstore"
 )
 
+// benchFileSize is a benchmark file's size: KYLIX_PEERS_BENCH_MIB MiB,
+// default 48.
+func benchFileSize() int {
+	if v, err := strconv.Atoi(os.Getenv("KYLIX_PEERS_BENCH_MIB")); err == nil && v > 0 {
+		return v << 20
+	}
+	return 48 << 20
+}
+
+// benchMember starts benchmark members: a store with a small chunk cache
+// (every pass fetches again), closed with b.
+func benchMember(b *testing.B) func(Config) *testNode {
+	return func(cfg Config) *testNode {
+		cfg.Listen, cfg.Capacity, cfg.FetchTimeout = freeAddr(b), 1<<30, 5*time.Second
+		n, err := New(cfg)
+		require.NoError(b, err)
+		s, err := chunkstore.Open(chunkstore.Options{Dir: b.TempDir(), Fetcher: n, CacheBytes: 1 << 20})
+		require.NoError(b, err)
+		b.Cleanup(func() { s.Close() })
+		require.NoError(b, n.Start(s, nil))
+		b.Cleanup(func() { n.Close() })
+		return &testNode{n, s}
+	}
+}
+
 // BenchmarkStripedRead: a reader reads a file through its store (the
 // path the mount takes: ReadAt, 8 pieces and the read-ahead in flight)
 // from 8 members in this process over mutual TLS, the file either
@@ -26,23 +51,8 @@ import (
 //
 //	go test ./peers -run '^$' -bench BenchmarkStripedRead -benchtime 3x -count 5
 func BenchmarkStripedRead(b *testing.B) {
-	size := 48 << 20
-	if v, err := strconv.Atoi(os.Getenv("KYLIX_PEERS_BENCH_MIB")); err == nil && v > 0 {
-		size = v << 20
-	}
-	start := func(cfg Config) *testNode {
-		cfg.Listen, cfg.Capacity, cfg.FetchTimeout = freeAddr(b), 1<<30, 5*time.Second
-		n, err := New(cfg)
-		require.NoError(b, err)
-		// A small chunk cache: every pass fetches again.
-		s, err := chunkstore.Open(chunkstore.Options{Dir: b.TempDir(), Fetcher: n, CacheBytes: 1 << 20})
-		require.NoError(b, err)
-		b.Cleanup(func() { s.Close() })
-		require.NoError(b, n.Start(s, nil))
-		b.Cleanup(func() { n.Close() })
-		return &testNode{n, s}
-	}
-	ms, reader, cold, recs := codedClusterWith(b, start, size)
+	size := benchFileSize()
+	ms, reader, cold, recs := codedClusterWith(b, benchMember(b), size)
 	ctx := context.Background()
 
 	// The same size replicated: each chunk on its 2 owners only.

@@ -2,10 +2,8 @@ package peers
 
 import (
 	"context"
-	"os"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -23,22 +21,8 @@ import (
 //
 //	go test ./peers -run '^$' -bench BenchmarkTierThreeVersions -benchtime 3x -count 3
 func BenchmarkTierThreeVersions(b *testing.B) {
-	size := 48 << 20
-	if v, err := strconv.Atoi(os.Getenv("KYLIX_PEERS_BENCH_MIB")); err == nil && v > 0 {
-		size = v << 20
-	}
-	start := func(cfg Config) *testNode {
-		cfg.Listen, cfg.Capacity, cfg.FetchTimeout = freeAddr(b), 1<<30, 5*time.Second
-		n, err := New(cfg)
-		require.NoError(b, err)
-		s, err := chunkstore.Open(chunkstore.Options{Dir: b.TempDir(), Fetcher: n, CacheBytes: 1 << 20})
-		require.NoError(b, err)
-		b.Cleanup(func() { s.Close() })
-		require.NoError(b, n.Start(s, nil))
-		b.Cleanup(func() { n.Close() })
-		return &testNode{n, s}
-	}
-	ms, reader := tierMembers(b, start)
+	size := benchFileSize()
+	ms, reader := tierMembers(b, benchMember(b))
 	ctx := context.Background()
 	base := randBytes(size)
 	v2 := append([]byte(nil), base...)
