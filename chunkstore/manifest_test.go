@@ -208,6 +208,10 @@ func FuzzDecodeFileManifest(f *testing.F) {
 	f.Add(sampleFile().Encode())
 	f.Add((&FileManifest{}).Encode())
 	f.Add([]byte("KXF1"))
+	coded := sampleFile()
+	coded.Stripes = []*Stripe{{K: 2, M: 1, ShardSize: coded.Chunks[0].Len, Chunks: coded.Chunks[:1], Parity: []ID{Sum([]byte("p"))}}}
+	f.Add(coded.Encode()) // KXF2: a cold file naming its stripe
+	f.Add([]byte("KXF2"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := DecodeFileManifest(b)
 		if err != nil {
