@@ -65,7 +65,10 @@ func (s *Store) NoteRead(id ID) {
 	l.mu.Unlock()
 	if start {
 		go func() {
-			s.FlushLastRead() // an error leaves the days in memory for the next flush
+			if err := s.FlushLastRead(); err != nil {
+				// The days stay in memory for the next flush (and Close).
+				s.log.Warn("could not record when files were last read; will retry", "err", err)
+			}
 			l.mu.Lock()
 			l.flushing = false
 			l.mu.Unlock()
