@@ -7,6 +7,7 @@ import (
 	"math"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -57,6 +58,39 @@ type IntoFetcher interface {
 	// ErrNotLocal when no one has it). It must honour ctx, and must not
 	// write into dst after it returns.
 	FetchInto(ctx context.Context, id ID, dst []byte) error
+}
+
+// FetchNote travels in a caller's context (WithFetchNote) to the store's
+// Fetcher: whether what is fetched for the caller may be kept on this
+// node (peers keeps it in its peer cache, written behind the caller:
+// docs/design/gpuio.md, "Chunks stored elsewhere"), and where the chunks
+// came from, counted. A load reports these.
+type FetchNote struct {
+	// NoKeep: keep nothing fetched for this caller (kylix load --no-keep).
+	NoKeep bool
+
+	// Local, LocalBytes: chunks read from this node's copy of chunks
+	// fetched earlier (the peer cache), not from the members.
+	Local, LocalBytes atomic.Int64
+	// Kept, KeptBytes: chunks fetched from the members and queued to be
+	// written into the peer cache, behind the caller.
+	Kept, KeptBytes atomic.Int64
+	// NotKept: chunks fetched and not kept, though the caller allowed it
+	// (the writer was behind by its whole queue, or no room on the disk).
+	NotKept atomic.Int64
+}
+
+type fetchNoteKey struct{}
+
+// WithFetchNote returns ctx carrying note.
+func WithFetchNote(ctx context.Context, note *FetchNote) context.Context {
+	return context.WithValue(ctx, fetchNoteKey{}, note)
+}
+
+// FetchNoteOf returns the note ctx carries; nil when none.
+func FetchNoteOf(ctx context.Context) *FetchNote {
+	n, _ := ctx.Value(fetchNoteKey{}).(*FetchNote)
+	return n
 }
 
 // LocalOnly is the Fetcher of a store alone: nothing can be fetched.

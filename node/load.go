@@ -35,6 +35,9 @@ type LoadRequest struct {
 	Repeat   int      `json:"repeat"`
 	Files    int      `json:"files"`  // files loaded at once
 	Reader   string   `json:"reader"` // pread or io_uring
+	// NoKeep: chunks fetched from the members are not kept on this
+	// member (by default they are, in its peer cache, behind the load).
+	NoKeep bool `json:"no_keep,omitempty"`
 }
 
 // LoadPass is one pass of a load, as it ends.
@@ -59,6 +62,7 @@ type LoadFile struct {
 	// during the load (a cluster member).
 	Fetched       int64 `json:"fetched_bytes,omitempty"`
 	FetchedChunks int   `json:"fetched_chunks,omitempty"`
+	fetchCounts
 
 	check func() error // --check: compare the device bytes with the store
 }
@@ -79,6 +83,7 @@ type LoadReport struct {
 	// Seconds).
 	FetchedChunks int   `json:"fetched_chunks"`
 	Fetched       int64 `json:"fetched_bytes"`
+	fetchCounts
 	// CPUSeconds: user + system CPU time of the process that ran the
 	// pass (the node, when the command was forwarded to one) while it
 	// ran, all its threads, not only the load's.
@@ -86,6 +91,29 @@ type LoadReport struct {
 	// CachePolicy says how bytes not in the page cache were read, and why
 	// (gpuio.FitsPageCache); empty when --io chose.
 	CachePolicy string `json:"cache_policy,omitempty"`
+}
+
+// fetchCounts: what a load read of chunks not in this member's packs,
+// besides what it fetched from the members (chunkstore.FetchNote).
+type fetchCounts struct {
+	// LocalCopyChunks and LocalCopy: chunks (bytes) read from this
+	// member's copy of chunks an earlier load fetched (its peer cache).
+	LocalCopyChunks int   `json:"local_copy_chunks,omitempty"`
+	LocalCopy       int64 `json:"local_copy_bytes,omitempty"`
+	// KeptChunks and Kept: chunks (bytes) fetched and kept on this
+	// member, written behind the load; NotKept: fetched and not kept
+	// (the writer was behind, or no room).
+	KeptChunks int   `json:"kept_chunks,omitempty"`
+	Kept       int64 `json:"kept_bytes,omitempty"`
+	NotKept    int   `json:"not_kept_chunks,omitempty"`
+}
+
+func (c *fetchCounts) add(o fetchCounts) {
+	c.LocalCopyChunks += o.LocalCopyChunks
+	c.LocalCopy += o.LocalCopy
+	c.KeptChunks += o.KeptChunks
+	c.Kept += o.Kept
+	c.NotKept += o.NotKept
 }
 
 // Load runs req in the node: the CUDA context is the node's, not the
@@ -151,7 +179,7 @@ func Load(ctx context.Context, s *chunkstore.Store, req LoadRequest, onPass func
 	}
 	defer l.Close()
 	for pass := 0; pass < max(1, req.Repeat); pass++ {
-		rep, err := loadOnce(ctx, s, l, dev, files, req.TPRank, req.TPSize, req.Check, req.Files)
+		rep, err := loadOnce(ctx, s, l, dev, files, req)
 		if err != nil {
 			return err
 		}
@@ -193,8 +221,8 @@ func openDevice(name string) (gpuio.Device, error) {
 	return d, nil
 }
 
-func loadOnce(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpuio.Device, files []string, rank, size int, check bool, inflight int) (*LoadReport, error) {
-	rep := &LoadReport{TPRank: rank, TPSize: size}
+func loadOnce(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpuio.Device, files []string, req LoadRequest) (*LoadReport, error) {
+	rep := &LoadReport{TPRank: req.TPRank, TPSize: req.TPSize}
 	var mems []gpuio.DeviceMem
 	defer func() {
 		for _, m := range mems {
@@ -218,7 +246,7 @@ func loadOnce(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpu
 	// does not drain at each file boundary. The first failure stops the rest.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	for range max(1, min(inflight, len(files))) {
+	for range max(1, min(req.Files, len(files))) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -227,7 +255,7 @@ func loadOnce(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpu
 				if i >= len(files) {
 					return
 				}
-				outs[i], errs[i] = loadOne(ctx, s, l, dev, files[i], rank, size, check, keep)
+				outs[i], errs[i] = loadOne(ctx, s, l, dev, files[i], req, keep)
 				if errs[i] != nil {
 					cancel()
 					return
@@ -253,6 +281,7 @@ func loadOnce(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpu
 			rep.Bytes += lf.Bytes
 			rep.Fetched += lf.Fetched
 			rep.FetchedChunks += lf.FetchedChunks
+			rep.fetchCounts.add(lf.fetchCounts)
 		}
 	}
 	el, cpu := time.Since(start), processCPU()-cpu0
@@ -273,7 +302,10 @@ func loadOnce(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpu
 }
 
 // loadOne loads one stored file; keep takes ownership of device memory.
-func loadOne(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpuio.Device, p string, rank, size int, check bool, keep func(gpuio.DeviceMem)) (*LoadFile, error) {
+func loadOne(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpuio.Device, p string, req LoadRequest, keep func(gpuio.DeviceMem)) (*LoadFile, error) {
+	rank, size := req.TPRank, req.TPSize
+	note := &chunkstore.FetchNote{NoKeep: req.NoKeep}
+	ctx = chunkstore.WithFetchNote(ctx, note)
 	file, _, err := s.OpenPath(p)
 	if err != nil {
 		return nil, err
@@ -317,7 +349,7 @@ func loadOne(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpui
 		verifyFn = func() error {
 			for i, t := range h.Tensors {
 				src := make([]byte, t.Size())
-				if _, err := file.ReadAt(src, h.DataStart()+t.Begin); err != nil {
+				if _, err := file.ReadAtContext(ctx, src, h.DataStart()+t.Begin); err != nil {
 					return err
 				}
 				sl := layouts[i]
@@ -350,7 +382,7 @@ func loadOne(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpui
 		}
 		verifyFn = func() error {
 			want := make([]byte, file.Size())
-			if _, err := file.ReadAt(want, 0); err != nil && file.Size() > 0 {
+			if _, err := file.ReadAtContext(ctx, want, 0); err != nil && file.Size() > 0 {
 				return err
 			}
 			got := make([]byte, file.Size())
@@ -365,8 +397,12 @@ func loadOne(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpui
 	}
 	lf.Bytes, lf.Seconds, lf.GBps = res.Bytes, res.Duration.Seconds(), res.GBps()
 	lf.DataPath, lf.IO, lf.Verified, lf.VerifyOn = string(res.Path), res.IO, res.Verified, res.VerifyOn
-	lf.Fetched, lf.FetchedChunks = res.Fetched, res.FetchedChunks
-	if check {
+	// res counts every chunk not in the packs as fetched; those read
+	// from this member's copy were not.
+	lf.LocalCopyChunks, lf.LocalCopy = int(note.Local.Load()), note.LocalBytes.Load()
+	lf.Fetched, lf.FetchedChunks = max(0, res.Fetched-lf.LocalCopy), max(0, res.FetchedChunks-lf.LocalCopyChunks)
+	lf.KeptChunks, lf.Kept, lf.NotKept = int(note.Kept.Load()), note.KeptBytes.Load(), int(note.NotKept.Load())
+	if req.Check {
 		lf.check = verifyFn
 	}
 	return &lf, nil

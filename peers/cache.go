@@ -37,7 +37,36 @@ type peerCache struct {
 	// pending: bytes of chunks admitted under the floor and being written.
 	pending int64
 
-	hits, misses, evictions, stored atomic.Int64
+	hits, misses, evictions, stored, writeFailures atomic.Int64
+
+	// The writer behind the loads (putBehind): chunks queued (queued of
+	// them, counting those being copied in; under mu), their bytes (at
+	// most behindMax), the writers, and whether close has begun (under
+	// mu).
+	behind      chan behindChunk
+	queued      int
+	behindBytes atomic.Int64
+	behindMax   int64 // behindMax; tests lower it
+	behindWG    sync.WaitGroup
+	closed      bool
+	bufs        sync.Pool // *[]byte, reused: a fresh page costs more than the copy
+	// notKeptBehind counts chunks putBehind did not queue: the writers
+	// were behind by behindMax.
+	notKeptBehind atomic.Int64
+}
+
+// behindMax bounds the bytes of fetched chunks queued to be written into
+// the peer cache behind the loads that fetched them; beyond it a chunk is
+// not kept, so a disk slower than the network never slows a load.
+// behindWriters write them, each a chunk at a time.
+const (
+	behindMax     = 256 << 20
+	behindWriters = 2
+)
+
+type behindChunk struct {
+	id  chunkstore.ID
+	buf *[]byte
 }
 
 type cacheEntry struct {
@@ -55,6 +84,12 @@ type CacheStats struct {
 	Misses      int64  `json:"misses"`
 	Evictions   int64  `json:"evictions"`
 	Stored      int64  `json:"stored"`
+	// NotKept: fetched chunks a load did not keep because the writer
+	// behind it was behindMax bytes behind; WriteFailures: writes into
+	// the cache that failed (a full disk, say). Neither is an error for
+	// the reader.
+	NotKept       int64 `json:"not_kept,omitempty"`
+	WriteFailures int64 `json:"write_failures,omitempty"`
 }
 
 // openPeerCache opens (creating) the cache in dir; the chunks already
@@ -64,7 +99,8 @@ func openPeerCache(dir string, budget int64, minFree units.SizeOrPercent) (*peer
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("peer cache %s: %w", dir, err)
 	}
-	c := &peerCache{dir: dir, budget: budget, minFree: minFree, ll: list.New(), idx: map[chunkstore.ID]*list.Element{}}
+	c := &peerCache{dir: dir, budget: budget, minFree: minFree, ll: list.New(), idx: map[chunkstore.ID]*list.Element{},
+		behind: make(chan behindChunk, 4096), behindMax: behindMax}
 	des, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("peer cache %s: %w", dir, err)
@@ -96,7 +132,82 @@ func openPeerCache(dir string, budget int64, minFree units.SizeOrPercent) (*peer
 	c.evictLocked()
 	c.roomLocked(0)
 	c.mu.Unlock()
+	for range behindWriters {
+		c.behindWG.Add(1)
+		go c.writeBehind()
+	}
 	return c, nil
+}
+
+// putBehind queues a copy of a verified chunk to be kept (put) by the
+// writers behind the caller, who may reuse data as soon as it returns. It
+// reports whether the chunk is kept or queued: false when the cache is
+// closed, the chunk larger than its budget, or behindMax bytes are queued
+// already.
+func (c *peerCache) putBehind(id chunkstore.ID, data []byte) bool {
+	if c == nil || int64(len(data)) > c.budget {
+		return false
+	}
+	n := int64(len(data))
+	c.mu.Lock()
+	if _, ok := c.idx[id]; ok {
+		c.mu.Unlock()
+		return true
+	}
+	if c.closed || c.behindBytes.Load()+n > c.behindMax || c.queued == cap(c.behind) {
+		c.mu.Unlock()
+		c.notKeptBehind.Add(1)
+		return false
+	}
+	c.behindBytes.Add(n)
+	c.queued++
+	c.mu.Unlock()
+	// The copy is made outside the lock; the reservation above keeps the
+	// send below from blocking.
+	bp, _ := c.bufs.Get().(*[]byte)
+	if bp == nil || cap(*bp) < len(data) {
+		b := make([]byte, len(data))
+		bp = &b
+	}
+	*bp = (*bp)[:len(data)]
+	copy(*bp, data)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		c.behindBytes.Add(-n)
+		c.queued--
+		c.bufs.Put(bp)
+		return false
+	}
+	c.behind <- behindChunk{id, bp}
+	return true
+}
+
+// writeBehind is a writer: it keeps the queued chunks until close.
+func (c *peerCache) writeBehind() {
+	defer c.behindWG.Done()
+	for ch := range c.behind {
+		c.mu.Lock()
+		c.queued--
+		c.mu.Unlock()
+		c.put(ch.id, *ch.buf)
+		c.behindBytes.Add(-int64(len(*ch.buf)))
+		c.bufs.Put(ch.buf)
+	}
+}
+
+// close writes the chunks queued and stops the writers.
+func (c *peerCache) close() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	if !c.closed {
+		c.closed = true
+		close(c.behind)
+	}
+	c.mu.Unlock()
+	c.behindWG.Wait()
 }
 
 func (c *peerCache) path(id chunkstore.ID) string { return filepath.Join(c.dir, id.String()) }
@@ -106,18 +217,31 @@ func (c *peerCache) get(id chunkstore.ID, size uint32) ([]byte, bool) {
 	if c == nil {
 		return nil, false
 	}
-	b, ok := c.peek(id, size)
-	if ok {
-		c.hits.Add(1)
-	} else {
-		c.misses.Add(1)
-		// A miss is about to fetch over the network, which dwarfs a
-		// statfs: give back space others' writes took below the floor.
-		c.mu.Lock()
-		c.roomLocked(0)
-		c.mu.Unlock()
+	b := make([]byte, size)
+	if !c.getInto(id, b) {
+		return nil, false
 	}
-	return b, ok
+	return b, true
+}
+
+// getInto reads chunk id into dst (len(dst) its size) when the cache holds
+// it, verified, and counts the hit or miss. On a miss dst may hold some
+// bytes.
+func (c *peerCache) getInto(id chunkstore.ID, dst []byte) bool {
+	if c == nil {
+		return false
+	}
+	if c.readInto(id, dst) {
+		c.hits.Add(1)
+		return true
+	}
+	c.misses.Add(1)
+	// A miss is about to fetch over the network, which dwarfs a statfs:
+	// give back space others' writes took below the floor.
+	c.mu.Lock()
+	c.roomLocked(0)
+	c.mu.Unlock()
+	return false
 }
 
 // peek is get without counting (the data plane serving a peer).
@@ -125,6 +249,16 @@ func (c *peerCache) peek(id chunkstore.ID, size uint32) ([]byte, bool) {
 	if c == nil {
 		return nil, false
 	}
+	b := make([]byte, size)
+	if !c.readInto(id, b) {
+		return nil, false
+	}
+	return b, true
+}
+
+// readInto reads chunk id into dst, which must be its size, and checks it
+// against id; a file of another size or with other bytes is dropped.
+func (c *peerCache) readInto(id chunkstore.ID, dst []byte) bool {
 	c.mu.Lock()
 	e, ok := c.idx[id]
 	if ok {
@@ -132,34 +266,47 @@ func (c *peerCache) peek(id chunkstore.ID, size uint32) ([]byte, bool) {
 	}
 	c.mu.Unlock()
 	if !ok {
-		return nil, false
+		return false
 	}
-	b, err := os.ReadFile(c.path(id))
-	if err != nil || uint32(len(b)) != size || chunkstore.Sum(b) != id {
+	f, err := os.Open(c.path(id))
+	if err != nil {
 		c.drop(id)
-		return nil, false
+		return false
 	}
-	return b, true
+	defer f.Close()
+	fi, err := f.Stat()
+	if err == nil && fi.Size() != int64(len(dst)) {
+		err = fmt.Errorf("%d bytes, want %d", fi.Size(), len(dst))
+	}
+	if err == nil {
+		_, err = f.ReadAt(dst, 0)
+	}
+	if err != nil || chunkstore.Sum(dst) != id {
+		c.drop(id)
+		return false
+	}
+	return true
 }
 
-// put keeps a verified chunk; a failure to write only means it is not kept.
-func (c *peerCache) put(id chunkstore.ID, data []byte) {
+// put keeps a verified chunk and reports whether the cache holds it
+// afterwards; a failure to write only means it is not kept.
+func (c *peerCache) put(id chunkstore.ID, data []byte) bool {
 	if c == nil || int64(len(data)) > c.budget {
-		return
+		return false
 	}
 	need := int64(len(data))
 	c.mu.Lock()
 	_, ok := c.idx[id]
-	if !ok && !c.roomLocked(need) {
-		ok = true // no room above the floor, even with the cache empty: not kept
-	}
-	if !ok {
-		c.pending += need
-	}
-	c.mu.Unlock()
 	if ok {
-		return
+		c.mu.Unlock()
+		return true
 	}
+	if !c.roomLocked(need) {
+		c.mu.Unlock()
+		return false // no room above the floor, even with the cache empty
+	}
+	c.pending += need
+	c.mu.Unlock()
 	f, err := os.CreateTemp(c.dir, id.String()+".tmp*")
 	if err == nil {
 		_, err = f.Write(data)
@@ -177,15 +324,17 @@ func (c *peerCache) put(id chunkstore.ID, data []byte) {
 	defer c.mu.Unlock()
 	c.pending -= need
 	if err != nil {
-		return
+		c.writeFailures.Add(1)
+		return false
 	}
 	if _, ok := c.idx[id]; ok {
-		return
+		return true
 	}
 	c.idx[id] = c.ll.PushFront(&cacheEntry{id, int64(len(data))})
 	c.used += int64(len(data))
 	c.stored.Add(1)
 	c.evictLocked()
+	return true
 }
 
 // drop removes chunk id and returns its size if the cache held it.
@@ -271,7 +420,8 @@ func (c *peerCache) statsOf() CacheStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return CacheStats{Dir: c.dir, BudgetBytes: c.budget, Bytes: c.used, Chunks: len(c.idx),
-		Hits: c.hits.Load(), Misses: c.misses.Load(), Evictions: c.evictions.Load(), Stored: c.stored.Load()}
+		Hits: c.hits.Load(), Misses: c.misses.Load(), Evictions: c.evictions.Load(), Stored: c.stored.Load(),
+		NotKept: c.notKeptBehind.Load(), WriteFailures: c.writeFailures.Load()}
 }
 
 // ids lists the chunks in the cache.

@@ -42,6 +42,9 @@ func (n *Node) fetch(ctx context.Context, id chunkstore.ID, size uint32, keep bo
 	// is there: kept (warmed) before this member became its owner, when
 	// an owner failed.
 	keep = keep && !n.ownsChunk(id, members)
+	if note := chunkstore.FetchNoteOf(ctx); note != nil && note.NoKeep {
+		keep = false // kylix load --no-keep, its --check too
+	}
 	if b, ok := n.cache.get(id, size); ok {
 		return b, nil
 	}
@@ -66,18 +69,26 @@ func (n *Node) fetch(ctx context.Context, id chunkstore.ID, size uint32, keep bo
 // from with no chunk-sized buffer in between. dst holds the verified chunk
 // when it returns nil; after it returns, nothing writes into dst (a
 // cancelled transfer closes its connection first: roundTrip). A chunk in
-// the peer cache is copied from there. The holders and relays are asked as
-// for Fetch, except that a relay's part is skipped when it is this member
-// (fetchShared would fetch into a buffer of its own to share it); what it
-// fetched is kept in the peer cache as Fetch keeps it. FetchIntos of one
+// the peer cache is read from there into dst and verified. The holders and
+// relays are asked as for Fetch, except that a relay's part is skipped
+// when it is this member (fetchShared would fetch into a buffer of its own
+// to share it). What it fetched is kept in the peer cache, except chunks
+// this member owns, as Fetch keeps it but behind the caller: a copy is
+// queued for the cache's writers (putBehind), so a disk slower than the
+// network does not slow the load, and a load that says so
+// (chunkstore.FetchNote.NoKeep) keeps nothing. The caller's FetchNote
+// counts what came from the cache and what was kept. FetchIntos of one
 // chunk at once on this node fetch it once (intoFlight).
 func (n *Node) FetchInto(ctx context.Context, id chunkstore.ID, dst []byte) error {
 	if !n.started.Load() {
 		return fmt.Errorf("chunk %s: not in a cluster: %w", id.Short(), chunkstore.ErrNotLocal)
 	}
-	size := uint32(len(dst))
-	if b, ok := n.cache.get(id, size); ok {
-		copy(dst, b)
+	note := chunkstore.FetchNoteOf(ctx)
+	if n.cache.getInto(id, dst) {
+		if note != nil {
+			note.Local.Add(1)
+			note.LocalBytes.Add(int64(len(dst)))
+		}
 		return nil
 	}
 	// One fetch of a chunk for all the loads that want it here at once
@@ -150,8 +161,16 @@ func (n *Node) fetchInto(ctx context.Context, id chunkstore.ID, dst []byte) erro
 			return err
 		}
 	}
-	if keep {
-		n.cache.put(id, dst)
+	if note := chunkstore.FetchNoteOf(ctx); keep && n.cache != nil && (note == nil || !note.NoKeep) {
+		// Kept behind the caller (a copy, written by the cache's writers),
+		// so the next load of it on this member is a local read.
+		kept := n.cache.putBehind(id, dst)
+		if note != nil && kept {
+			note.Kept.Add(1)
+			note.KeptBytes.Add(int64(len(dst)))
+		} else if note != nil {
+			note.NotKept.Add(1)
+		}
 	}
 	return nil
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/internal/units"
 )
 
 // TestFetchInto: a member fetches chunks straight into memory it provides
@@ -108,6 +111,8 @@ func TestFetchIntoOnceForAll(t *testing.T) {
 	// holder's sends are the loads' only.
 	rd, err := startNodeCfg(t, Config{Name: "reader", Key: key, Join: []string{slow.cfg.Listen}, NoPlacement: true})
 	require.NoError(t, err)
+	// A reader owns no chunks: a member keeps those it owns in its packs
+	// (placement), not in the peer cache.
 	eventually(t, "two alive members", func() bool { return len(rd.livePeers()) == 1 })
 	data := randBytes(1 << 20)
 	importBytes(t, slow, "f", data)
@@ -135,4 +140,101 @@ func TestFetchIntoOnceForAll(t *testing.T) {
 	}
 	require.Equal(t, int64(1), slow.statsFor("slow").Served.Load()-served0, "the holder sent the chunk more than once")
 	require.Equal(t, int64(loads-1), rd.intoShared.Load())
+}
+
+// TestFetchIntoKeptBehind: what a load fetches into its own memory is
+// kept in the member's peer cache, written behind it, so the next load
+// reads it here (counted as local, right bytes) even with every holder
+// gone; a damaged copy is never used; a load that says NoKeep keeps
+// nothing; a writer behind by its whole queue skips a chunk instead of
+// holding up the load.
+func TestFetchIntoKeptBehind(t *testing.T) {
+	key, _ := NewKey()
+	good := mustStart(t, "good", key, false)
+	rd, err := startNodeCfg(t, Config{Name: "reader", Key: key, Join: []string{good.cfg.Listen}, Reader: true, CacheDir: filepath.Join(t.TempDir(), "peer-cache")})
+	require.NoError(t, err)
+	// A reader owns no chunks: a member keeps those it owns in its packs
+	// (placement), not in the peer cache.
+	eventually(t, "two alive members", func() bool { return len(rd.livePeers()) == 1 })
+
+	data, other := randBytes(12<<20), randBytes(4<<20)
+	importBytes(t, good, "f", data)
+	importBytes(t, good, "g", other)
+	eventually(t, "f and g on reader", func() bool {
+		_, e1 := rd.s.Lookup("f")
+		_, e2 := rd.s.Lookup("g")
+		return e1 == nil && e2 == nil
+	})
+	chunksOf := func(p string) []chunkstore.ChunkRef {
+		f, _, err := rd.s.OpenPath(p)
+		require.NoError(t, err)
+		return f.M.Chunks
+	}
+	// load fetches every chunk of p into fresh memory under note and
+	// checks the bytes.
+	load := func(p string, want []byte, note *chunkstore.FetchNote) {
+		t.Helper()
+		ctx := chunkstore.WithFetchNote(context.Background(), note)
+		off := 0
+		for _, c := range chunksOf(p) {
+			dst := bytes.Repeat([]byte{0x5a}, int(c.Len))
+			require.NoError(t, rd.FetchInto(ctx, c.ID, dst))
+			require.True(t, bytes.Equal(want[off:off+int(c.Len)], dst), "%s at %d: wrong bytes", p, off)
+			off += int(c.Len)
+		}
+	}
+	fc := chunksOf("f")
+	first := &chunkstore.FetchNote{}
+	load("f", data, first)
+	require.EqualValues(t, len(fc), first.Kept.Load(), "every fetched chunk queued to be kept")
+	require.EqualValues(t, len(data), first.KeptBytes.Load())
+	require.Zero(t, first.Local.Load())
+	eventually(t, "f's chunks written into the peer cache", func() bool { return rd.cache.statsOf().Chunks == len(fc) })
+
+	// A damaged copy is dropped and fetched again, never returned.
+	require.NoError(t, os.WriteFile(filepath.Join(rd.cache.dir, fc[0].ID.String()), make([]byte, fc[0].Len), 0o600))
+	again := &chunkstore.FetchNote{}
+	load("f", data, again)
+	require.EqualValues(t, len(fc)-1, again.Local.Load(), "all but the damaged chunk read here")
+	require.EqualValues(t, 1, again.Kept.Load(), "the damaged chunk fetched and kept again")
+
+	// NoKeep: g's chunks are fetched, none kept.
+	nk := &chunkstore.FetchNote{NoKeep: true}
+	load("g", other, nk)
+	require.Zero(t, nk.Kept.Load()+nk.NotKept.Load())
+	eventually(t, "the writers idle", func() bool {
+		rd.cache.mu.Lock()
+		defer rd.cache.mu.Unlock()
+		return rd.cache.queued == 0 && rd.cache.behindBytes.Load() == 0
+	})
+	require.Equal(t, len(fc), rd.cache.statsOf().Chunks, "the damaged chunk rewritten, nothing of g")
+	for _, c := range chunksOf("g") {
+		_, held := rd.cache.peek(c.ID, c.Len)
+		require.False(t, held, "a chunk of a --no-keep load was kept")
+	}
+
+	// Every holder gone: the next load of f is a local read.
+	require.NoError(t, good.Close())
+	local := &chunkstore.FetchNote{}
+	load("f", data, local)
+	require.EqualValues(t, len(fc), local.Local.Load())
+	require.EqualValues(t, len(data), local.LocalBytes.Load())
+
+	// A writer behind by its whole queue: the chunk is not kept, and the
+	// call does not wait.
+	c, err := openPeerCache(t.TempDir(), 1<<30, units.SizeOrPercent{})
+	require.NoError(t, err)
+	c.behindMax = 1 << 20
+	c.behindBytes.Store(1 << 20) // as if 1 MiB were queued
+	d := randBytes(1000)
+	require.False(t, c.putBehind(chunkstore.Sum(d), d))
+	require.EqualValues(t, 1, c.statsOf().NotKept)
+	c.behindBytes.Store(0)
+	require.True(t, c.putBehind(chunkstore.Sum(d), d))
+	c.close() // writes what is queued
+	got, ok := c.get(chunkstore.Sum(d), 1000)
+	require.True(t, ok)
+	require.Equal(t, d, got)
+	e := randBytes(10)
+	require.False(t, c.putBehind(chunkstore.Sum(e), e), "a closed cache queued a chunk")
 }

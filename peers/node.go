@@ -413,6 +413,7 @@ func (n *Node) close(leave bool) error {
 	n.cancel()
 	n.srv.close()
 	n.wg.Wait()
+	n.cache.close() // what loads fetched, queued to be kept, is written first
 	n.mu.Lock()
 	for _, p := range n.pools {
 		p.close()

@@ -36,9 +36,12 @@ memory one pass frees is reused by the next (--repeat), as GPU allocators do.
 On a cluster member (kylix serve --listen), the chunks of PATH not stored
 here are fetched from the members while the load runs, in the order it needs
 them, read from the network straight into the pinned buffers and verified as
-they arrive; the report says how many ("fetched" in io). They are not written into this
-node's packs (kylix pin, kylix warm or KYLIX_IOC_MAKE_LOCAL keep them here);
-the node's peer cache may keep them.`).withJSON()
+they arrive; the report says how many ("fetched" in io). A copy of each is kept on
+this member, written behind the load into its peer cache (serve --peer-cache, default
+8GiB, least recently used evicted; checked when read), so the next load here reads
+them locally (the report's "local copy"). --no-keep keeps nothing. A disk slower than
+the network skips what it cannot write (the report's "not kept"), never the load.
+To keep a model for good, kylix pin it.`).withJSON()
 	devName := f.String("device", "cuda:0", "cuda:N, or host (a host-memory test device)")
 	pathName := f.String("path", "auto", "auto, gds, gds-compat, bounce or unified")
 	strict := f.Bool("strict", false, "fail instead of falling back to a slower path")
@@ -53,12 +56,13 @@ the node's peer cache may keep them.`).withJSON()
 	repeat := f.Int("repeat", 1, "load everything this many times (reports each pass)")
 	inflight := f.Int("files", 4, "files loaded at once (they share the pinned buffers)")
 	reader := f.String("reader", "pread", "storage reader: pread (a pool as wide as the buffers) or io_uring (a ring of the load's own)")
+	noKeep := f.Bool("no-keep", false, "on a cluster member, keep no copy of the chunks fetched from the members (by default they are kept in the peer cache, behind the load)")
 	if err := f.parse(args, 1, -1); err != nil {
 		return err
 	}
 	req := node.LoadRequest{Paths: f.Args(), Device: *devName, Path: *pathName, Strict: *strict, IO: *ioMode,
 		TPRank: *tpRank, TPSize: *tpSize, Buffers: *buffers, BufMiB: *bufMiB, NoVerify: *noVerify,
-		VerifyOn: *verifyOn, Check: *check, Repeat: *repeat, Files: *inflight, Reader: *reader}
+		VerifyOn: *verifyOn, Check: *check, Repeat: *repeat, Files: *inflight, Reader: *reader, NoKeep: *noKeep}
 	if *tpSize < 1 || *tpRank < 0 || *tpRank >= *tpSize {
 		return fmt.Errorf("load: --tp-rank %d must be in [0, --tp-size %d)", *tpRank, *tpSize)
 	}
@@ -85,6 +89,12 @@ the node's peer cache may keep them.`).withJSON()
 		fmt.Fprintf(e.stdout, "total: %s in %.3fs = %.2f GB/s; CPU %.2fs (%.2f cores)\n", human(rep.Bytes), rep.Seconds, rep.GBps, rep.CPUSeconds, rep.CPUSeconds/max(rep.Seconds, 1e-9))
 		if rep.FetchedChunks > 0 {
 			fmt.Fprintf(e.stdout, "fetched: %d chunks (%s) not stored here, from the members during the load\n", rep.FetchedChunks, human(rep.Fetched))
+		}
+		if rep.LocalCopyChunks > 0 {
+			fmt.Fprintf(e.stdout, "local copy: %d chunks (%s) read from this member's copy of chunks fetched before (the peer cache)\n", rep.LocalCopyChunks, human(rep.LocalCopy))
+		}
+		if rep.KeptChunks > 0 || rep.NotKept > 0 {
+			fmt.Fprintf(e.stdout, "kept: %d chunks (%s) written behind the load into the peer cache; not kept: %d\n", rep.KeptChunks, human(rep.Kept), rep.NotKept)
 		}
 		return nil
 	}

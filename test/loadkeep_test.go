@@ -1,0 +1,130 @@
+package test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// loadOut is the part of `kylix load --json`'s report these tests read.
+type loadOut struct {
+	Bytes           int64 `json:"bytes"`
+	FetchedChunks   int   `json:"fetched_chunks"`
+	LocalCopyChunks int   `json:"local_copy_chunks"`
+	KeptChunks      int   `json:"kept_chunks"`
+	NotKept         int   `json:"not_kept_chunks"`
+	Files           []struct {
+		Checked bool `json:"checked"`
+	} `json:"files"`
+}
+
+// loadOn runs kylix load --device host --check --json on m.
+func loadOn(t *testing.T, m *member, extra ...string) loadOut {
+	t.Helper()
+	out := mustKylix(t, "/", append([]string{"load", "--data", m.data, "--device", "host", "--check", "--json"}, extra...)...)
+	var r loadOut
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("kylix load --json: %v\n%s", err, out)
+	}
+	for _, f := range r.Files {
+		if !f.Checked {
+			t.Fatalf("kylix load --check did not compare a file: %s", out)
+		}
+	}
+	return r
+}
+
+// peerCacheChunks is what `kylix peers` says m's peer cache holds.
+func peerCacheChunks(t *testing.T, m *member) int {
+	t.Helper()
+	var out struct {
+		Swarm struct {
+			Cache struct {
+				Chunks int `json:"chunks"`
+			} `json:"cache"`
+		} `json:"swarm"`
+	}
+	if err := json.Unmarshal([]byte(mustKylix(t, "/", "peers", "--data", m.data, "--json")), &out); err != nil {
+		t.Fatal(err)
+	}
+	return out.Swarm.Cache.Chunks
+}
+
+// TestClusterLoadKeeps: kylix load on a member that lacks a model fetches
+// it from the members and keeps a copy behind the load, so the next load
+// there reads it locally; the copy survives a kill -9 and restart of the
+// member and serves the load with every holder gone. A damaged copy is
+// fetched again, never loaded; --no-keep keeps nothing. Every load
+// compares every byte it placed with the store's (--check).
+func TestClusterLoadKeeps(t *testing.T) {
+	requireFUSE(t)
+	key := clusterKey(t)
+	a := startMember(t, "127.0.0.90", key, nil)
+	bArgs := []string{"--role", "reader"} // owns nothing: what it loads is fetched
+	b := startMemberArgs(t, "127.0.0.91", key, nil, bArgs, a.addr)
+	waitFor(t, membershipWait, "two alive members seen by B", func() bool { return aliveCount(t, b) == 2 })
+
+	src, _ := randomFile(t, 24<<20+777)
+	other, _ := randomFile(t, 6<<20)
+	mustKylix(t, "/", "import", "--data", a.data, src, "m/model.bin")
+	mustKylix(t, "/", "import", "--data", a.data, other, "n.bin")
+	waitFor(t, nsWait, "both files in B's mount", func() bool {
+		return visible(filepath.Join(b.mnt, "m", "model.bin"))() && visible(filepath.Join(b.mnt, "n.bin"))()
+	})
+
+	first := loadOn(t, b, "m")
+	if first.FetchedChunks == 0 || first.KeptChunks != first.FetchedChunks || first.LocalCopyChunks != 0 {
+		t.Fatalf("first load on B: %+v, want every chunk fetched and kept", first)
+	}
+	n := first.FetchedChunks
+	waitFor(t, 30*time.Second, "the fetched chunks written into B's peer cache", func() bool { return peerCacheChunks(t, b) >= n })
+
+	second := loadOn(t, b, "m")
+	if second.LocalCopyChunks != n || second.FetchedChunks != 0 {
+		t.Fatalf("second load on B: %+v, want all %d chunks from its copy", second, n)
+	}
+
+	// --no-keep: fetched, not kept.
+	nk := loadOn(t, b, "--no-keep", "n.bin")
+	if nk.FetchedChunks == 0 || nk.KeptChunks != 0 {
+		t.Fatalf("load --no-keep: %+v, want chunks fetched and none kept", nk)
+	}
+	if got := peerCacheChunks(t, b); got != n {
+		t.Errorf("B's peer cache holds %d chunks after a --no-keep load, want %d", got, n)
+	}
+	if txt := mustKylix(t, "/", "load", "--data", b.data, "--device", "host", "n.bin"); !strings.Contains(txt, "\nkept: ") || strings.Contains(txt, "local copy:") {
+		t.Errorf("a load after the --no-keep one should fetch and keep n.bin:\n%s", txt)
+	}
+
+	// A damaged copy (zeros where a chunk was) is fetched again.
+	cacheDir := filepath.Join(b.data, "peer-cache")
+	des, err := os.ReadDir(cacheDir)
+	if err != nil || len(des) == 0 {
+		t.Fatalf("B's peer cache %s: %v (%d files)", cacheDir, err, len(des))
+	}
+	victim := filepath.Join(cacheDir, des[0].Name())
+	fi, err := os.Stat(victim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(victim, make([]byte, fi.Size()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Every byte compared (--check): the zeros never reach the device.
+	if r := loadOn(t, b, "m", "n.bin"); r.FetchedChunks != 1 || r.LocalCopyChunks != n+nk.FetchedChunks-1 {
+		t.Fatalf("load with one kept chunk damaged: %+v, want that one fetched again and the other %d from the copy", r, n+nk.FetchedChunks-1)
+	}
+
+	// The next start: B killed and started again, A gone.
+	waitFor(t, 30*time.Second, "the refetched chunks written", func() bool { return peerCacheChunks(t, b) >= n+nk.FetchedChunks })
+	b.kill9()
+	a.kill9()
+	b2 := &member{node: launchNode(t, b.data, b.mnt, nil, nil, append([]string{"--listen", b.addr, "--cluster-key", key, "--node-name", "127.0.0.91", "--log-gossip", "--leave-delay", "10ms"}, bArgs...)...), addr: b.addr}
+	after := loadOn(t, b2, "m")
+	if after.LocalCopyChunks != n || after.FetchedChunks != 0 {
+		t.Fatalf("load on B after its restart, A gone: %+v, want all %d chunks from its copy", after, n)
+	}
+}
