@@ -356,29 +356,42 @@ func (n *Node) rebuildStripe(ctx context.Context, sm stripeMember) ([][]byte, er
 		return nil, err
 	}
 	// Candidates: the other data shards (the chunk asked for was just
-	// sought everywhere), then the parity.
+	// sought everywhere), then the parity, in that order among equals.
 	var cand []int
 	for i := range rec.Shards() {
 		if _, _, ok := rec.ShardID(i); ok && i != sm.idx {
 			cand = append(cand, i)
 		}
 	}
-	// Shards whose holder is alive first (in that order still): a shard
+	// Shards whose holder is alive first: a shard
 	// whose holder is gone is sought from every member, a round trip
 	// each, so it is asked for only when the others are not enough.
 	alive := map[string]bool{}
 	for _, p := range n.livePeers() {
 		alive[p.name] = true
 	}
-	slices.SortStableFunc(cand, func(a, b int) int {
-		up := func(i int) int {
-			if i < len(holders) && alive[holders[i].name] {
-				return 0
-			}
-			return 1
+	// Of those, the holders expected to deliver soonest first (measured
+	// throughput, weights.go): the k asked at once are the fastest, and a
+	// slow or failing member is asked only when the others are not enough.
+	var up []peer
+	for _, i := range cand {
+		if i < len(holders) && alive[holders[i].name] {
+			up = append(up, holders[i])
 		}
-		return up(a) - up(b)
-	})
+	}
+	pos := map[string]int{}
+	for r, p := range n.weigh(up) {
+		pos[p.name] = r
+	}
+	key := func(i int) int {
+		if i < len(holders) {
+			if r, ok := pos[holders[i].name]; ok {
+				return r
+			}
+		}
+		return len(holders) // holder gone: last
+	}
+	slices.SortStableFunc(cand, func(a, b int) int { return key(a) - key(b) })
 	need := len(rec.Chunks) // good stored shards that rebuild a stripe (the zero ones count too)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -554,7 +567,10 @@ func (n *Node) fetchShard(ctx context.Context, rec *stripe.Record, i int, holder
 			}
 			continue
 		}
-		if b, err := n.ask(ctx, p, opChunk, sid, size, nil); err == nil {
+		// Measured like any fetch (askTimed), so the next rebuild knows
+		// which holders are slow.
+		n.statsFor(p.name).weight.inflight.Add(1)
+		if b, err := n.askTimed(ctx, p, sid, size, nil); err == nil {
 			return b
 		}
 	}

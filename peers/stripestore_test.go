@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -274,4 +275,48 @@ func TestRecentStripesBounded(t *testing.T) {
 	now = now.Add(recentStripeTTL)
 	require.False(t, has(b), "a lookup drops what is past its time too")
 	require.Zero(t, n.stripes.recentBytes)
+}
+
+// TestStripeRebuildFastest: a rebuild asks the k shards whose holders are
+// expected to deliver soonest (weights.go). One member of a coded cluster
+// serves at 1 MiB/s; once the reader has measured it, a chunk whose holder
+// crashed is rebuilt from the other six shards of its stripe without
+// asking the slow member.
+func TestStripeRebuildFastest(t *testing.T) {
+	const slowName = "m5"
+	start := func(cfg Config) *testNode {
+		if cfg.Name == slowName {
+			cfg.ServeRate = 1 << 20
+		}
+		n, err := startNodeCfg(t, cfg)
+		require.NoError(t, err)
+		return n
+	}
+	ms, reader, data, recs := codedClusterWith(t, start, 12<<20+4321)
+	ctx := context.Background()
+	r := recs[0]
+	require.Len(t, r.Chunks, r.K, "stripe 0 is full")
+	holders := stripeHoldersOf(t, reader, r)
+	slowAt := slices.IndexFunc(holders, func(p peer) bool { return p.name == slowName })
+	require.GreaterOrEqual(t, slowAt, 0, "every member holds a shard of a full 6+2 stripe on 8")
+	// The reader measures the slow member (and a fast one) once.
+	require.NotNil(t, reader.fetchShard(ctx, r, slowAt, holders, false))
+	fast := (slowAt + 1) % len(holders)
+	require.NotNil(t, reader.fetchShard(ctx, r, fast, holders, false))
+
+	lost := 0
+	if lost == slowAt {
+		lost = 1
+	}
+	require.NoError(t, nodeNamed(ms, holders[lost].name).close(false))
+	served := nodeNamed(ms, slowName).statsFor(slowName).Served.Load()
+	reader.forgetRecent()
+	b, err := reader.Fetch(ctx, r.Chunks[lost].ID, r.Chunks[lost].Len)
+	require.NoError(t, err)
+	require.Equal(t, r.Chunks[lost].ID, chunkstore.Sum(b))
+	require.Positive(t, reader.StripeReads(), "the chunk was not rebuilt")
+	require.Equal(t, served, nodeNamed(ms, slowName).statsFor(slowName).Served.Load(), "the rebuild asked the slow member")
+	got, err := readAll(reader, "cold/model.bin")
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(data, got))
 }
