@@ -1,8 +1,11 @@
 package peers
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/zeebo/blake3"
 
 	"github.com/kylix/kylix/chunkstore"
 )
@@ -115,24 +118,25 @@ func (n *Node) StripeShapeK(k int) (StripeShape, error) {
 }
 
 // stripeHolders returns the k+m members that hold the shards of stripe
-// id: the first members in rendezvous order for the stripe's id (rank, the
-// order replicas are placed by), skipping a member whose zone already has
-// m of them, so that losing a zone loses no more shards than the stripe
-// survives. Shard i's home is the i-th (homes, stripestore.go): a member
-// leaving shifts the homes of the shards after its position, so a repair
-// moves up to k+m-1 shards of a stripe it was in (docs/design/erasure.md,
-// "Placement and repair of shards"). Fewer members than that is a
-// *ClusterTooSmallError.
+// id, shard i's home at index i. The set is the first members in
+// rendezvous order for the stripe's id (rank, the order replicas are
+// placed by), skipping a member whose zone already has m of them, so that
+// losing a zone loses no more shards than the stripe survives. Within the
+// set, shards are dealt by rendezvous too (assignShards), so a member
+// leaving moves its own shard and one or two more on average, not every
+// shard after its position as dealing them in set order would
+// (docs/design/erasure.md, "Placement and repair of shards"). Fewer
+// members than that is a *ClusterTooSmallError.
 func stripeHolders(id chunkstore.ID, members []peer, sh StripeShape) ([]peer, error) {
 	ss := storers(members)
 	width, zones := stripeWidth(ss, sh.M)
 	if sh.K < 1 || sh.M < 1 || width < sh.K+sh.M {
 		return nil, &ClusterTooSmallError{Members: len(ss), Zones: zones, Width: width}
 	}
-	out := make([]peer, 0, sh.K+sh.M)
+	set := make([]peer, 0, sh.K+sh.M)
 	perZone := map[string]int{}
 	for _, p := range rank(id, ss) {
-		if len(out) == sh.K+sh.M {
+		if len(set) == sh.K+sh.M {
 			break
 		}
 		if p.zone != "" && perZone[p.zone] >= sh.M {
@@ -141,7 +145,55 @@ func stripeHolders(id chunkstore.ID, members []peer, sh StripeShape) ([]peer, er
 		if p.zone != "" {
 			perZone[p.zone]++
 		}
-		out = append(out, p)
+		set = append(set, p)
 	}
-	return out, nil
+	return assignShards(id, set), nil
+}
+
+// assignShards deals the shards of stripe id to the members of its set
+// (in rank order): each member in turn takes, of the shards not taken
+// yet, the one it scores highest (a hash of the stripe, the member and
+// the shard's index). The set changing by one member (X leaves, Y enters)
+// moves X's shard, and another only where a member after X prefers a
+// shard freed before it: 2.4 shards a change on average for stripes 12
+// wide, where dealing the shards in set order moved every shard after X's
+// position, 5.3 to 6.5 (TestStripeHolders). Only a record of where each
+// shard is would move X's alone (erasure.md, "Not built yet").
+func assignShards(id chunkstore.ID, set []peer) []peer {
+	base := make([]uint64, len(set))
+	for j, p := range set {
+		h := blake3.New()
+		h.Write([]byte("kylix shard homes\x00"))
+		h.Write(id[:])
+		h.Write([]byte(p.name))
+		var sum [32]byte
+		h.Sum(sum[:0])
+		base[j] = binary.BigEndian.Uint64(sum[:8])
+	}
+	// Members in set order (rank) each take, of the shards not taken
+	// yet, the one they score highest.
+	out := make([]peer, len(set))
+	taken := make([]bool, len(set))
+	for j, p := range set {
+		best, bestScore := -1, uint64(0)
+		for i := range set {
+			if taken[i] {
+				continue
+			}
+			if sc := mix64(base[j] ^ (uint64(i+1) * 0x9e3779b97f4a7c15)); best < 0 || sc > bestScore {
+				best, bestScore = i, sc
+			}
+		}
+		taken[best] = true
+		out[best] = p
+	}
+	return out
+}
+
+// mix64 is splitmix64's finalizer: a bijection of 64 bits that spreads
+// every input bit over the output.
+func mix64(z uint64) uint64 {
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
 }
