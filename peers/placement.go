@@ -42,7 +42,8 @@ const placeEvery = 30 * time.Second
 
 // placeRetry is how soon placement runs again after a pass left owned
 // chunks missing (a shard being rebuilt needed shards that were on their
-// way too): doubled after each such pass, up to placeEvery.
+// way too, or this member's disk was full): doubled after each such pass,
+// up to placeEvery.
 const placeRetry = 2 * time.Second
 
 // placeWorkers is the number of chunks pulled at once.
@@ -200,16 +201,32 @@ func (n *Node) placePass(ctx context.Context) error {
 		}
 	}
 	var missing atomic.Int64
+	var perr error
 	if len(want) > 0 {
 		missing.Store(int64(len(want)))
-		if err := n.pull(ctx, want, &missing); err != nil {
-			return err
+		// A pull that fails to store (a full disk: ENOSPC) still ends
+		// the pass: the copies this member no longer owns are dropped
+		// (GC gives their room back), what it misses is counted from its
+		// index (a failed commit stored nothing the workers counted) and
+		// reported, and the pass runs again after placeRetry, not at the
+		// next 30 s one.
+		if perr = n.pull(ctx, want, &missing); perr != nil {
+			var left int64
+			for _, c := range want {
+				if !n.s.HasChunk(c.ID) {
+					left++
+				}
+			}
+			missing.Store(left)
 		}
 	}
 	if len(extra) > 0 && len(inGrace) == 0 {
 		if err := n.rebalance(ctx, members, extra); err != nil {
-			return err
+			perr = errors.Join(perr, err)
 		}
+	}
+	if perr != nil && ctx.Err() != nil {
+		return perr
 	}
 	n.place.mu.Lock()
 	if missing.Load() > 0 {
@@ -225,7 +242,7 @@ func (n *Node) placePass(ctx context.Context) error {
 	n.place.stats.OwnedMissing = missing.Load()
 	n.place.stats.InGrace = inGrace
 	n.place.mu.Unlock()
-	return nil
+	return perr
 }
 
 // namedChunks returns every chunk the namespace names, each once: the
