@@ -70,6 +70,11 @@ type Options struct {
 	// (docs/design/ioctl.md); "" when there is none. At most
 	// layout.ClientSocketMax-1 bytes.
 	ClientSocket string
+	// MakeRoom, when set, is asked to free need bytes of the data
+	// directory's file system, held by data that can be fetched again (a
+	// cluster member's peer cache), when a write through the mount would
+	// not fit; it returns the bytes it freed (docs/design/space.md).
+	MakeRoom func(need int64) int64
 	// KeepLocal, when set, is called with a file's namespace path before
 	// KYLIX_IOC_MAKE_LOCAL stores chunks of it here, so that the caller
 	// can keep them (a cluster member's rebalance would drop chunks it
@@ -224,7 +229,7 @@ func New(s *chunkstore.Store, opts Options) (*FS, error) {
 	if opts.LowSpace == 0 {
 		opts.LowSpace = DefaultLowSpace
 	}
-	f.space = &space{dir: s.Dir(), reserve: reserve, low: opts.LowSpace, root: os.Geteuid() == 0}
+	f.space = &space{dir: s.Dir(), reserve: reserve, low: opts.LowSpace, root: os.Geteuid() == 0, makeRoom: opts.MakeRoom}
 	f.opts.LowSpace = opts.LowSpace
 	if _, err := f.space.stat(); err != nil {
 		return nil, err

@@ -76,6 +76,8 @@ type space struct {
 	// root: the node may use the file system's own root reserve (ext4's
 	// f_bfree); otherwise only f_bavail is the node's.
 	root bool
+	// makeRoom is Options.MakeRoom (nil: none).
+	makeRoom func(need int64) int64
 
 	mu sync.Mutex
 	// pending is what the commits of live working copies may still write
@@ -126,30 +128,39 @@ var errNoSpace = fmt.Errorf("not enough free space to commit the write (reserve 
 
 // admit makes room for t's working copy to grow by up to grow bytes now,
 // and for its commit to grow with it. The caller calls done(t, grow)
-// after the write.
+// after the write. When they do not fit, makeRoom (a cluster member's
+// peer cache: copies of chunks other members keep) is asked to free the
+// difference first: a write through the mount comes before those
+// copies, which are fetched again when needed.
 func (s *space) admit(t *tempFile, grow int64, privileged bool) error {
 	if grow <= 0 {
 		return nil
 	}
-	st, err := s.stat()
-	if err != nil {
-		return err
+	for try := 0; ; try++ {
+		st, err := s.stat()
+		if err != nil {
+			return err
+		}
+		s.mu.Lock()
+		res := max(commitNeed(t.alloc+grow)-t.res, 0)
+		root, user := s.usableLocked(st)
+		avail := user
+		if privileged {
+			avail = root
+		}
+		if grow+res <= avail {
+			t.res += res
+			s.pending += res
+			s.inflight += grow
+			s.mu.Unlock()
+			return nil
+		}
+		short := grow + res - avail
+		s.mu.Unlock()
+		if try > 0 || s.makeRoom == nil || s.makeRoom(short) <= 0 {
+			return errNoSpace
+		}
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	res := max(commitNeed(t.alloc+grow)-t.res, 0)
-	root, user := s.usableLocked(st)
-	avail := user
-	if privileged {
-		avail = root
-	}
-	if grow+res > avail {
-		return errNoSpace
-	}
-	t.res += res
-	s.pending += res
-	s.inflight += grow
-	return nil
 }
 
 // done ends a write admitted with admit and sets t's reservation from the

@@ -251,15 +251,17 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	var keepLocal func(string) error
+	var makeRoom func(int64) int64
 	if n.peers != nil { // a cluster member: MAKE_LOCAL's chunks are kept from rebalance (pins.go)
 		keepLocal = n.pins.keepLocal
+		makeRoom = n.peers.FreePeerCache // writes through the mount before copies of others' chunks
 	}
 	sockPath := ""
 	if n.client != nil {
 		sockPath = n.client.path
 	}
 	n.fsys, err = kfs.New(n.s, kfs.Options{Logger: cfg.Logger, NoPassthrough: cfg.NoPassthrough, ReadOnly: cfg.ReadOnly, Debug: cfg.Debug,
-		ScrubRate: cfg.ScrubRate, Reserve: cfg.Reserve, ClientSocket: sockPath, KeepLocal: keepLocal})
+		ScrubRate: cfg.ScrubRate, Reserve: cfg.Reserve, ClientSocket: sockPath, KeepLocal: keepLocal, MakeRoom: makeRoom})
 	if err != nil {
 		return nil, err
 	}

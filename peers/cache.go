@@ -3,16 +3,19 @@ package peers
 import (
 	"container/list"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/chunkstore/storeio"
 	"github.com/kylix/kylix/internal/units"
 )
 
@@ -38,6 +41,10 @@ type peerCache struct {
 	pending int64
 
 	hits, misses, evictions, stored, writeFailures atomic.Int64
+	// tmpSeq names files being written; noDirect: the file system refused
+	// O_DIRECT once (store).
+	tmpSeq   atomic.Uint64
+	noDirect atomic.Bool
 
 	// The writer behind the loads (putBehind): chunks queued (queued of
 	// them, counting those being copied in; under mu), their bytes (at
@@ -49,7 +56,13 @@ type peerCache struct {
 	behindMax   int64 // behindMax; tests lower it
 	behindWG    sync.WaitGroup
 	closed      bool
-	bufs        sync.Pool // *[]byte, reused: a fresh page costs more than the copy
+	// spare: buffers of chunks written, kept for the next (at most
+	// behindFree bytes; under mu): a fresh page costs more than the copy
+	// into it, and a sync.Pool is emptied by every garbage collection.
+	spare      [][]byte
+	spareBytes int64
+	lastBehind time.Time // the last chunk written
+	spareTimer bool      // a dropSpare is due
 	// notKeptBehind counts chunks putBehind did not queue: the writers
 	// were behind by behindMax.
 	notKeptBehind atomic.Int64
@@ -57,16 +70,65 @@ type peerCache struct {
 
 // behindMax bounds the bytes of fetched chunks queued to be written into
 // the peer cache behind the loads that fetched them; beyond it a chunk is
-// not kept, so a disk slower than the network never slows a load.
+// not kept, so a disk (or a writer short of CPU) slower than the network
+// never slows a load.
 // behindWriters write them, each a chunk at a time.
 const (
-	behindMax     = 256 << 20
-	behindWriters = 2
+	behindMax     = 128 << 20
+	behindWriters = 4
+	// behindFree: the buffers kept for the next chunks, as many bytes as
+	// the queue may hold, so a load fills none fresh after its first
+	// 128 MiB; dropped once the writers have been idle spareIdle.
+	behindFree = behindMax
+	spareIdle  = 30 * time.Second
 )
 
 type behindChunk struct {
 	id  chunkstore.ID
-	buf *[]byte
+	buf []byte // aligned, its capacity a multiple of 4 KiB
+}
+
+// takeBuffer returns an aligned buffer of n bytes with room for its
+// padding to 4 KiB: a kept one when one is large enough.
+func (c *peerCache) takeBuffer(n int) []byte {
+	c.mu.Lock()
+	for i, b := range c.spare {
+		if cap(b) >= n {
+			c.spare = append(c.spare[:i], c.spare[i+1:]...)
+			c.spareBytes -= int64(cap(b))
+			c.mu.Unlock()
+			return b[:n]
+		}
+	}
+	c.mu.Unlock()
+	return storeio.AlignedBuffer(n)[:n]
+}
+
+// giveBackLocked keeps b for takeBuffer, within behindFree bytes, and
+// when the queue is empty, drops the buffers kept once it has stayed
+// empty for spareIdle.
+func (c *peerCache) giveBackLocked(b []byte) {
+	if c.spareBytes+int64(cap(b)) <= behindFree {
+		c.spare = append(c.spare, b[:0])
+		c.spareBytes += int64(cap(b))
+	}
+	c.lastBehind = time.Now()
+	if c.queued == 0 && !c.spareTimer {
+		c.spareTimer = true
+		time.AfterFunc(spareIdle, c.dropSpare)
+	}
+}
+
+// dropSpare drops the buffers kept when the queue has been empty for
+// spareIdle, else looks again later.
+func (c *peerCache) dropSpare() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if idle := time.Since(c.lastBehind); c.queued > 0 || idle < spareIdle {
+		time.AfterFunc(spareIdle-min(idle, spareIdle)+time.Second, c.dropSpare)
+		return
+	}
+	c.spare, c.spareBytes, c.spareTimer = nil, 0, false
 }
 
 type cacheEntry struct {
@@ -164,22 +226,18 @@ func (c *peerCache) putBehind(id chunkstore.ID, data []byte) bool {
 	c.mu.Unlock()
 	// The copy is made outside the lock; the reservation above keeps the
 	// send below from blocking.
-	bp, _ := c.bufs.Get().(*[]byte)
-	if bp == nil || cap(*bp) < len(data) {
-		b := make([]byte, len(data))
-		bp = &b
-	}
-	*bp = (*bp)[:len(data)]
-	copy(*bp, data)
+	b := c.takeBuffer(len(data))
+	copy(b, data)
+	clear(b[len(data):storeio.AlignUp(int64(len(data)))]) // the padding, cut off after the write
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		c.behindBytes.Add(-n)
 		c.queued--
-		c.bufs.Put(bp)
+		c.giveBackLocked(b)
 		return false
 	}
-	c.behind <- behindChunk{id, bp}
+	c.behind <- behindChunk{id, b}
 	return true
 }
 
@@ -190,9 +248,12 @@ func (c *peerCache) writeBehind() {
 		c.mu.Lock()
 		c.queued--
 		c.mu.Unlock()
-		c.put(ch.id, *ch.buf)
-		c.behindBytes.Add(-int64(len(*ch.buf)))
-		c.bufs.Put(ch.buf)
+		b := ch.buf
+		c.store(ch.id, b, b[:storeio.AlignUp(int64(len(b)))])
+		c.behindBytes.Add(-int64(len(b)))
+		c.mu.Lock()
+		c.giveBackLocked(b)
+		c.mu.Unlock()
 	}
 }
 
@@ -290,7 +351,16 @@ func (c *peerCache) readInto(id chunkstore.ID, dst []byte) bool {
 
 // put keeps a verified chunk and reports whether the cache holds it
 // afterwards; a failure to write only means it is not kept.
-func (c *peerCache) put(id chunkstore.ID, data []byte) bool {
+func (c *peerCache) put(id chunkstore.ID, data []byte) bool { return c.store(id, data, nil) }
+
+// store is put; padded, when not nil, is data's buffer rounded up to 4 KiB
+// and aligned (storeio.AlignedBuffer), and the file is written from it
+// with O_DIRECT (then cut to its length): the bytes go from that reused
+// buffer to the disk, not through new page-cache pages, whose first touch
+// costs a load's CPU more than the copy (docs/bench.md, "A copy kept for
+// the next start"). A file system that refuses O_DIRECT gets buffered
+// writes.
+func (c *peerCache) store(id chunkstore.ID, data, padded []byte) bool {
 	if c == nil || int64(len(data)) > c.budget {
 		return false
 	}
@@ -307,17 +377,41 @@ func (c *peerCache) put(id chunkstore.ID, data []byte) bool {
 	}
 	c.pending += need
 	c.mu.Unlock()
-	f, err := os.CreateTemp(c.dir, id.String()+".tmp*")
-	if err == nil {
-		_, err = f.Write(data)
+	tmp := filepath.Join(c.dir, fmt.Sprintf("%s.tmp%d", id, c.tmpSeq.Add(1)))
+	var f *os.File
+	var err error
+	if padded != nil && !c.noDirect.Load() {
+		f, err = os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_DIRECT, 0o600)
+		if err == nil {
+			_, err = f.Write(padded)
+			if err == nil {
+				err = f.Truncate(int64(len(data)))
+			}
+		}
+		if errors.Is(err, unix.EINVAL) { // refused, at the open or the write
+			c.noDirect.Store(true)
+			if f != nil {
+				f.Close()
+				os.Remove(tmp)
+				f = nil
+			}
+		}
+	}
+	if f == nil {
+		f, err = os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err == nil {
+			_, err = f.Write(data)
+		}
+	}
+	if f != nil {
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}
 		if err == nil {
-			err = os.Rename(f.Name(), c.path(id))
+			err = os.Rename(tmp, c.path(id))
 		}
 		if err != nil {
-			os.Remove(f.Name())
+			os.Remove(tmp)
 		}
 	}
 	c.mu.Lock()
@@ -349,6 +443,26 @@ func (c *peerCache) drop(id chunkstore.ID) (size int64, held bool) {
 	c.mu.Unlock()
 	os.Remove(c.path(id))
 	return size, held
+}
+
+// free evicts the least recently used chunks until need bytes are
+// freed (each counted as its size rounded up to 4 KiB, what a file
+// system gives back) or the cache is empty, and returns the bytes freed.
+func (c *peerCache) free(need int64) int64 {
+	if c == nil || need <= 0 {
+		return 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var freed int64
+	for freed < need {
+		n := c.evictOldestLocked()
+		if n == 0 {
+			break
+		}
+		freed += (n + 4095) &^ 4095
+	}
+	return freed
 }
 
 func (c *peerCache) evictLocked() {

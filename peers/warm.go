@@ -43,6 +43,19 @@ func (n *Node) PeerCached(refs []chunkstore.ChunkRef) (chunks int, bytes int64) 
 	return chunks, bytes
 }
 
+// FreePeerCache evicts the least recently used chunks of the peer cache
+// until need bytes of its file system are freed, or it is empty, and
+// returns the bytes freed: a write through the mount that would not fit
+// comes first (fs.Options.MakeRoom). Those chunks are fetched again when
+// read.
+func (n *Node) FreePeerCache(need int64) int64 {
+	freed := n.cache.free(need)
+	if freed > 0 {
+		n.log.Info("peer cache: chunks evicted to make room for a write through the mount", "bytes", freed)
+	}
+	return freed
+}
+
 // DropPeerCached removes the chunks ids from the peer cache (kylix evict),
 // or every chunk in it when all is set, and returns how many it held and
 // their bytes. The next read of a dropped chunk fetches it again. Chunks

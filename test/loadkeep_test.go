@@ -3,6 +3,7 @@ package test
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -127,4 +128,54 @@ func TestClusterLoadKeeps(t *testing.T) {
 	if after.LocalCopyChunks != n || after.FetchedChunks != 0 {
 		t.Fatalf("load on B after its restart, A gone: %+v, want all %d chunks from its copy", after, n)
 	}
+}
+
+// TestClusterWriteEvictsPeerCache: on a member whose disk is nearly full
+// of chunks it keeps for others (its peer cache, filled by a load), a
+// write through its mount that would not fit evicts those copies first
+// and succeeds, byte-equal after its commit; the model still loads there
+// (fetched again where evicted).
+func TestClusterWriteEvictsPeerCache(t *testing.T) {
+	requireFUSE(t)
+	key := clusterKey(t)
+	a := startMember(t, "127.0.0.92", key, nil)
+	disk := smallDisk(t, 160<<20)
+	b := startMemberOn(t, "127.0.0.93", key, disk, []string{"--role", "reader"}, a.addr)
+	waitFor(t, membershipWait, "two alive members seen by B", func() bool { return aliveCount(t, b) == 2 })
+
+	src, _ := randomFile(t, 96<<20)
+	mustKylix(t, "/", "import", "--data", a.data, src, "model.bin")
+	waitFor(t, nsWait, "model.bin in B's mount", visible(filepath.Join(b.mnt, "model.bin")))
+	first := loadOn(t, b, "model.bin")
+	waitFor(t, 30*time.Second, "the fetched chunks kept on B", func() bool { return peerCacheChunks(t, b) >= first.KeptChunks })
+	if first.KeptChunks < first.FetchedChunks*3/4 {
+		t.Fatalf("B kept %d of %d chunks: too few to fill its disk", first.KeptChunks, first.FetchedChunks)
+	}
+
+	// A write needs about twice its size free (its working copy, then its
+	// commit): this one does not fit beside the kept chunks.
+	size := freeBytes(t, disk)/2 + 16<<20
+	data, sum := randomFile(t, int(size))
+	dst := filepath.Join(b.mnt, "written.bin")
+	out, err := exec.Command("cp", data, dst).CombinedOutput()
+	if err != nil {
+		t.Fatalf("cp of %d MiB into B's mount with %d MiB free: %v\n%s\nnode log:\n%s", size>>20, freeBytes(t, disk)>>20, err, out, b.log)
+	}
+	if got := peerCacheChunks(t, b); got >= first.KeptChunks {
+		t.Errorf("B's peer cache holds %d chunks after the write, %d before: nothing evicted", got, first.KeptChunks)
+	}
+	if !strings.Contains(b.log.String(), "evicted to make room for a write") {
+		t.Errorf("B's log does not say it evicted chunks for the write:\n%s", b.log)
+	}
+	waitFor(t, nsWait, "written.bin committed", func() bool {
+		out, _, code := kylix(t, "/", "stat", "--data", b.data, "--json", "written.bin")
+		var st struct {
+			Size int64 `json:"size"`
+		}
+		return code == 0 && json.Unmarshal([]byte(out), &st) == nil && st.Size == size
+	})
+	if shaOn(t, b, dst) != sum {
+		t.Fatal("the file written through B's mount reads back different")
+	}
+	loadOn(t, b, "model.bin") // --check: every byte right, evicted chunks fetched again
 }

@@ -209,7 +209,7 @@ started without --listen.`).withJSON()
 	fmt.Fprintf(e.stdout, "peer cache: %s of %s, %d chunks; hits %d, misses %d, evictions %d; relay: got %d chunks through relays, answered %d relay requests, %d shared fetches\n",
 		human(sw.Cache.Bytes), human(sw.Cache.BudgetBytes), sw.Cache.Chunks, sw.Cache.Hits, sw.Cache.Misses, sw.Cache.Evictions, sw.RelayAsked, sw.RelayServed, sw.SharedFetches)
 	if sw.Cache.NotKept > 0 || sw.Cache.WriteFailures > 0 {
-		fmt.Fprintf(e.stdout, "peer cache: %d chunks loads fetched were not kept (the writer behind them was 256 MiB behind), %d writes failed\n", sw.Cache.NotKept, sw.Cache.WriteFailures)
+		fmt.Fprintf(e.stdout, "peer cache: %d chunks loads fetched were not kept (the writers behind them were 128 MiB behind), %d writes failed\n", sw.Cache.NotKept, sw.Cache.WriteFailures)
 	}
 	fmt.Fprintf(e.stdout, "read-ahead: window %d chunks; fetched %d chunks (%s) ahead of sequential readers\n", out.ReadAhead.Window, out.ReadAhead.Chunks, human(out.ReadAhead.Bytes))
 	if out.StripeShape != "" {
