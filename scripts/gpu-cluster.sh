@@ -11,6 +11,8 @@
 #    stores only the chunks it owns.
 # 2. kylix load --device cuda:0 --check on B: every byte placed on the GPU,
 #    copied back and compared; the chunks fetched during the load counted.
+#    Then the next load on B: the chunks the first fetched were kept in B's
+#    peer cache, so it reads them there (counted as "local copy").
 # 3. The Python package's load_file through B's mount, whose node fills the
 #    GPU (client socket op FILL): bitwise equal to safetensors' load of the
 #    source files, and the bytes came from the node's fill.
@@ -105,6 +107,28 @@ for f in r["files"]:
     print("  %-40s %s, %s, checked %s" % (f["path"], f["io"], f.get("verified_on", "NOT verified"), f.get("checked", False)))
 ok = r["fetched_chunks"] > 0 and all(f.get("checked") for f in r["files"])
 print("load on B:", "ok" if ok else "FAILED")
+sys.exit(0 if ok else 1)
+PY
+
+step "the next load on B: the chunks fetched by the first were kept (peer cache), so it reads them here"
+# Wait for the writers behind the first load (kylix peers: the cache's chunks).
+for _ in $(seq 1 300); do
+  n=$($k peers --data "$work/b/data" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["swarm"]["cache"]["chunks"])')
+  kept=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["kept_chunks"])' "$out/load.json")
+  [ "$n" -ge "$kept" ] && break; sleep 0.1
+done
+$k load --data "$work/b/data" --device "$dev" --check --json models/base > "$out/load2.json" 2> "$out/load2.err" \
+  || { cat "$out/load2.err"; fail=1; }
+python3 - "$out/load.json" "$out/load2.json" <<'PY' || fail=1
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+print("first load:  %.2f GB/s, %d chunks fetched, %d kept, %d not kept" % (a["gb_per_s"], a["fetched_chunks"], a.get("kept_chunks", 0), a.get("not_kept_chunks", 0)))
+print("second load: %.2f GB/s, %d chunks from the copy, %d fetched" % (b["gb_per_s"], b.get("local_copy_chunks", 0), b["fetched_chunks"]))
+# The first load's --check read back through the store, which keeps what
+# it fetches too: the copy may hold more than the load kept.
+local = b.get("local_copy_chunks", 0)
+ok = local >= a.get("kept_chunks", 0) > 0 and local + b["fetched_chunks"] == a["fetched_chunks"] and all(f.get("checked") for f in b["files"])
+print("next load on B:", "ok" if ok else "FAILED")
 sys.exit(0 if ok else 1)
 PY
 

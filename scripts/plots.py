@@ -108,9 +108,31 @@ def datasets():
     return fig
 
 
+def keep():
+    """kylix load on a member lacking the model: first start (keeping a copy
+    or not) against the network's ceiling, next start against the disk."""
+    d = defaultdict(list)
+    for r in lines("cpu-netns-keep.jsonl"):
+        if "what" in r:
+            d[r["what"]].append(r["mb_per_s"])
+    med = {k: statistics.median(v) for k, v in d.items()}
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    first = [("kylix load,\nkeeping a copy", "first start, keep"), ("kylix load\n--no-keep", "first start, --no-keep"),
+             ("ceiling:\nTLS + BLAKE3", "ceiling (TLS + BLAKE3)")]
+    bars(a, [n for n, _ in first], [med[k] for _, k in first], ["#36c", "#36c", "#999"], "{:.0f}")
+    a.set_title("first start: fetched from 3 members")
+    a.set_ylabel("MB/s")
+    nxt = [("kylix load,\nits copy (cold)", "next start (its copy, cold)"), ("O_DIRECT of\nthe copy", "disk (O_DIRECT of the copy)")]
+    bars(b, [n for n, _ in nxt], [med[k] for _, k in nxt], ["#36c", "#999"], "{:.0f}")
+    b.set_title("next start: after a restart, page cache dropped")
+    fig.suptitle("1 GiB model, CPU machine, network namespaces (medians; docs/bench-data/cpu-netns-keep.jsonl)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
-    for name, fn in [("loads", loads), ("cachepolicy", cachepolicy), ("datasets", datasets)]:
+    for name, fn in [("loads", loads), ("cachepolicy", cachepolicy), ("datasets", datasets), ("keep", keep)]:
         fig = fn()
         p = os.path.join(OUT, name + ".png")
         fig.savefig(p, dpi=110)

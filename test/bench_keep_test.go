@@ -48,7 +48,9 @@ func dropPageCache(t *testing.T) {
 // GPU allocator would have its memory already. The next start's load is
 // a fresh process's first and pays those touches (its CPU is reported).
 // Medians of KYLIX_BENCH_REPS rounds (default 3) of a KYLIX_BENCH_MIB
-// model (default 1024) in 8 files. Root; behind KYLIX_BENCH=1.
+// model (default 1024) in 8 files. Root; behind KYLIX_BENCH=1. With
+// KYLIX_BENCH_JSONL=FILE each measurement is appended to FILE as a JSON
+// line (docs/bench-data/cpu-netns-keep.jsonl; scripts/plots.py).
 func TestBenchLoadKeepNetns(t *testing.T) {
 	benchGate(t)
 	size := int64(envInt("KYLIX_BENCH_MIB", 1024)) << 20
@@ -191,6 +193,20 @@ func TestBenchLoadKeepNetns(t *testing.T) {
 		t.Logf("round %d: first %.0f MB/s (kept %d, not kept %d of %d chunks; node CPU %.2f s), --no-keep %.0f (CPU %.2f s), ceiling %.0f, next start %.0f (%d chunks local; CPU %.2f s), disk %.0f; load %s",
 			rep+1, mbps(first.Bytes, first.Seconds), first.Kept, first.NotKept, first.Fetched, first.CPUSecond, mbps(nk.Bytes, nk.Seconds), nk.CPUSecond, mbps(r.Bytes, r.Seconds),
 			mbps(next.Bytes, next.Seconds), next.Local, next.CPUSecond, mbps(br.Bytes, br.Seconds), loadAvg())
+	}
+	if out := os.Getenv("KYLIX_BENCH_JSONL"); out != "" {
+		// One line per measurement, for scripts/plots.py.
+		f, err := os.OpenFile(out, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		require.NoError(t, err)
+		enc := json.NewEncoder(f)
+		require.NoError(t, enc.Encode(map[string]any{"setup": map[string]any{"mib": size >> 20, "files": nfiles, "rounds": reps,
+			"command": "KYLIX_BENCH=1 go test ./test -run 'TestBenchLoadKeepNetns$' -count=1 -v", "machine": "CPU (2 cores), network namespaces"}}))
+		for k, vs := range res {
+			for i, v := range vs {
+				require.NoError(t, enc.Encode(map[string]any{"what": k, "round": i + 1, "mb_per_s": v}))
+			}
+		}
+		require.NoError(t, f.Close())
 	}
 	med := func(k string) float64 { return median(res[k]) }
 	for _, k := range []string{"first start, keep", "first start, --no-keep", "ceiling (TLS + BLAKE3)", "next start (its copy, cold)", "disk (O_DIRECT of the copy)"} {
