@@ -26,6 +26,7 @@ var (
 	mClCacheHits    = desc("cluster_peer_cache_hits_total", "Chunks fetched lately from other members found in the peer cache.")
 	mClCacheMisses  = desc("cluster_peer_cache_misses_total", "Peer cache lookups that found nothing.")
 	mClCacheBytes   = desc("cluster_peer_cache_bytes", "Bytes in the peer cache.")
+	mClCacheNotKept = desc("cluster_peer_cache_not_kept_total", "Chunks loads fetched and did not keep: the writers behind them were a full queue behind.")
 )
 
 // peersCollector reads the cluster member's figures at each scrape (cl
@@ -34,7 +35,7 @@ type peersCollector struct{ cl func() *peers.Node }
 
 func (c *peersCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{mClMembers, mClFetched, mClFetchedBytes, mClBadChunks, mClFetchErrors, mClServed, mClServedBytes,
-		mClPulled, mClPushed, mClReceived, mClDropped, mClStripeReads, mClStripes, mClCacheHits, mClCacheMisses, mClCacheBytes} {
+		mClPulled, mClPushed, mClReceived, mClDropped, mClStripeReads, mClStripes, mClCacheHits, mClCacheMisses, mClCacheBytes, mClCacheNotKept} {
 		ch <- d
 	}
 }
@@ -79,4 +80,5 @@ func (c *peersCollector) Collect(ch chan<- prometheus.Metric) {
 	m(mClCacheHits, prometheus.CounterValue, sw.Cache.Hits)
 	m(mClCacheMisses, prometheus.CounterValue, sw.Cache.Misses)
 	m(mClCacheBytes, prometheus.GaugeValue, sw.Cache.Bytes)
+	m(mClCacheNotKept, prometheus.CounterValue, sw.Cache.NotKept)
 }

@@ -114,7 +114,7 @@ func TestClusterMetrics(t *testing.T) {
 	assert.Zero(t, mr["kylix_cluster_bad_chunks_total"])
 	ma := metrics(t, "http://"+aAddr+"/metrics")
 	assert.GreaterOrEqual(t, ma["kylix_cluster_served_bytes_total"], float64(len(b)), "A served them")
-	for _, name := range []string{"kylix_cluster_repair_pulled_bytes_total", "kylix_cluster_stripe_rebuilt_chunks_total", "kylix_cluster_peer_cache_bytes"} {
+	for _, name := range []string{"kylix_cluster_repair_pulled_bytes_total", "kylix_cluster_stripe_rebuilt_chunks_total", "kylix_cluster_peer_cache_bytes", "kylix_cluster_peer_cache_not_kept_total"} {
 		_, ok := ma[name]
 		assert.True(t, ok, "%s reported", name)
 	}
