@@ -117,14 +117,37 @@ func (c *fetchCounts) add(o fetchCounts) {
 }
 
 // Load runs req in the node: the CUDA context is the node's, not the
-// caller's. onPass receives each pass as it ends.
+// caller's. onPass receives each pass as it ends. Pinned packs (kylix pin)
+// are copied from their locked pages registered with the device
+// (gpuio.Options.Pinned), as GPU fills copy them: the node's fill device
+// for that GPU, whose loader holds the pins' registration, is held for the
+// load (made if need be, kept --gpu-idle after), so the registration is
+// made once, not at every load.
 func (n *Node) Load(ctx context.Context, req LoadRequest, onPass func(LoadPass)) error {
-	return Load(ctx, n.s, req, onPass)
+	pinned := n.pins.hostOrNil()
+	if pinned != nil && pinned.Locked() > 0 && n.fill != nil {
+		if ord, ok := cudaOrdinal(req.Device); ok {
+			// A device the fill service cannot take fails the load's
+			// own open below, with its reason; the report's io says
+			// whether pinned pages were used.
+			if d, err := n.fill.acquire(ord); err == nil {
+				defer n.fill.release(d)
+			}
+		}
+	} else {
+		pinned = nil
+	}
+	return load(ctx, n.s, pinned, req, onPass)
 }
 
 // Load loads req.Paths of s into a device, req.Repeat times, and gives each
 // pass's report to onPass.
 func Load(ctx context.Context, s *chunkstore.Store, req LoadRequest, onPass func(LoadPass)) error {
+	return load(ctx, s, nil, req, onPass)
+}
+
+// load is Load, copying pinned packs from pinned (nil: none).
+func load(ctx context.Context, s *chunkstore.Store, pinned *gpuio.PinnedHost, req LoadRequest, onPass func(LoadPass)) error {
 	if req.TPSize < 1 || req.TPRank < 0 || req.TPRank >= req.TPSize {
 		return fmt.Errorf("load: --tp-rank %d must be in [0, --tp-size %d)", req.TPRank, req.TPSize)
 	}
@@ -136,7 +159,7 @@ func Load(ctx context.Context, s *chunkstore.Store, req LoadRequest, onPass func
 	opts := gpuio.Options{
 		Path: gpuio.Path(req.Path), Strict: req.Strict, IO: gpuio.IOMode(req.IO),
 		Buffers: req.Buffers, BufferSize: req.BufMiB<<20 + 8192, NoVerify: req.NoVerify,
-		VerifyOn: gpuio.VerifyOn(req.VerifyOn),
+		VerifyOn: gpuio.VerifyOn(req.VerifyOn), Pinned: pinned,
 	}
 	switch req.Reader {
 	case "pread", "":
@@ -201,6 +224,13 @@ func processCPU() float64 {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }
 
+// cudaOrdinal returns N of "cuda:N".
+func cudaOrdinal(name string) (int, bool) {
+	n, ok := strings.CutPrefix(name, "cuda:")
+	ord, err := strconv.Atoi(n)
+	return ord, ok && err == nil && ord >= 0
+}
+
 // openDevice opens "cuda:N" or "host". No GPU is an error, never a silent
 // switch to the host device.
 func openDevice(name string) (gpuio.Device, error) {
@@ -209,9 +239,8 @@ func openDevice(name string) (gpuio.Device, error) {
 		// measures loads into memory touched before (gpuio.HostDevice).
 		return &gpuio.HostDevice{Reuse: true}, nil
 	}
-	n, ok := strings.CutPrefix(name, "cuda:")
-	ord, err := strconv.Atoi(n)
-	if !ok || err != nil || ord < 0 {
+	ord, ok := cudaOrdinal(name)
+	if !ok {
 		return nil, fmt.Errorf("load: --device %q: want cuda:N or host", name)
 	}
 	d, err := gpuio.NewCUDADevice(ord)

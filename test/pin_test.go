@@ -408,3 +408,42 @@ func TestPinMemlockLimit(t *testing.T) {
 	// kylix doctor, run the way the node runs, says so too.
 	require.Regexp(t, `no +pins +RLIMIT_MEMLOCK is 4.0 MiB and there is no CAP_IPC_LOCK`, run(t, data, wrap, "doctor", "--data", t.TempDir()))
 }
+
+// TestPinnedLoadStubGPU: kylix load through a node copies a pinned file
+// from its pinned pages registered with the device, as a GPU fill does
+// ("pinned" in its io), and every byte is right (--check); the node's fill
+// device, which holds the registration, stays after the load (kylix node
+// shows the pins registered), so the next load does not register them
+// again; a file not pinned is read as before. Stub CUDA driver.
+func TestPinnedLoadStubGPU(t *testing.T) {
+	requireFUSE(t)
+	data, mnt := dirs(t)
+	a, b := randomBytes(20<<20+77, 9), randomBytes(5<<20, 10)
+	importFiles(t, data, map[string][]byte{"a": a, "b": b})
+	startStubGPUNode(t, data, mnt)
+	mustKylix(t, data, "pin", "--data", data, "m/a")
+	type loadRep struct {
+		Files []struct {
+			Path    string `json:"path"`
+			IO      string `json:"io"`
+			Checked bool   `json:"checked"`
+		} `json:"files"`
+	}
+	load := func(p string) (string, bool) {
+		t.Helper()
+		var r loadRep
+		out := mustKylix(t, data, "load", "--data", data, "--device", "cuda:0", "--check", "--json", p)
+		require.NoError(t, json.Unmarshal([]byte(out), &r), out)
+		require.Len(t, r.Files, 1, out)
+		return r.Files[0].IO, r.Files[0].Checked
+	}
+	for range 2 {
+		io, checked := load("m/a")
+		require.True(t, checked)
+		require.Contains(t, io, "pinned", "a pinned file loaded through the node")
+		require.Regexp(t, `gpu: cuda:0 \(.*\): 20\.0 MiB of 20\.0 MiB registered`, mustKylix(t, data, "node", "--data", data))
+	}
+	io, checked := load("m/b")
+	require.True(t, checked)
+	require.NotContains(t, io, "pinned")
+}
