@@ -371,13 +371,17 @@ func (n *Node) pull(ctx context.Context, want []chunkstore.ChunkRef, missing *at
 	im := n.s.NewImporter()
 	var mu sync.Mutex // the importer is used by one goroutine at a time
 	var ferr error
+	// failed: set at the first failure to store (a full disk): the
+	// workers stop fetching what they could not store either; the pass
+	// counts what is missing and runs again (placePass).
+	var failed atomic.Bool
 	next := atomic.Int64{}
 	var wg sync.WaitGroup
 	for range min(placeWorkers, len(want)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := next.Add(1) - 1; i < int64(len(want)) && ctx.Err() == nil; i = next.Add(1) - 1 {
+			for i := next.Add(1) - 1; i < int64(len(want)) && ctx.Err() == nil && !failed.Load(); i = next.Add(1) - 1 {
 				c := want[i]
 				if n.place.limit.Wait(ctx, int64(c.Len)) != nil {
 					return
@@ -396,6 +400,9 @@ func (n *Node) pull(ctx context.Context, want []chunkstore.ChunkRef, missing *at
 				}
 				if err != nil && ferr == nil {
 					ferr = err
+				}
+				if err != nil {
+					failed.Store(true)
 				}
 				mu.Unlock()
 				if err == nil {
