@@ -73,10 +73,12 @@ type FetchNote struct {
 	// fetched earlier (the peer cache), not from the members.
 	Local, LocalBytes atomic.Int64
 	// Kept, KeptBytes: chunks fetched from the members and queued to be
-	// written into the peer cache, behind the caller.
+	// written into the peer cache, behind the caller (a writer that then
+	// finds no room above the disk's floor counts it in the cache's
+	// not-kept count, `kylix peers`).
 	Kept, KeptBytes atomic.Int64
-	// NotKept: chunks fetched and not kept, though the caller allowed it
-	// (the writer was behind by its whole queue, or no room on the disk).
+	// NotKept: chunks fetched and not queued, though the caller allowed
+	// it: the writers were behind by their whole queue.
 	NotKept atomic.Int64
 }
 

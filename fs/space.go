@@ -124,6 +124,9 @@ func (s *space) usableLocked(st spaceState) (root, user int64) {
 }
 
 // errNoSpace is the refusal of a write the node cannot commit.
+// makeRoomTries bounds the times a write asks makeRoom for room.
+const makeRoomTries = 8
+
 var errNoSpace = fmt.Errorf("not enough free space to commit the write (reserve and pending commits included): %w", syscall.ENOSPC)
 
 // admit makes room for t's working copy to grow by up to grow bytes now,
@@ -143,10 +146,10 @@ func (s *space) admit(t *tempFile, grow int64, privileged bool) error {
 		}
 		s.mu.Lock()
 		res := max(commitNeed(t.alloc+grow)-t.res, 0)
-		root, user := s.usableLocked(st)
-		avail := user
-		if privileged {
-			avail = root
+		// Unclamped: below the reserve, what is short counts from there.
+		avail := st.free - s.pending - s.inflight - commitHeadroom
+		if !privileged {
+			avail -= st.reserve
 		}
 		if grow+res <= avail {
 			t.res += res
@@ -157,7 +160,9 @@ func (s *space) admit(t *tempFile, grow int64, privileged bool) error {
 		}
 		short := grow + res - avail
 		s.mu.Unlock()
-		if try > 0 || s.makeRoom == nil || s.makeRoom(short) <= 0 {
+		// Again while makeRoom frees something (others may take what it
+		// freed meanwhile), a bounded number of times.
+		if try >= makeRoomTries || s.makeRoom == nil || s.makeRoom(short) <= 0 {
 			return errNoSpace
 		}
 	}

@@ -100,9 +100,9 @@ type fetchCounts struct {
 	// member's copy of chunks an earlier load fetched (its peer cache).
 	LocalCopyChunks int   `json:"local_copy_chunks,omitempty"`
 	LocalCopy       int64 `json:"local_copy_bytes,omitempty"`
-	// KeptChunks and Kept: chunks (bytes) fetched and kept on this
-	// member, written behind the load; NotKept: fetched and not kept
-	// (the writer was behind, or no room).
+	// KeptChunks and Kept: chunks (bytes) fetched and queued to be kept
+	// on this member, written behind the load; NotKept: fetched and not
+	// queued (the writers were a full queue behind).
 	KeptChunks int   `json:"kept_chunks,omitempty"`
 	Kept       int64 `json:"kept_bytes,omitempty"`
 	NotKept    int   `json:"not_kept_chunks,omitempty"`

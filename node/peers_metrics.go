@@ -26,7 +26,7 @@ var (
 	mClCacheHits    = desc("cluster_peer_cache_hits_total", "Chunks fetched lately from other members found in the peer cache.")
 	mClCacheMisses  = desc("cluster_peer_cache_misses_total", "Peer cache lookups that found nothing.")
 	mClCacheBytes   = desc("cluster_peer_cache_bytes", "Bytes in the peer cache.")
-	mClCacheNotKept = desc("cluster_peer_cache_not_kept_total", "Chunks loads fetched and did not keep: the writers behind them were a full queue behind.")
+	mClCacheNotKept = desc("cluster_peer_cache_not_kept_total", "Chunks loads fetched and the peer cache did not keep: its writers were a full queue behind, or found no room above the disk's floor.")
 )
 
 // peersCollector reads the cluster member's figures at each scrape (cl

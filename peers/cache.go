@@ -63,8 +63,9 @@ type peerCache struct {
 	spareBytes int64
 	lastBehind time.Time // the last chunk written
 	spareTimer bool      // a dropSpare is due
-	// notKeptBehind counts chunks putBehind did not queue: the writers
-	// were behind by behindMax.
+	// notKeptBehind counts chunks loads fetched and the cache did not
+	// keep: putBehind found the queue full (or the cache closed), or the
+	// writer found no room above the floor.
 	notKeptBehind atomic.Int64
 }
 
@@ -108,6 +109,9 @@ func (c *peerCache) takeBuffer(n int) []byte {
 // when the queue is empty, drops the buffers kept once it has stayed
 // empty for spareIdle.
 func (c *peerCache) giveBackLocked(b []byte) {
+	if c.closed {
+		return
+	}
 	if c.spareBytes+int64(cap(b)) <= behindFree {
 		c.spare = append(c.spare, b[:0])
 		c.spareBytes += int64(cap(b))
@@ -124,6 +128,9 @@ func (c *peerCache) giveBackLocked(b []byte) {
 func (c *peerCache) dropSpare() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
 	if idle := time.Since(c.lastBehind); c.queued > 0 || idle < spareIdle {
 		time.AfterFunc(spareIdle-min(idle, spareIdle)+time.Second, c.dropSpare)
 		return
@@ -146,8 +153,9 @@ type CacheStats struct {
 	Misses      int64  `json:"misses"`
 	Evictions   int64  `json:"evictions"`
 	Stored      int64  `json:"stored"`
-	// NotKept: fetched chunks a load did not keep because the writer
-	// behind it was behindMax bytes behind; WriteFailures: writes into
+	// NotKept: fetched chunks a load did not keep: the writers behind it
+	// were a full queue behind, or found no room above the floor;
+	// WriteFailures: writes into
 	// the cache that failed (a full disk, say). Neither is an error for
 	// the reader.
 	NotKept       int64 `json:"not_kept,omitempty"`
@@ -203,9 +211,10 @@ func openPeerCache(dir string, budget int64, minFree units.SizeOrPercent) (*peer
 
 // putBehind queues a copy of a verified chunk to be kept (put) by the
 // writers behind the caller, who may reuse data as soon as it returns. It
-// reports whether the chunk is kept or queued: false when the cache is
-// closed, the chunk larger than its budget, or behindMax bytes are queued
-// already.
+// reports whether the chunk is kept or queued (a writer may still find no
+// room for it: counted in NotKept): false when the cache is closed, the
+// chunk larger than its budget, or behindMax bytes (or as many chunks as
+// the queue holds) are queued already.
 func (c *peerCache) putBehind(id chunkstore.ID, data []byte) bool {
 	if c == nil || int64(len(data)) > c.budget {
 		return false
@@ -269,6 +278,9 @@ func (c *peerCache) close() {
 	}
 	c.mu.Unlock()
 	c.behindWG.Wait()
+	c.mu.Lock()
+	c.spare, c.spareBytes = nil, 0
+	c.mu.Unlock()
 }
 
 func (c *peerCache) path(id chunkstore.ID) string { return filepath.Join(c.dir, id.String()) }
@@ -373,6 +385,9 @@ func (c *peerCache) store(id chunkstore.ID, data, padded []byte) bool {
 	}
 	if !c.roomLocked(need) {
 		c.mu.Unlock()
+		if padded != nil { // a chunk a load queued: counted as not kept
+			c.notKeptBehind.Add(1)
+		}
 		return false // no room above the floor, even with the cache empty
 	}
 	c.pending += need
@@ -392,9 +407,12 @@ func (c *peerCache) store(id chunkstore.ID, data, padded []byte) bool {
 			c.noDirect.Store(true)
 			if f != nil {
 				f.Close()
-				os.Remove(tmp)
 				f = nil
 			}
+			// Some file systems create the file before they refuse
+			// O_DIRECT at the open (ramfs).
+			os.Remove(tmp)
+			tmp = filepath.Join(c.dir, fmt.Sprintf("%s.tmp%d", id, c.tmpSeq.Add(1)))
 		}
 	}
 	if f == nil {

@@ -385,6 +385,9 @@ func (n *Node) rebuildStripe(ctx context.Context, sm stripeMember) ([][]byte, er
 	}
 	key := func(i int) int {
 		if i < len(holders) {
+			if holders[i].name == n.self {
+				return -1 // read here (fetchShard)
+			}
 			if r, ok := pos[holders[i].name]; ok {
 				return r
 			}

@@ -39,7 +39,7 @@ func smallDisk(t *testing.T, size int64) string {
 // data (on a file system of the test's choosing).
 func startMemberOn(t *testing.T, ip, key, data string, extra []string, join ...string) *member {
 	t.Helper()
-	mnt := filepath.Join(t.TempDir(), "mnt")
+	mnt := filepath.Join(openTempDir(t), "mnt") // other users may write through it
 	addr := gossipAddr(t, ip)
 	args := append([]string{"--listen", addr, "--cluster-key", key, "--node-name", ip, "--log-gossip", "--leave-delay", "10ms"}, extra...)
 	if len(join) > 0 {

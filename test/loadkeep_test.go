@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -177,5 +178,49 @@ func TestClusterWriteEvictsPeerCache(t *testing.T) {
 	if shaOn(t, b, dst) != sum {
 		t.Fatal("the file written through B's mount reads back different")
 	}
-	loadOn(t, b, "model.bin") // --check: every byte right, evicted chunks fetched again
+	if again := loadOn(t, b, "model.bin"); again.FetchedChunks == 0 { // --check: every byte right
+		t.Fatalf("the load after the write fetched nothing (the evicted chunks): %+v", again)
+	}
+
+	// A user other than root may not write into the mount's reserve (5%
+	// of the disk). A load of a model larger than the disk fills the
+	// cache down to that floor; a write by another user, for which
+	// nothing is left above the reserve, still makes the cache give way.
+	const reserve = 160 << 20 / 20
+	big, _ := randomFile(t, 200<<20)
+	mustKylix(t, "/", "import", "--data", a.data, big, "big.bin")
+	waitFor(t, nsWait, "big.bin in B's mount", visible(filepath.Join(b.mnt, "big.bin")))
+	loadOn(t, b, "big.bin")
+	waitFor(t, 30*time.Second, "B's disk filled by its peer cache down to the reserve", func() bool {
+		return freeBytes(t, disk) < reserve+4<<20
+	})
+	if err := os.Mkdir(filepath.Join(b.mnt, "u"), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(b.mnt, "u"), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	size2 := int64(8 << 20)
+	data2, sum2 := randomFile(t, int(size2))
+	for _, p := range []string{filepath.Dir(filepath.Dir(data2)), filepath.Dir(data2)} {
+		if err := os.Chmod(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(data2, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before := peerCacheChunks(t, b)
+	dst2 := filepath.Join(b.mnt, "u", "by-nobody.bin")
+	cmd := exec.Command("cp", data2, dst2)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("cp as uid 65534 of %d MiB into B's mount with %d MiB free: %v\n%s", size2>>20, freeBytes(t, disk)>>20, err, out)
+	}
+	if got := peerCacheChunks(t, b); got >= before {
+		t.Errorf("B's peer cache holds %d chunks after uid 65534's write, %d before: nothing evicted", got, before)
+	}
+	if shaOn(t, b, dst2) != sum2 {
+		t.Fatal("the file uid 65534 wrote through B's mount reads back different")
+	}
 }
