@@ -220,6 +220,17 @@ func (f *FS) waitForRoom(grow int64, privileged bool) {
 	f.com.wait(f.com.barrier())
 }
 
+// SpaceClaimed is what writes through the mount have set aside on the
+// data directory's file system and not written yet: the commits of live
+// working copies, growth admitted and not written, and the headroom of a
+// commit batch. Others writing there (the peer cache) leave it free.
+func (f *FS) SpaceClaimed() int64 {
+	s := f.space
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pending + s.inflight + commitHeadroom
+}
+
 // lowNow reports whether the free space above the reserve is below the
 // low-water mark: then the last close of a file waits for its commit.
 func (s *space) lowNow() bool {

@@ -122,13 +122,16 @@ type Ready struct {
 // membership. New prepares it, Run serves until its context ends, Close
 // releases what is left.
 type Node struct {
-	cfg   Config
-	log   *slog.Logger
-	s     *chunkstore.Store
-	fsys  *kfs.FS
-	pins  *nodePins
-	peers *peers.Node
-	admin *adminServer
+	cfg  Config
+	log  *slog.Logger
+	s    *chunkstore.Store
+	fsys *kfs.FS
+	// claimedBy is fsys once made: the peer cache, made before it, asks
+	// it for the space writes have set aside (peers.Config.CacheClaimed).
+	claimedBy atomic.Pointer[kfs.FS]
+	pins      *nodePins
+	peers     *peers.Node
+	admin     *adminServer
 	// client is nil without a client socket.
 	client     *clientServer
 	clientNote string
@@ -218,6 +221,14 @@ func New(cfg Config) (*Node, error) {
 	if cfg.Cluster != nil {
 		pc := *cfg.Cluster
 		pc.CacheMinFree = units.SizeOrPercent(*cfg.Reserve) // the peer cache leaves the mount's reserve free (peers/cache.go)
+		// ...and what writes through the mount have set aside (its
+		// writers must not take room a commit was promised).
+		pc.CacheClaimed = func() int64 {
+			if f := n.claimedBy.Load(); f != nil {
+				return f.SpaceClaimed()
+			}
+			return 0
+		}
 		if pc.Keep == nil {
 			pc.Keep = func() ([]string, error) { return recordedPaths(data) }
 		}
@@ -265,6 +276,7 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	n.claimedBy.Store(n.fsys)
 	if n.metrics, err = startMetrics(cfg.Metrics, n.s, n.fsys, n.client, cfg.Logger); err != nil {
 		return nil, err
 	}

@@ -30,8 +30,10 @@ type peerCache struct {
 	dir    string
 	budget int64
 	// minFree is the free space on dir's file system the cache leaves to
-	// others (Config.CacheMinFree); zero: none.
+	// others (Config.CacheMinFree); zero: none. claimed (nil: none) is
+	// Config.CacheClaimed, bytes others set aside, kept free above it.
 	minFree units.SizeOrPercent
+	claimed func() int64
 
 	mu   sync.Mutex
 	ll   *list.List // front: most recently used; values *cacheEntry
@@ -165,11 +167,11 @@ type CacheStats struct {
 // openPeerCache opens (creating) the cache in dir; the chunks already
 // there are kept, the least recently modified evicted first (beyond the
 // budget, or while free space is below minFree).
-func openPeerCache(dir string, budget int64, minFree units.SizeOrPercent) (*peerCache, error) {
+func openPeerCache(dir string, budget int64, minFree units.SizeOrPercent, claimed func() int64) (*peerCache, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("peer cache %s: %w", dir, err)
 	}
-	c := &peerCache{dir: dir, budget: budget, minFree: minFree, ll: list.New(), idx: map[chunkstore.ID]*list.Element{},
+	c := &peerCache{dir: dir, budget: budget, minFree: minFree, claimed: claimed, ll: list.New(), idx: map[chunkstore.ID]*list.Element{},
 		behind: make(chan behindChunk, 4096), behindMax: behindMax}
 	des, err := os.ReadDir(dir)
 	if err != nil {
@@ -520,7 +522,7 @@ func (c *peerCache) evictOldestLocked() int64 {
 // checked); concurrent puts are accounted through pending, so they cannot
 // all take the same free bytes.
 func (c *peerCache) roomLocked(need int64) bool {
-	if c.minFree.Bytes <= 0 && c.minFree.Percent <= 0 {
+	if c.minFree.Bytes <= 0 && c.minFree.Percent <= 0 && c.claimed == nil {
 		return true
 	}
 	var st unix.Statfs_t
@@ -534,6 +536,9 @@ func (c *peerCache) roomLocked(need int64) bool {
 	bs = max(bs, 1)
 	free := int64(st.Bavail) * bs
 	floor := c.minFree.Of(int64(st.Blocks) * bs)
+	if c.claimed != nil {
+		floor += max(c.claimed(), 0)
+	}
 	round := func(n int64) int64 { return (n + bs - 1) / bs * bs }
 	for free-c.pending-round(need) < floor {
 		n := c.evictOldestLocked()

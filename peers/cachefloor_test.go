@@ -5,11 +5,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/kylix/kylix/chunkstore"
 	"github.com/kylix/kylix/internal/units"
 )
 
@@ -95,4 +97,24 @@ func TestPeerCacheKeepsFreeSpace(t *testing.T) {
 	if st.Chunks > 0 {
 		require.GreaterOrEqual(t, freeBytes(t, disk), floor, "the cache keeps chunks while free space is below its floor")
 	}
+}
+
+// TestPeerCacheLeavesClaimedFree: the cache also leaves free what others
+// have set aside and not written yet (Config.CacheClaimed: the mount's
+// pending commits), so its writers never take room a write through the
+// mount was promised: with more claimed than is free it keeps nothing,
+// and gives back what it holds; with nothing claimed it keeps the chunk.
+func TestPeerCacheLeavesClaimedFree(t *testing.T) {
+	dir := t.TempDir()
+	var claimed atomic.Int64
+	c, err := openPeerCache(dir, 1<<30, units.SizeOrPercent{}, claimed.Load)
+	require.NoError(t, err)
+	defer c.close()
+	d, e := randBytes(4096), randBytes(4096)
+	require.True(t, c.put(chunkstore.Sum(d), d), "nothing claimed: kept")
+	claimed.Store(freeBytes(t, dir) + 1<<30)
+	require.False(t, c.put(chunkstore.Sum(e), e), "kept into room the mount set aside")
+	require.Zero(t, c.statsOf().Chunks, "the cache kept chunks in room the mount set aside")
+	claimed.Store(0)
+	require.True(t, c.put(chunkstore.Sum(e), e))
 }

@@ -222,7 +222,7 @@ func TestFetchIntoKeptBehind(t *testing.T) {
 
 	// A writer behind by its whole queue: the chunk is not kept, and the
 	// call does not wait.
-	c, err := openPeerCache(t.TempDir(), 1<<30, units.SizeOrPercent{})
+	c, err := openPeerCache(t.TempDir(), 1<<30, units.SizeOrPercent{}, nil)
 	require.NoError(t, err)
 	c.behindMax = 1 << 20
 	c.behindBytes.Store(1 << 20) // as if 1 MiB were queued

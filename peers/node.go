@@ -107,6 +107,12 @@ type Config struct {
 	// its least recently used chunks first, and evicts when the free space
 	// falls below it (cache.go). Zero: the budget alone bounds the cache.
 	CacheMinFree units.SizeOrPercent
+	// CacheClaimed, when set, returns bytes of the cache's file system
+	// that others have set aside and not written yet (the mount's pending
+	// commits, fs.FS.SpaceClaimed): the cache leaves them free too, above
+	// CacheMinFree, so its writers never take the room a write through
+	// the mount was promised.
+	CacheClaimed func() int64
 	// NoRelay: ask the holders directly, never a chunk's relay (tests and
 	// benchmarks compare the two).
 	NoRelay bool
@@ -247,7 +253,7 @@ func New(cfg Config) (*Node, error) {
 		if cfg.CacheBytes <= 0 {
 			cfg.CacheBytes = DefaultCacheBytes
 		}
-		if n.cache, err = openPeerCache(cfg.CacheDir, cfg.CacheBytes, cfg.CacheMinFree); err != nil {
+		if n.cache, err = openPeerCache(cfg.CacheDir, cfg.CacheBytes, cfg.CacheMinFree, cfg.CacheClaimed); err != nil {
 			return nil, err
 		}
 		n.cfg = cfg

@@ -18,7 +18,7 @@ import (
 // across a reopen.
 func TestPeerCacheLRU(t *testing.T) {
 	dir := t.TempDir()
-	c, err := openPeerCache(dir, 3000, units.SizeOrPercent{})
+	c, err := openPeerCache(dir, 3000, units.SizeOrPercent{}, nil)
 	require.NoError(t, err)
 	var ids []chunkstore.ID
 	var datas [][]byte
@@ -48,7 +48,7 @@ func TestPeerCacheLRU(t *testing.T) {
 	require.False(t, ok)
 	require.Equal(t, 2, c.statsOf().Chunks)
 
-	c2, err := openPeerCache(dir, 3000, units.SizeOrPercent{})
+	c2, err := openPeerCache(dir, 3000, units.SizeOrPercent{}, nil)
 	require.NoError(t, err)
 	b, ok = c2.get(ids[3], 1000)
 	require.True(t, ok)
