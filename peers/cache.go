@@ -162,6 +162,9 @@ type CacheStats struct {
 	// the reader.
 	NotKept       int64 `json:"not_kept,omitempty"`
 	WriteFailures int64 `json:"write_failures,omitempty"`
+	// Writes: how the writers behind loads write chunks: "O_DIRECT", or
+	// "buffered" and why.
+	Writes string `json:"writes"`
 }
 
 // openPeerCache opens (creating) the cache in dir; the chunks already
@@ -550,6 +553,14 @@ func (c *peerCache) roomLocked(need int64) bool {
 	return true
 }
 
+// writesMode says how the writers behind loads write (CacheStats.Writes).
+func (c *peerCache) writesMode() string {
+	if c.noDirect.Load() {
+		return "buffered: the file system refused O_DIRECT"
+	}
+	return "O_DIRECT"
+}
+
 func (c *peerCache) statsOf() CacheStats {
 	if c == nil {
 		return CacheStats{}
@@ -558,7 +569,7 @@ func (c *peerCache) statsOf() CacheStats {
 	defer c.mu.Unlock()
 	return CacheStats{Dir: c.dir, BudgetBytes: c.budget, Bytes: c.used, Chunks: len(c.idx),
 		Hits: c.hits.Load(), Misses: c.misses.Load(), Evictions: c.evictions.Load(), Stored: c.stored.Load(),
-		NotKept: c.notKeptBehind.Load(), WriteFailures: c.writeFailures.Load()}
+		NotKept: c.notKeptBehind.Load(), WriteFailures: c.writeFailures.Load(), Writes: c.writesMode()}
 }
 
 // ids lists the chunks in the cache.

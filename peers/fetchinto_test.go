@@ -190,6 +190,7 @@ func TestFetchIntoKeptBehind(t *testing.T) {
 	require.EqualValues(t, len(data), first.KeptBytes.Load())
 	require.Zero(t, first.Local.Load())
 	eventually(t, "f's chunks written into the peer cache", func() bool { return rd.cache.statsOf().Chunks == len(fc) })
+	require.NotEmpty(t, rd.cache.statsOf().Writes, "the cache says how it writes")
 
 	// A damaged copy is dropped and fetched again, never returned.
 	require.NoError(t, os.WriteFile(filepath.Join(rd.cache.dir, fc[0].ID.String()), make([]byte, fc[0].Len), 0o600))

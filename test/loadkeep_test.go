@@ -83,6 +83,9 @@ func TestClusterLoadKeeps(t *testing.T) {
 	}
 	n := first.FetchedChunks
 	waitFor(t, 30*time.Second, "the fetched chunks written into B's peer cache", func() bool { return peerCacheChunks(t, b) >= n })
+	if out := mustKylix(t, "/", "peers", "--data", b.data); !strings.Contains(out, "kept behind them, written ") {
+		t.Errorf("kylix peers does not say how kept chunks are written:\n%s", out)
+	}
 
 	second := loadOn(t, b, "m")
 	if second.LocalCopyChunks != n || second.FetchedChunks != 0 {

@@ -208,6 +208,9 @@ started without --listen.`).withJSON()
 	sw := out.Swarm
 	fmt.Fprintf(e.stdout, "peer cache: %s of %s, %d chunks; hits %d, misses %d, evictions %d; relay: got %d chunks through relays, answered %d relay requests, %d shared fetches\n",
 		human(sw.Cache.Bytes), human(sw.Cache.BudgetBytes), sw.Cache.Chunks, sw.Cache.Hits, sw.Cache.Misses, sw.Cache.Evictions, sw.RelayAsked, sw.RelayServed, sw.SharedFetches)
+	if sw.Cache.Writes != "" {
+		fmt.Fprintf(e.stdout, "peer cache: chunks loads fetch are kept behind them, written %s\n", sw.Cache.Writes)
+	}
 	if sw.Cache.NotKept > 0 || sw.Cache.WriteFailures > 0 {
 		fmt.Fprintf(e.stdout, "peer cache: %d chunks loads fetched were not kept (the writers behind them were 128 MiB behind), %d writes failed\n", sw.Cache.NotKept, sw.Cache.WriteFailures)
 	}
