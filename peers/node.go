@@ -183,6 +183,9 @@ type Node struct {
 	intoMu      sync.Mutex
 	intoFlights map[chunkstore.ID]*intoFlight
 	intoShared  atomic.Int64
+	// roomFreed: peer cache bytes evicted for writes through the mount
+	// and not yet logged; roomLogged: when they last were (FreePeerCache).
+	roomFreed, roomLogged atomic.Int64
 	// stripes: the stripes this node knows chunks of; stripeReads counts
 	// chunks rebuilt from them (stripestore.go).
 	stripes     stripeIndex

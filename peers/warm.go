@@ -2,6 +2,7 @@ package peers
 
 import (
 	"context"
+	"time"
 
 	"github.com/kylix/kylix/chunkstore"
 )
@@ -48,10 +49,17 @@ func (n *Node) PeerCached(refs []chunkstore.ChunkRef) (chunks int, bytes int64) 
 // returns the bytes freed: a write through the mount that would not fit
 // comes first (fs.Options.MakeRoom). Those chunks are fetched again when
 // read.
+// Said in the log at most once a minute (a write at the floor asks at
+// every write call), with the bytes freed since.
 func (n *Node) FreePeerCache(need int64) int64 {
 	freed := n.cache.free(need)
 	if freed > 0 {
-		n.log.Info("peer cache: chunks evicted to make room for a write through the mount", "bytes", freed)
+		total := n.roomFreed.Add(freed)
+		now := time.Now().UnixNano()
+		if last := n.roomLogged.Load(); now-last >= int64(time.Minute) && n.roomLogged.CompareAndSwap(last, now) {
+			n.roomFreed.Add(-total)
+			n.log.Info("peer cache: chunks evicted to make room for writes through the mount", "bytes", total)
+		}
 	}
 	return freed
 }

@@ -57,10 +57,7 @@ func TestBenchLoadKeepNetns(t *testing.T) {
 	reps := envInt("KYLIX_BENCH_REPS", 3)
 	const nfiles, conns = 8, 4
 	work := t.TempDir()
-	ceiling := filepath.Join(work, "ceiling")
-	if out, err := exec.Command("go", "build", "-o", ceiling, "github.com/kylix/kylix/test/ceiling").CombinedOutput(); err != nil {
-		t.Fatalf("building test/ceiling: %v\n%s", err, out)
-	}
+	ceiling := buildCeiling(t, work)
 	cert, ckey := selfSigned(t, work)
 	c := newNetnsCluster(t, 4)
 	key := clusterKey(t)
@@ -148,22 +145,11 @@ func TestBenchLoadKeepNetns(t *testing.T) {
 		os.RemoveAll(filepath.Dir(d2))
 
 		// The ceiling.
-		var servers []*exec.Cmd
-		var addrs []string
-		for i := range 3 {
-			addr := c.addr(i) + ":7950"
-			s := exec.Command(c.nsent, "--net=/var/run/netns/"+c.nodes[i], ceiling, "serve", "-listen", addr, "-tls", "-cert", cert, "-key", ckey)
-			s.Stderr = os.Stderr
-			require.NoError(t, s.Start())
-			servers = append(servers, s)
-			addrs = append(addrs, addr)
-		}
-		r := runCeiling(t, exec.Command(c.nsent, "--net=/var/run/netns/"+c.nodes[3], ceiling, "recv",
-			"-servers", strings.Join(addrs, ","), "-conns", strconv.Itoa(conns), "-files", strings.Join(src, ","), "-tls", "-cert", cert, "-key", ckey))
-		for _, s := range servers {
-			s.Process.Kill()
-			s.Wait()
-		}
+		tlsArgs := []string{"-tls", "-cert", cert, "-key", ckey}
+		_, addrs, stop := ceilingServers(t, c, ceiling, 3, tlsArgs)
+		r := runCeiling(t, exec.Command(c.nsent, append([]string{"--net=/var/run/netns/" + c.nodes[3], ceiling, "recv",
+			"-servers", strings.Join(addrs, ","), "-conns", strconv.Itoa(conns), "-files", strings.Join(src, ",")}, tlsArgs...)...))
+		stop()
 		res["ceiling (TLS + BLAKE3)"] = append(res["ceiling (TLS + BLAKE3)"], mbps(r.Bytes, r.Seconds))
 
 		// Next start: the first reader again, cold.

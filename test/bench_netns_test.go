@@ -163,16 +163,43 @@ func profiled(name string, start func()) {
 	start()
 }
 
+// buildCeiling builds test/ceiling into dir and returns its path.
+func buildCeiling(t *testing.T, dir string) string {
+	t.Helper()
+	ceiling := filepath.Join(dir, "ceiling")
+	if out, err := exec.Command("go", "build", "-o", ceiling, "github.com/kylix/kylix/test/ceiling").CombinedOutput(); err != nil {
+		t.Fatalf("building test/ceiling: %v\n%s", err, out)
+	}
+	return ceiling
+}
+
+// ceilingServers starts test/ceiling's server (port 7950, with tlsArgs) in
+// the namespaces of members 0 to n-1; stop kills them.
+func ceilingServers(t *testing.T, c *netnsCluster, ceiling string, n int, tlsArgs []string) (servers []*exec.Cmd, addrs []string, stop func()) {
+	t.Helper()
+	for i := range n {
+		addr := c.addr(i) + ":7950"
+		s := exec.Command(c.nsent, append([]string{"--net=/var/run/netns/" + c.nodes[i], ceiling, "serve", "-listen", addr}, tlsArgs...)...)
+		s.Stderr = os.Stderr
+		require.NoError(t, s.Start())
+		servers = append(servers, s)
+		addrs = append(addrs, addr)
+	}
+	return servers, addrs, func() {
+		for _, s := range servers {
+			s.Process.Kill()
+			s.Wait()
+		}
+	}
+}
+
 func TestBenchFetch3Netns(t *testing.T) {
 	benchGate(t)
 	size := int64(envInt("KYLIX_BENCH_MIB", 4096)) << 20
 	reps := envInt("KYLIX_BENCH_REPS", 3)
 	const nfiles, conns = 8, 4 // conns: the data plane's connections to each member (peers/transport.go)
 	work := t.TempDir()
-	ceiling := filepath.Join(work, "ceiling")
-	if out, err := exec.Command("go", "build", "-o", ceiling, "github.com/kylix/kylix/test/ceiling").CombinedOutput(); err != nil {
-		t.Fatalf("building test/ceiling: %v\n%s", err, out)
-	}
+	ceiling := buildCeiling(t, work)
 	cert, ckey := selfSigned(t, work)
 	c := newNetnsCluster(t, 4)
 	key := clusterKey(t)
@@ -370,22 +397,7 @@ func TestBenchFetch3Netns(t *testing.T) {
 			if plane == "tls" {
 				tlsArgs = []string{"-tls", "-cert", cert, "-key", ckey}
 			}
-			var servers []*exec.Cmd
-			var addrs []string
-			for i := range 3 {
-				addr := c.addr(i) + ":7950"
-				s := exec.Command(c.nsent, append([]string{"--net=/var/run/netns/" + c.nodes[i], ceiling, "serve", "-listen", addr}, tlsArgs...)...)
-				s.Stderr = os.Stderr
-				require.NoError(t, s.Start())
-				servers = append(servers, s)
-				addrs = append(addrs, addr)
-			}
-			stopServers := func() {
-				for _, s := range servers {
-					s.Process.Kill()
-					s.Wait()
-				}
-			}
+			servers, addrs, stopServers := ceilingServers(t, c, ceiling, 3, tlsArgs)
 			load = loadAvg()
 			s0 := map[int]float64{}
 			for _, s := range servers {

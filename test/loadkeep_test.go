@@ -168,7 +168,7 @@ func TestClusterWriteEvictsPeerCache(t *testing.T) {
 	if got := peerCacheChunks(t, b); got >= first.KeptChunks {
 		t.Errorf("B's peer cache holds %d chunks after the write, %d before: nothing evicted", got, first.KeptChunks)
 	}
-	if !strings.Contains(b.log.String(), "evicted to make room for a write") {
+	if !strings.Contains(b.log.String(), "evicted to make room for writes") {
 		t.Errorf("B's log does not say it evicted chunks for the write:\n%s", b.log)
 	}
 	waitFor(t, nsWait, "written.bin committed", func() bool {

@@ -40,7 +40,8 @@ they arrive; the report says how many ("fetched" in io). A copy of each is kept 
 this member, written behind the load into its peer cache (serve --peer-cache, default
 8GiB, least recently used evicted; checked when read), so the next load here reads
 them locally (the report's "local copy"). --no-keep keeps nothing. A disk slower than
-the network skips what it cannot write (the report's "not kept"), never the load.
+the network skips what it cannot write (the report's "not kept"; kylix peers also
+counts chunks the disk had no room for above the reserve), never the load.
 To keep a model for good, kylix pin it.`).withJSON()
 	devName := f.String("device", "cuda:0", "cuda:N, or host (a host-memory test device)")
 	pathName := f.String("path", "auto", "auto, gds, gds-compat, bounce or unified")

@@ -212,7 +212,7 @@ started without --listen.`).withJSON()
 		fmt.Fprintf(e.stdout, "peer cache: chunks loads fetch are kept behind them, written %s\n", sw.Cache.Writes)
 	}
 	if sw.Cache.NotKept > 0 || sw.Cache.WriteFailures > 0 {
-		fmt.Fprintf(e.stdout, "peer cache: %d chunks loads fetched were not kept (the writers behind them were 128 MiB behind), %d writes failed\n", sw.Cache.NotKept, sw.Cache.WriteFailures)
+		fmt.Fprintf(e.stdout, "peer cache: %d chunks loads fetched were not kept (the writers behind them were a full queue behind, or found no room above the reserve), %d writes failed\n", sw.Cache.NotKept, sw.Cache.WriteFailures)
 	}
 	fmt.Fprintf(e.stdout, "read-ahead: window %d chunks; fetched %d chunks (%s) ahead of sequential readers\n", out.ReadAhead.Window, out.ReadAhead.Chunks, human(out.ReadAhead.Bytes))
 	if out.StripeShape != "" {
