@@ -103,20 +103,14 @@ func (v weightView) recentFail(now time.Time) float64 {
 
 // byWeight orders ps (stable: ties keep their order) by the time each is
 // expected to take for one more chunk: (requests in flight + 1) / bytes a
-// second, times the failure penalty. Unmeasured members count at the mean
-// of the measured ones (all unmeasured: equal).
-func byWeight(ps []peer, views []weightView, now time.Time) []peer {
-	var sum float64
-	measured := 0
-	for _, v := range views {
-		if v.bps > 0 {
-			sum += v.bps
-			measured++
-		}
-	}
-	prior := 1.0
-	if measured > 0 {
-		prior = sum / float64(measured)
+// second, times the failure penalty. Unmeasured members count at prior,
+// the mean of every member this node measured (weigh), not only of those
+// in ps: with one slow member measured among unmeasured ones, the mean of
+// ps would be the slow one's and it would tie with the rest. A prior of 0:
+// the mean of the measured ones in ps (all unmeasured: equal).
+func byWeight(ps []peer, views []weightView, prior float64, now time.Time) []peer {
+	if prior <= 0 {
+		prior = meanBps(views)
 	}
 	cost := make([]float64, len(ps))
 	for i, v := range views {
@@ -151,7 +145,30 @@ func (n *Node) weigh(ps []peer) []peer {
 	for i, p := range ps {
 		views[i] = n.statsFor(p.name).weight.view()
 	}
-	return byWeight(ps, views, time.Now())
+	n.mu.Lock()
+	all := make([]weightView, 0, len(n.stats))
+	for _, st := range n.stats {
+		all = append(all, st.weight.view())
+	}
+	n.mu.Unlock()
+	return byWeight(ps, views, meanBps(all), time.Now())
+}
+
+// meanBps is the mean throughput of the measured views; 1 when none is
+// measured (any positive value: all then cost the same).
+func meanBps(views []weightView) float64 {
+	var sum float64
+	measured := 0
+	for _, v := range views {
+		if v.bps > 0 {
+			sum += v.bps
+			measured++
+		}
+	}
+	if measured == 0 {
+		return 1
+	}
+	return sum / float64(measured)
 }
 
 // pickHolder returns the member to ask next for chunk id among those not

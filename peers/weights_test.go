@@ -29,22 +29,25 @@ func TestByWeight(t *testing.T) {
 	cases := []struct {
 		what  string
 		views []weightView
+		prior float64 // 0: the mean of views
 		want  []string
 	}{
-		{"none measured: the given order", []weightView{{}, {}, {}}, []string{"a", "b", "c"}},
-		{"the fastest first", []weightView{{bps: 10 * mb}, {bps: 100 * mb}, {bps: 50 * mb}}, []string{"b", "c", "a"}},
+		{"none measured: the given order", []weightView{{}, {}, {}}, 0, []string{"a", "b", "c"}},
+		{"the fastest first", []weightView{{bps: 10 * mb}, {bps: 100 * mb}, {bps: 50 * mb}}, 0, []string{"b", "c", "a"}},
 		{"in flight counts: 100 MB/s with 3 in flight after 50 MB/s idle",
-			[]weightView{{bps: 10 * mb}, {bps: 100 * mb, inflight: 3}, {bps: 50 * mb}}, []string{"c", "b", "a"}},
+			[]weightView{{bps: 10 * mb}, {bps: 100 * mb, inflight: 3}, {bps: 50 * mb}}, 0, []string{"c", "b", "a"}},
 		{"unmeasured at the mean of the measured (55 MB/s): tried before the slow one",
-			[]weightView{{bps: 10 * mb}, {bps: 100 * mb}, {}}, []string{"b", "c", "a"}},
+			[]weightView{{bps: 10 * mb}, {bps: 100 * mb}, {}}, 0, []string{"b", "c", "a"}},
 		{"a member that failed just now sinks",
-			[]weightView{{bps: 100 * mb, fail: 0.25, lastFail: now}, {bps: 20 * mb}, {bps: 10 * mb}}, []string{"b", "c", "a"}},
+			[]weightView{{bps: 100 * mb, fail: 0.25, lastFail: now}, {bps: 20 * mb}, {bps: 10 * mb}}, 0, []string{"b", "c", "a"}},
 		{"an old failure weighs little (5 half-lives)",
-			[]weightView{{bps: 100 * mb, fail: 0.25, lastFail: now.Add(-5 * failHalfLife)}, {bps: 20 * mb}, {bps: 10 * mb}}, []string{"a", "b", "c"}},
-		{"ties keep the given order", []weightView{{bps: mb}, {bps: mb}, {bps: mb}}, []string{"a", "b", "c"}},
+			[]weightView{{bps: 100 * mb, fail: 0.25, lastFail: now.Add(-5 * failHalfLife)}, {bps: 20 * mb}, {bps: 10 * mb}}, 0, []string{"a", "b", "c"}},
+		{"ties keep the given order", []weightView{{bps: mb}, {bps: mb}, {bps: mb}}, 0, []string{"a", "b", "c"}},
+		{"one slow member measured among unmeasured ones: the prior (the mean of every member measured) puts it last",
+			[]weightView{{bps: mb}, {}, {}}, 50 * mb, []string{"b", "c", "a"}},
 	}
 	for _, c := range cases {
-		require.Equal(t, c.want, names(byWeight(ps, c.views, now)), c.what)
+		require.Equal(t, c.want, names(byWeight(ps, c.views, c.prior, now)), c.what)
 	}
 }
 
