@@ -747,10 +747,14 @@ func (d *dirNode) Fsync(ctx context.Context, fh gofs.FileHandle, flags uint32) s
 }
 
 func (d *dirNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	d.fsys.stats.xattrAsks.Add(1)
+	if attr != xattrID {
+		return 0, xattrAbsent(attr)
+	}
 	d.fsys.nsMu.RLock()
 	e, err := d.entry()
 	d.fsys.nsMu.RUnlock()
-	if err != nil || attr != xattrID {
+	if err != nil {
 		return 0, syscall.ENODATA
 	}
 	return xattrValue(dest, e.ID.String())

@@ -128,6 +128,7 @@ type FS struct {
 		ptOpens, daemonOpens, reads, readBytes, commits, commitBatches atomic.Int64
 		ptRefused, ptOpenBytes, openFiles                              atomic.Int64
 		prefetched, prefetchedBytes                                    atomic.Int64
+		xattrAsks                                                      atomic.Int64
 	}
 	// pf runs the directory prefetch of a read-only mount (prefetch.go).
 	pf prefetcher
@@ -159,6 +160,10 @@ type Stats struct {
 	// kernel's page cache (prefetch.go).
 	Prefetched      int64 `json:"prefetched_files"`
 	PrefetchedBytes int64 `json:"prefetched_bytes"`
+	// XattrRequests counts the GETXATTR requests that reached the node
+	// (xattr.go: namespaces Kylix has no attributes in are refused with
+	// ENOTSUP, so tools such as ls ask once per mount, not per file).
+	XattrRequests int64 `json:"xattr_requests"`
 }
 
 // ScrubRate is Options.ScrubRate: the pack scrub's rate in bytes/s, 0
@@ -180,6 +185,7 @@ func (f *FS) Stats() Stats {
 		OpenFiles:            f.stats.openFiles.Load(),
 		Prefetched:           f.stats.prefetched.Load(),
 		PrefetchedBytes:      f.stats.prefetchedBytes.Load(),
+		XattrRequests:        f.stats.xattrAsks.Load(),
 	}
 }
 

@@ -52,9 +52,29 @@ func xattrList(dest []byte, names []string) (uint32, syscall.Errno) {
 	return xattrValue(dest, b.String())
 }
 
+// xattrAbsent is the answer to a getxattr or removexattr of an attribute
+// a file does not have, by namespace. Kylix stores no extended attributes
+// (Setxattr) and only computes its own user.kylix.* ones. In user.* and
+// system.* an attribute is absent (ENODATA: the kernel, with ACLs on,
+// asks once for system.posix_acl_* and caches "no ACL", and takes any
+// other answer but ENODATA as an error of the permission check); the
+// other namespaces (security.*, trusted.*) are not supported at all
+// (ENOTSUP: to the kernel, no file capabilities), which is
+// also what a tool may cache: `ls -l` asks every entry for
+// security.selinux and, told ENOTSUP once, stops asking on that mount,
+// where ENODATA would cost a round trip to the node per entry
+// (docs/design/fs.md, "FUSE settings for many small files").
+func xattrAbsent(attr string) syscall.Errno {
+	if strings.HasPrefix(attr, "user.") || strings.HasPrefix(attr, "system.") {
+		return syscall.ENODATA
+	}
+	return syscall.ENOTSUP
+}
+
 func (n *fileNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	n.fsys.stats.xattrAsks.Add(1)
 	if !strings.HasPrefix(attr, "user.kylix.") {
-		return 0, syscall.ENODATA
+		return 0, xattrAbsent(attr)
 	}
 	n.mu.Lock()
 	local := n.hasLocalLocked()
@@ -136,7 +156,7 @@ func (n *fileNode) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if strings.HasPrefix(attr, "user.kylix.") {
 		return syscall.EPERM
 	}
-	return syscall.ENODATA
+	return xattrAbsent(attr)
 }
 
 // verifyText says what guarantee holds for reads of sf on this node.

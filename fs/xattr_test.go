@@ -1,0 +1,86 @@
+package fs_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	kfs "github.com/kylix/kylix/fs"
+	"github.com/kylix/kylix/fs/internal/fstest"
+)
+
+// TestXattrNamespaces: through the mount, getxattr answers by namespace
+// (security.* and trusted.* not supported: ENOTSUP; an absent user.* or
+// system.* attribute: ENODATA; user.kylix.* computed), on both mounts;
+// and `ls -lR`, which asks every entry for security.selinux, sends the
+// node a handful of GETXATTR requests for a tree of 300 entries instead
+// of one per entry, while the kernel's permission check (POSIX ACLs on:
+// system.posix_acl_access) still refuses another user a 0600 file.
+func TestXattrNamespaces(t *testing.T) {
+	if _, err := exec.LookPath("ls"); err != nil {
+		t.Skip("no ls here")
+	}
+	for _, ro := range []bool{false, true} {
+		t.Run(fmt.Sprintf("read-only=%v", ro), func(t *testing.T) {
+			m := fstest.Mount(t, kfs.Options{ReadOnly: ro})
+			if !ro {
+				openUp(t, m.Dir)
+			}
+			files := map[string][]byte{}
+			for i := range 300 {
+				files[fmt.Sprintf("d%d/f%03d", i%3, i)] = []byte(fmt.Sprint("file ", i))
+			}
+			importTree(t, m, "ds", files)
+			p := filepath.Join(m.Dir, "ds", "d0", "f000")
+			buf := make([]byte, 256)
+			for attr, want := range map[string]syscall.Errno{
+				"security.selinux":        syscall.ENOTSUP,
+				"trusted.overlay.opaque":  syscall.ENOTSUP,
+				"user.nothing":            syscall.ENODATA,
+				"system.posix_acl_access": syscall.ENODATA,
+			} {
+				for _, q := range []string{p, filepath.Dir(p)} {
+					_, err := unix.Lgetxattr(q, attr, buf)
+					assert.Equal(t, want, errnoOf(err), "%s of %s", attr, q)
+				}
+			}
+			n, err := unix.Lgetxattr(p, "user.kylix.state", buf)
+			require.NoError(t, err)
+			assert.Equal(t, "committed", string(buf[:n]))
+			n, err = unix.Lgetxattr(filepath.Dir(p), "user.kylix.id", buf)
+			require.NoError(t, err)
+			assert.Len(t, string(buf[:n]), 64, "a directory's manifest id")
+			if !ro {
+				err = unix.Setxattr(p, "security.test", []byte("x"), 0)
+				assert.Equal(t, syscall.ENOTSUP, errnoOf(err), "setxattr security.*")
+				assert.Equal(t, syscall.ENOTSUP, errnoOf(unix.Removexattr(p, "security.test")), "removexattr security.*")
+			}
+
+			for run := range 2 {
+				before := m.FS.Stats().XattrRequests
+				out, err := exec.Command("ls", "-lR", filepath.Join(m.Dir, "ds")).CombinedOutput()
+				require.NoError(t, err, "ls -lR: %s", out)
+				assert.Equal(t, 300, strings.Count(string(out), "\n-r"), "ls -lR lists every file")
+				asked := m.FS.Stats().XattrRequests - before
+				assert.LessOrEqual(t, asked, int64(4), "run %d: ls -lR of 303 entries sent %d GETXATTR requests to the node", run, asked)
+			}
+
+			if !ro {
+				secret := filepath.Join(m.Dir, "ds", "secret")
+				require.NoError(t, os.WriteFile(secret, []byte("root only"), 0o600))
+				_, err := exec.Command("ls", "-l", secret).CombinedOutput()
+				require.NoError(t, err)
+				err = as(nobody, func() error { _, err := os.ReadFile(secret); return err })
+				assert.Equal(t, syscall.EACCES, errnoOf(err), "65534 reads a 0600 file of root")
+			}
+		})
+	}
+}
