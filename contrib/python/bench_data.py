@@ -18,6 +18,11 @@ each worker count given):
   kylix files    kylix.data.Samples through the mount
   kylix shards   kylix.data.Shards through the mount (8 MiB reads)
 
+and two batched rows, where a worker hands over one list of 64 samples
+(one pickle) instead of one sample: "ext4 files, batch 64" (the
+DataLoader batches kylix.data.Samples over the source tree,
+batch_size=64) and "kylix shards, batch 64" (kylix.data.Shards(batch=64)).
+
 warm: the page cache and the node hold everything (a pass before the
 timed ones); cold: page cache dropped, and for the Kylix rows the node
 restarted, before each run (the first pass after a node start).
@@ -100,9 +105,17 @@ class Node:
         subprocess.run([self.kylix, *args, "--data", self.data], check=True, stdout=subprocess.DEVNULL)
 
 
-def count(ds, workers):
+def as_list(batch):
+    return batch
+
+
+def count(ds, workers, batch=None):
+    # batch: the DataLoader batches a map-style data set itself (its
+    # workers send one list per batch), as a training loop over files does.
+    dl = (DataLoader(ds, batch_size=batch, collate_fn=as_list, num_workers=workers) if batch
+          else DataLoader(ds, batch_size=None, num_workers=workers))
     n = 0
-    for s in DataLoader(ds, batch_size=None, num_workers=workers):
+    for s in dl:
         n += len(s) if isinstance(s, list) else 1
     return n
 
@@ -155,20 +168,21 @@ def main():
         node.run("shards", "ds/d", "ds/d.shards")
         samples = a.files // 2
         ways = {
-            "ext4 files": (False, lambda: kd.Samples(src)),
-            "ext4 tarfile": (False, lambda: TarfileShards(paths)),
-            "kylix files": (True, lambda: kd.Samples(os.path.join(node.mnt, "ds", "d"))),
-            "kylix shards": (True, lambda: kd.Shards(os.path.join(node.mnt, "ds", "d.shards"))),
-            "kylix shards, batch 64": (True, lambda: kd.Shards(os.path.join(node.mnt, "ds", "d.shards"), batch=64)),
+            "ext4 files": (False, lambda: kd.Samples(src), None),
+            "ext4 files, batch 64": (False, lambda: kd.Samples(src), 64),
+            "ext4 tarfile": (False, lambda: TarfileShards(paths), None),
+            "kylix files": (True, lambda: kd.Samples(os.path.join(node.mnt, "ds", "d")), None),
+            "kylix shards": (True, lambda: kd.Shards(os.path.join(node.mnt, "ds", "d.shards")), None),
+            "kylix shards, batch 64": (True, lambda: kd.Shards(os.path.join(node.mnt, "ds", "d.shards"), batch=64), None),
         }
         info = {"samples": samples, "files": a.files, "bytes": total, "machine": os.uname().nodename, "cpus": os.cpu_count()}
         print(json.dumps({"setup": info}), flush=True)
         for workers in [int(w) for w in a.workers.split(",")]:
             for temp in ("warm", "cold"):
-                for name, (on_kylix, make) in ways.items():
+                for name, (on_kylix, make, batch) in ways.items():
                     times = []
                     if temp == "warm":
-                        count(make(), workers)  # fill the caches
+                        count(make(), workers, batch)  # fill the caches
                     for _ in range(a.repeat):
                         if temp == "cold":
                             if on_kylix:
@@ -177,7 +191,7 @@ def main():
                             if on_kylix:
                                 node.start()
                         t0 = time.perf_counter()
-                        n = count(make(), workers)
+                        n = count(make(), workers, batch)
                         times.append(time.perf_counter() - t0)
                         if n != samples:
                             raise SystemExit(f"{name}: {n} samples, want {samples}")
