@@ -91,6 +91,7 @@ type peerOut struct {
 	State     string `json:"state"`
 	Fetched   int64  `json:"chunks_fetched"`
 	BadChunks int64  `json:"bad_chunks"`
+	Errors    int64  `json:"errors"`
 }
 
 type placementOut struct {
