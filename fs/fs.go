@@ -260,16 +260,17 @@ func (f *FS) MountOptions() *gofs.Options {
 		DirectMount:  true,
 		Debug:        f.opts.Debug,
 		// The kernel checks permissions from the attributes we return.
-		Options:              []string{"default_permissions"},
-		IgnoreSecurityLabels: true,
-		// POSIX ACLs on: the kernel then asks for an inode's ACL
-		// (system.posix_acl_access, which `ls -l` reads for every
-		// entry) once and caches the answer, instead of a GETXATTR
-		// round trip per call (docs/design/fs.md, "FUSE settings for
-		// many small files"). No ACL is ever stored (setxattr answers
-		// ENOTSUP), so the cached "none" cannot go stale; the kernel
-		// checks permissions from the mode as before.
-		EnableAcl:     true,
+		Options: []string{"default_permissions"},
+		// POSIX ACLs off, and every xattr request answered by the file
+		// system (not go-fuse's IgnoreSecurityLabels, which answers
+		// "no such attribute" for the ACL and capability names):
+		// Kylix stores no ACL, so getxattr of system.posix_acl_* says
+		// ENOTSUP, which `ls -l` caches for the mount after its first
+		// entry (fs/xattr.go, xattrAbsent). With ACLs on, the kernel
+		// asked for each inode's ACL once, a round trip per entry the
+		// first time a tree was listed (docs/design/fs.md, "FUSE
+		// settings for many small files"). Permissions are checked from
+		// the mode (default_permissions), as they were.
 		MaxBackground: 64,
 		// Replies are byte slices; splicing them only adds a pipe copy.
 		DisableSplice: true,

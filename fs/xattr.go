@@ -54,18 +54,17 @@ func xattrList(dest []byte, names []string) (uint32, syscall.Errno) {
 
 // xattrAbsent is the answer to a getxattr or removexattr of an attribute
 // a file does not have, by namespace. Kylix stores no extended attributes
-// (Setxattr) and only computes its own user.kylix.* ones. In user.* and
-// system.* an attribute is absent (ENODATA: the kernel, with ACLs on,
-// asks once for system.posix_acl_* and caches "no ACL", and takes any
-// other answer but ENODATA as an error of the permission check); the
-// other namespaces (security.*, trusted.*) are not supported at all
-// (ENOTSUP: to the kernel, no file capabilities), which is
-// also what a tool may cache: `ls -l` asks every entry for
-// security.selinux and, told ENOTSUP once, stops asking on that mount,
-// where ENODATA would cost a round trip to the node per entry
-// (docs/design/fs.md, "FUSE settings for many small files").
+// (Setxattr) and only computes its own user.kylix.* ones: in user.* an
+// attribute is absent (ENODATA); the other namespaces (security.*,
+// trusted.*, system.* with its POSIX ACLs, which the mount leaves off)
+// are not supported at all (ENOTSUP: to the kernel, no file
+// capabilities). That is also what a tool may cache: `ls -l` asks every
+// entry for security.selinux and system.posix_acl_access and, told
+// ENOTSUP once, stops asking on that mount, where ENODATA would cost two
+// round trips to the node per entry (docs/design/fs.md, "FUSE settings
+// for many small files").
 func xattrAbsent(attr string) syscall.Errno {
-	if strings.HasPrefix(attr, "user.") || strings.HasPrefix(attr, "system.") {
+	if strings.HasPrefix(attr, "user.") {
 		return syscall.ENODATA
 	}
 	return syscall.ENOTSUP
