@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 
 	bolt "go.etcd.io/bbolt"
@@ -605,8 +606,14 @@ func (w *packWriter) write(p []byte) error {
 		w.startWriteback(w.off)
 		return nil
 	}
-	if w.buf == nil {
-		w.buf = make([]byte, 0, packWriteBuf)
+	if cap(w.buf)-len(w.buf) < len(p) {
+		// Grown to what is written, up to packWriteBuf: a small file's
+		// few KiB must not cost an 8 MiB buffer the runtime zeroes
+		// (each small file's import allocated one: docs/bench.md,
+		// "Importing many small files").
+		nb := make([]byte, len(w.buf), min(packWriteBuf, max(2*cap(w.buf), len(w.buf)+len(p), 64<<10)))
+		copy(nb, w.buf)
+		w.buf = nb
 	}
 	w.buf = append(w.buf, p...)
 	w.off += int64(len(p))
@@ -687,17 +694,25 @@ type chunkJob struct {
 	done chan struct{}
 }
 
-// bufPool holds chunk buffers sized for the largest chunk either chunker cuts.
+// bufPool holds chunk buffers for reuse (putBuf keeps those up to 16
+// MiB). getBuf makes a new one at the largest chunk either chunker cuts
+// for a chunk of at least the content-defined minimum (so that buffers of
+// a large file's chunks are reused whatever their length), and at the
+// size asked for below it: a small file's only chunk must not cost a
+// 4 MiB buffer the runtime zeroes.
 var bufPool = sync.Pool{New: func() any {
-	_, _, cdcMax := chunking.DefaultCDC().Sizes()
-	b := make([]byte, 0, max(chunking.DefaultTensorChunk, int64(cdcMax)))
+	b := []byte(nil)
 	return &b
 }}
 
 func getBuf(n int) *[]byte {
 	b := bufPool.Get().(*[]byte)
 	if cap(*b) < n {
-		nb := make([]byte, n)
+		c := n
+		if cdcMin, _, cdcMax := chunking.DefaultCDC().Sizes(); n >= cdcMin {
+			c = max(n, int(chunking.DefaultTensorChunk), cdcMax)
+		}
+		nb := make([]byte, n, c)
 		return &nb
 	}
 	*b = (*b)[:n]
@@ -794,11 +809,19 @@ func produceChunks(ctx context.Context, f *os.File, size int64, plan chunkPlan, 
 	}
 	cdc := chunking.DefaultCDC()
 	_, _, maxLen := cdc.Sizes()
-	win := make([]byte, 0, 4*maxLen)
+	// The window holds up to four of the longest chunks, and no more
+	// than the file and one byte (which finds its end, or that it grew):
+	// a small file's import must not zero a 16 MiB window.
+	win := make([]byte, 0, min(int64(4*maxLen), size+1))
 	var off int64
 	eof := false
 	for {
 		for !eof && len(win) < 2*maxLen {
+			if len(win) == cap(win) {
+				// The file grew past its size: widen the window, and
+				// the check after the loop reports the change.
+				win = slices.Grow(win, 4*maxLen-len(win))
+			}
 			n, err := f.ReadAt(win[len(win):cap(win)], off)
 			win = win[:len(win)+n]
 			off += int64(n)
