@@ -142,20 +142,32 @@ func (n *fileNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.
 	return xattrList(dest, fileXattrs)
 }
 
-// Setxattr: Kylix stores no extended attributes of its own; its
-// user.kylix.* attributes are computed and read-only.
-func (n *fileNode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+// Setxattr and Removexattr of every kind of node, and Getxattr of those
+// that have no attributes of their own (symlinks, FIFOs, sockets, device
+// nodes; files and directories compute their user.kylix.* ones): one
+// rule for all. Kylix stores no extended attributes of its own; its
+// user.kylix.* attributes are computed and read-only. Every node answers:
+// a directory that said "no such attribute" (go-fuse's answer for a node
+// without the method) to setxattr of system.posix_acl_access made
+// `cp -a` of a tree into the mount fail ("preserving permissions: No data
+// available"), where ENOTSUP makes it fall back to chmod.
+func (b *base) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
 	if strings.HasPrefix(attr, "user.kylix.") {
 		return syscall.EPERM
 	}
 	return syscall.ENOTSUP
 }
 
-func (n *fileNode) Removexattr(ctx context.Context, attr string) syscall.Errno {
+func (b *base) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if strings.HasPrefix(attr, "user.kylix.") {
 		return syscall.EPERM
 	}
 	return xattrAbsent(attr)
+}
+
+func (b *base) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	b.fsys.stats.xattrAsks.Add(1)
+	return 0, xattrAbsent(attr)
 }
 
 // verifyText says what guarantee holds for reads of sf on this node.
