@@ -51,3 +51,26 @@ func TestImportSmallFilesAllocates(t *testing.T) {
 		require.Equal(t, want, got[:k], name)
 	}
 }
+
+// TestProduceChunksSizeChanged: a file longer or shorter than the size
+// its import planned for (it grew or shrank after the stat) is an error,
+// whatever its length against the chunker's window, never a loop or a
+// silent cut.
+func TestProduceChunksSizeChanged(t *testing.T) {
+	for _, size := range []int{100, 5000, 3 << 20, 9 << 20} {
+		p := filepath.Join(t.TempDir(), "f")
+		require.NoError(t, os.WriteFile(p, make([]byte, size), 0o644))
+		f, err := os.Open(p)
+		require.NoError(t, err)
+		defer f.Close()
+		for _, planned := range []int64{int64(size) - 1, int64(size) + 1} {
+			n := 0
+			err := produceChunks(context.Background(), f, planned, chunkPlan{}, func(j *chunkJob) bool { n += len(j.data); return true })
+			require.Error(t, err, "a file of %d bytes imported as %d", size, planned)
+			require.Contains(t, err.Error(), "size", "a file of %d bytes imported as %d", size, planned)
+		}
+		n := 0
+		require.NoError(t, produceChunks(context.Background(), f, int64(size), chunkPlan{}, func(j *chunkJob) bool { n += len(j.data); return true }))
+		require.Equal(t, size, n)
+	}
+}
