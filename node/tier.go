@@ -62,7 +62,7 @@ func (n *Node) Tier(ctx context.Context, r TierRequest, progress Progress) (Tier
 	if err != nil {
 		return out, fmt.Errorf("tier %s %s: %w", r.To, r.Path, err)
 	}
-	n.log.Info("tier: moved", "path", r.Path, "to", r.To, "files", out.Files, "stripes", out.Stripes, "coded_bytes", out.Logical, "parity_bytes", out.Parity)
+	n.log.Info("tier: moved", "path", r.Path, "to", r.To, "files", out.Files, "stripes", out.Stripes, "shape", out.Shape, "coded_bytes", out.Logical, "parity_bytes", out.Parity)
 	return out, nil
 }
 
@@ -96,7 +96,7 @@ func (n *Node) coldLoop(ctx context.Context, idle time.Duration) {
 			n.log.Warn("cold-after: moving idle files to the cold tier failed; will retry", "err", err)
 		case err == nil && res.Files > 0:
 			saidSmall = false
-			n.log.Info("cold-after: moved idle files to the cold tier", "files", res.Files, "stripes", res.Stripes, "coded_bytes", res.Logical, "parity_bytes", res.Parity, "changed", len(res.Changed))
+			n.log.Info("cold-after: moved idle files to the cold tier", "files", res.Files, "stripes", res.Stripes, "shape", res.Shape, "coded_bytes", res.Logical, "parity_bytes", res.Parity, "changed", len(res.Changed))
 		}
 	}
 }

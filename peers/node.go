@@ -86,6 +86,10 @@ type Config struct {
 	// counts as an owner (nobody repairs its chunks): 0 means
 	// DefaultFailureGrace, negative none.
 	FailureGrace time.Duration
+	// ColdShards sets k of the stripes per path (serve --cold-shards):
+	// for serve --cold-after, and kylix tier cold without --data-shards.
+	// nil: the cluster's default everywhere.
+	ColdShards ShardPolicy
 	// Keep lists the namespace paths whose chunks this member keeps even
 	// when it does not own them (pins); nil: none. An error keeps all.
 	Keep func() ([]string, error)

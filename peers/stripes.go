@@ -97,6 +97,17 @@ func stripeShapeFor(members []peer) (StripeShape, error) {
 // excluded): see stripeShapeFor.
 func (n *Node) StripeShape() (StripeShape, error) { return stripeShapeFor(n.members()) }
 
+// shapeOf is the shape of stripes of k data shards, refused when they
+// would cost 1.5x or more or k is past MaxStripeData, whatever the cluster.
+func shapeOf(k int) (StripeShape, error) {
+	sh := StripeShape{K: k, M: StripeParity}
+	if k < 1 || k > MaxStripeData || sh.Overhead() >= MaxStripeOverhead {
+		return StripeShape{}, fmt.Errorf("stripes of %s cost %.2fx: want %d to %d data shards with %d parity, below %.1fx", sh, sh.Overhead(),
+			MinStripeWidth-StripeParity, MaxStripeData, StripeParity, MaxStripeOverhead)
+	}
+	return sh, nil
+}
+
 // StripeShapeK is the stripe of k data shards and StripeParity parity
 // shards, if its overhead is below MaxStripeOverhead, k is at most
 // MaxStripeData and the members alive now hold it; k = 0 is StripeShape.
@@ -104,10 +115,9 @@ func (n *Node) StripeShapeK(k int) (StripeShape, error) {
 	if k == 0 {
 		return n.StripeShape()
 	}
-	sh := StripeShape{K: k, M: StripeParity}
-	if k < 1 || k > MaxStripeData || sh.Overhead() >= MaxStripeOverhead {
-		return StripeShape{}, fmt.Errorf("stripes of %s cost %.2fx: want %d to %d data shards with %d parity, below %.1fx", sh, sh.Overhead(),
-			MinStripeWidth-StripeParity, MaxStripeData, StripeParity, MaxStripeOverhead)
+	sh, err := shapeOf(k)
+	if err != nil {
+		return StripeShape{}, err
 	}
 	ss := storers(n.members())
 	if width, zones := stripeWidth(ss, StripeParity); width < sh.K+sh.M {

@@ -5,9 +5,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -117,17 +119,141 @@ func (n *Node) MakeCold(ctx context.Context, p string, progress TierProgress) (T
 // MakeColdK is MakeCold with stripes of k data shards (StripeShapeK; 0:
 // the cluster's default).
 func (n *Node) MakeColdK(ctx context.Context, p string, k int, progress TierProgress) (TierResult, error) {
-	sh, err := n.StripeShapeK(k)
-	if err != nil {
+	if k != 0 {
+		if _, err := n.StripeShapeK(k); err != nil {
+			return TierResult{}, err
+		}
+	} else if _, err := n.StripeShape(); err != nil {
 		return TierResult{}, err
 	}
 	files, pinned, err := n.tierFiles(ctx, p)
 	if err != nil {
 		return TierResult{}, err
 	}
-	res, err := n.makeCold(ctx, files, sh, progress)
+	res, err := n.makeColdBy(ctx, files, k, progress)
 	res.Pinned = pinned
 	return res, err
+}
+
+// ShardPolicy is k of the stripes by namespace path (serve --cold-shards
+// PATH=K): the longest path at or above a file decides; a file under none
+// gets the cluster's default (StripeShape). The member that converts
+// applies its own policy: give every member that runs --cold-after the
+// same one.
+type ShardPolicy map[string]int
+
+// ParseShardPolicy parses PATH=K specs (K data shards for the files at
+// and below PATH; PATH "" or "/" is the whole namespace), refusing a K
+// whose stripes would cost 1.5x or more or is past MaxStripeData, and a
+// path given twice.
+func ParseShardPolicy(specs []string) (ShardPolicy, error) {
+	if len(specs) == 0 {
+		return nil, nil
+	}
+	sp := ShardPolicy{}
+	for _, spec := range specs {
+		p, kText, ok := strings.Cut(spec, "=")
+		if !ok {
+			return nil, fmt.Errorf("%q: want PATH=K (K data shards for the files at and below PATH)", spec)
+		}
+		k, err := strconv.Atoi(strings.TrimSpace(kText))
+		if err != nil {
+			return nil, fmt.Errorf("%q: K %q is not a number", spec, kText)
+		}
+		if _, err := shapeOf(k); err != nil {
+			return nil, fmt.Errorf("%q: %w", spec, err)
+		}
+		key := policyPath(p)
+		if _, dup := sp[key]; dup {
+			return nil, fmt.Errorf("%q: path %q given twice", spec, "/"+key)
+		}
+		sp[key] = k
+	}
+	return sp, nil
+}
+
+// policyPath is p as a namespace path without leading or trailing slash
+// ("" for the whole namespace).
+func policyPath(p string) string {
+	p = path.Clean("/" + strings.TrimSpace(p))
+	return strings.TrimPrefix(p, "/")
+}
+
+// For returns k for the file at namespace path p: that of the longest
+// policy path at or above it, 0 (the default) when none is.
+func (sp ShardPolicy) For(p string) int {
+	p = policyPath(p)
+	for {
+		if k, ok := sp[p]; ok {
+			return k
+		}
+		if p == "" {
+			return 0
+		}
+		if i := strings.LastIndexByte(p, '/'); i >= 0 {
+			p = p[:i]
+		} else {
+			p = ""
+		}
+	}
+}
+
+// makeColdBy makes files cold in stripes of k data shards, or, with k 0,
+// of the k this member's policy (Config.ColdShards) gives each file's
+// path, one conversion per k; a k the members alive now cannot hold
+// leaves its files warm and is named in the error, after the others
+// were converted.
+func (n *Node) makeColdBy(ctx context.Context, files []tierFile, k int, progress TierProgress) (TierResult, error) {
+	groups := map[int][]tierFile{}
+	for _, f := range files {
+		fk := k
+		if fk == 0 {
+			fk = n.cfg.ColdShards.For(f.path)
+		}
+		groups[fk] = append(groups[fk], f)
+	}
+	ks := slices.Sorted(maps.Keys(groups))
+	var res TierResult
+	var errs []error
+	var shapes []string
+	for _, gk := range ks {
+		sh, err := n.StripeShapeK(gk)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%d files left warm: %w", len(groups[gk]), err))
+			continue
+		}
+		r, err := n.makeCold(ctx, groups[gk], sh, progress)
+		res.add(r)
+		if r.Stripes > 0 {
+			shapes = append(shapes, r.Shape)
+		}
+		if err != nil {
+			errs = append(errs, err)
+			if ctx.Err() != nil {
+				break
+			}
+		}
+	}
+	res.Shape = strings.Join(shapes, ", ")
+	if len(shapes) == 0 && len(ks) == 1 {
+		if sh, err := n.StripeShapeK(ks[0]); err == nil {
+			res.Shape = sh.String()
+		}
+	}
+	return res, errors.Join(errs...)
+}
+
+// add adds r's counts and lists to res (not its Shape).
+func (res *TierResult) add(r TierResult) {
+	res.Files += r.Files
+	res.Changed = append(res.Changed, r.Changed...)
+	res.Pinned = append(res.Pinned, r.Pinned...)
+	res.Stripes += r.Stripes
+	res.Chunks += r.Chunks
+	res.Logical += r.Logical
+	res.Parity += r.Parity
+	res.Pushed += r.Pushed
+	res.PushedBytes += r.PushedBytes
 }
 
 // MakeColdIdle makes cold, as MakeCold, the files of the namespace nobody
@@ -174,11 +300,7 @@ func (n *Node) MakeColdIdle(ctx context.Context, idle time.Duration) (TierResult
 	if len(files) == 0 {
 		return TierResult{}, nil
 	}
-	sh, err := n.StripeShape()
-	if err != nil {
-		return TierResult{}, err
-	}
-	return n.makeCold(ctx, files, sh, nil)
+	return n.makeColdBy(ctx, files, 0, nil)
 }
 
 // lastReadEverywhere returns, for each file, the end of the last day any

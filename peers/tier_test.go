@@ -406,3 +406,27 @@ func coldMemberLeaves(t *testing.T, k int) {
 	t.Cleanup(func() { n.Close() })
 	waitFor(t, "each shard on its home alone again", once(append(append([]*testNode{}, rest...), n)))
 }
+
+// TestShardPolicy: serve --cold-shards PATH=K specs, parsed and applied
+// by the longest path at or above a file.
+func TestShardPolicy(t *testing.T) {
+	sp, err := ParseShardPolicy([]string{"models=8", "/models/small/=5", "data/sets = 10", "/=6"})
+	require.NoError(t, err)
+	for p, want := range map[string]int{
+		"models/a.bin":          8,
+		"/models/small/x/y.bin": 5,
+		"models/smaller.bin":    8, // a sibling with the same prefix is not under models/small
+		"data/sets/s.tar":       10,
+		"data/other":            6,
+		"top.bin":               6,
+	} {
+		require.Equal(t, want, sp.For(p), p)
+	}
+	none, err := ParseShardPolicy(nil)
+	require.NoError(t, err)
+	require.Equal(t, 0, none.For("any/file"), "no policy: the default")
+	for _, bad := range [][]string{{"models"}, {"models=x"}, {"models=4"}, {"models=11"}, {"a=5", "/a/=6"}} {
+		_, err := ParseShardPolicy(bad)
+		require.Error(t, err, "%q", bad)
+	}
+}

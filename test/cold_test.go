@@ -235,8 +235,14 @@ func TestClusterCold(t *testing.T) {
 // stripe at most). serve refuses --cold-after without --listen.
 func TestClusterColdAfter(t *testing.T) {
 	requireFUSE(t)
-	if out := refusedServe(t, "--cold-after", "1h"); !strings.Contains(out, "--cold-after needs a cluster") {
+	if out := refusedServe(t, "--cold-after", "1h"); !strings.Contains(out, "need a cluster") {
 		t.Errorf("serve --cold-after without --listen: %s", out)
+	}
+	if out := refusedServe(t, "--cold-shards", "narrow=5"); !strings.Contains(out, "need a cluster") {
+		t.Errorf("serve --cold-shards without --listen: %s", out)
+	}
+	if out := refusedServe(t, "--listen", "127.0.0.1:1", "--cold-shards", "narrow=4"); !strings.Contains(out, "cost 1.50x") {
+		t.Errorf("serve --cold-shards narrow=4 (stripes of 1.5x): %s", out)
 	}
 	key := clusterKey(t)
 	var ms []*member
@@ -244,7 +250,7 @@ func TestClusterColdAfter(t *testing.T) {
 		var join, extra, env []string
 		switch i {
 		case 0:
-			extra = []string{"--cold-after", "5s"}
+			extra = []string{"--cold-after", "5s", "--cold-shards", "narrow=5"}
 		case 7:
 			env = []string{"KYLIX_TEST_PEER_CORRUPT=1"}
 		}
@@ -268,9 +274,22 @@ func TestClusterColdAfter(t *testing.T) {
 	// liar, a data shard in all but certainly one of them.
 	src2, sum2 := randomFile(t, 32<<20)
 	mustKylix(t, "/", "import", "--data", a.data, src2, "unread.bin")
-	waitFor(t, membershipWait+30*time.Second, "unread.bin cold by itself", func() bool {
-		return statCluster(t, a, "unread.bin").Stripes > 0
+	// A path A's --cold-shards gives 5 data shards: its idle file goes
+	// cold in stripes of 5+2, the rest in the default 6+2 (8 members).
+	src3, sum3 := randomFile(t, 8<<20)
+	mustKylix(t, "/", "import", "--data", a.data, src3, "narrow/x.bin")
+	waitFor(t, membershipWait+30*time.Second, "unread.bin and narrow/x.bin cold by themselves", func() bool {
+		return statCluster(t, a, "unread.bin").Stripes > 0 && statCluster(t, a, "narrow/x.bin").Stripes > 0
 	})
+	var moved []string
+	for _, l := range strings.Split(a.log.String(), "\n") {
+		if strings.Contains(l, "cold-after: moved idle files") {
+			moved = append(moved, l)
+		}
+	}
+	if m := strings.Join(moved, "\n"); !strings.Contains(m, "5+2") || !strings.Contains(m, "6+2") {
+		t.Errorf("A's log does not say it coded stripes of 5+2 (narrow, --cold-shards) and 6+2 (the rest):\n%s", m)
+	}
 	if st := statCluster(t, a, "read.bin"); st.Stripes != 0 {
 		t.Errorf("read.bin, read through A's mount today, went cold: %+v", st)
 	}
@@ -287,6 +306,9 @@ func TestClusterColdAfter(t *testing.T) {
 	})
 	if shaOn(t, b, filepath.Join(b.mnt, "unread.bin")) != sum2 {
 		t.Fatal("cold unread.bin through B's mount differs from the source")
+	}
+	if shaOn(t, b, filepath.Join(b.mnt, "narrow/x.bin")) != sum3 {
+		t.Fatal("cold narrow/x.bin (5+2) through B's mount differs from the source")
 	}
 	if p := peersOf(t, b)[liar.addr[:strings.LastIndex(liar.addr, ":")]]; p.BadChunks == 0 {
 		t.Errorf("B caught no bad chunk from the liar reading unread.bin: %+v", p)

@@ -93,7 +93,7 @@ func applyConfig(f *flags, path string) ([]string, error) {
 // configValue turns a TOML value into the flag's text, checking its type:
 // booleans for boolean flags, integers for integer flags, strings for the
 // rest (an integer is taken for a string too: peer-cache = 0), and, for
-// join, a list of strings.
+// join and the list flags (cold-shards), a list of strings.
 func configValue(fl *pflag.Flag, v any) (string, error) {
 	switch typ := fl.Value.Type(); typ {
 	case "bool":
@@ -121,14 +121,17 @@ func configValue(fl *pflag.Flag, v any) (string, error) {
 		case int64:
 			return strconv.FormatInt(x, 10), nil
 		case []any:
-			if fl.Name != "join" {
+			if fl.Name != "join" && typ != "stringSlice" {
 				break
 			}
 			var ss []string
 			for _, e := range x {
 				s, ok := e.(string)
 				if !ok {
-					return "", fmt.Errorf("want a list of \"HOST:PORT\" strings, got %s in it", tomlType(e))
+					if fl.Name == "join" {
+						return "", fmt.Errorf("want a list of \"HOST:PORT\" strings, got %s in it", tomlType(e))
+					}
+					return "", fmt.Errorf("want a list of strings, got %s in it", tomlType(e))
 				}
 				ss = append(ss, s)
 			}

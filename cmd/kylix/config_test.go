@@ -245,3 +245,15 @@ func TestEditDistance(t *testing.T) {
 	assert.Equal(t, 1, editDistance("lisen", "listen"))
 	assert.Equal(t, 3, editDistance("abc", ""))
 }
+
+// A list flag (cold-shards) takes a TOML list of strings, each one value.
+func TestConfigListFlag(t *testing.T) {
+	f := serveFlagSet(t)
+	_, err := applyConfig(f, writeConfig(t, "cold-shards = [\"models=10\", \"datasets=6\"]\n"))
+	require.NoError(t, err)
+	v, err := f.GetStringSlice("cold-shards")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"models=10", "datasets=6"}, v)
+	_, err = applyConfig(serveFlagSet(t), writeConfig(t, "cold-shards = [6]\n"))
+	require.ErrorContains(t, err, "want a list of strings")
+}

@@ -30,6 +30,7 @@ type peerFlags struct {
 	logGossip                                     *bool
 	repairRate                                    *int64
 	failureGrace, leaveDelay, coldAfter           *time.Duration
+	coldShards                                    *[]string
 }
 
 func addPeerFlags(f *flags) *peerFlags {
@@ -53,6 +54,9 @@ func addPeerFlags(f *flags) *peerFlags {
 			"on stop, how long the member waits after announcing its leave, so the others learn it left rather than failed (0: none)"),
 		coldAfter: f.Duration("cold-after", 0, "move the files nobody read (nor wrote) for this long to the cold tier: Reed-Solomon stripes across the members, "+
 			"as kylix tier cold does (0: never; a read counts until the end of its day, UTC; pinned files never move; needs 7 members)"),
+		coldShards: f.StringSlice("cold-shards", nil, "PATH=K[,PATH=K...]: stripes of K data shards and 2 parity for the files at and below the namespace path PATH "+
+			"(5 to 10; the longest PATH above a file decides; repeat the flag or separate with commas; in the config file a list), for --cold-after and for kylix tier cold without --data-shards "+
+			"(default: the widest the cluster allows, up to 10). Give every member that runs --cold-after the same"),
 		role:      f.String("role", "node", "node (stores its share of the cluster's chunks) or reader (owns none: reads from the others, keeps what it fetched in its peer cache and what it pins; for GPU nodes that load models)"),
 		logGossip: f.Bool("log-gossip", false, "log every line of the gossip layer (serf, memberlist), not only its warnings and errors: joins, state exchanges, probes (diagnosis)"),
 	}
@@ -65,10 +69,14 @@ func (pf *peerFlags) config(data string, log *slog.Logger) (*peers.Config, error
 		if *pf.join != "" || *pf.keyFile != "" {
 			return nil, fmt.Errorf("serve: --join and --cluster-key need --listen HOST:PORT")
 		}
-		if *pf.coldAfter != 0 {
-			return nil, fmt.Errorf("serve: --cold-after needs a cluster (--listen HOST:PORT): the cold tier codes data across its members")
+		if *pf.coldAfter != 0 || len(*pf.coldShards) > 0 {
+			return nil, fmt.Errorf("serve: --cold-after and --cold-shards need a cluster (--listen HOST:PORT): the cold tier codes data across its members")
 		}
 		return nil, nil
+	}
+	coldShards, err := peers.ParseShardPolicy(*pf.coldShards)
+	if err != nil {
+		return nil, fmt.Errorf("serve: --cold-shards %w", err)
 	}
 	if *pf.coldAfter < 0 {
 		return nil, fmt.Errorf("serve: --cold-after %s: want a duration above 0, or 0 for never", *pf.coldAfter)
@@ -120,8 +128,8 @@ func (pf *peerFlags) config(data string, log *slog.Logger) (*peers.Config, error
 		RepairRate: orNone(*pf.repairRate), FailureGrace: time.Duration(orNone(int64(*pf.failureGrace))),
 		LeaveDelay:    time.Duration(orNone(int64(*pf.leaveDelay))),
 		CorruptServed: os.Getenv("KYLIX_TEST_PEER_CORRUPT") == "1", ServeDelay: testServeDelay(),
-		CrashAfterStripes: testInt("KYLIX_TEST_TIER_CRASH_AFTER"),
-		HandshakeTimeout:  testDuration("KYLIX_TEST_PEER_HANDSHAKE"), IdleTimeout: testDuration("KYLIX_TEST_PEER_IDLE")}, nil
+		CrashAfterStripes: testInt("KYLIX_TEST_TIER_CRASH_AFTER"), ColdShards: coldShards,
+		HandshakeTimeout: testDuration("KYLIX_TEST_PEER_HANDSHAKE"), IdleTimeout: testDuration("KYLIX_TEST_PEER_IDLE")}, nil
 }
 
 // readAheadChunks is the store's Options.ReadAheadChunks from --read-ahead.

@@ -19,8 +19,10 @@ cluster the node serving --data belongs to (docs/design/erasure.md), and
 returns when it is done, with a progress bar on a terminal:
 
   cold  codes the chunks into Reed-Solomon stripes of k data and m = 2
-        parity shards across k+m members (k the widest up to 10 the cluster
-        allows with (k+2)/k below 1.5), stores every shard on its member,
+        parity shards across k+m members (k: --data-shards, else the one
+        serve --cold-shards PATH=K gives the file's path, else the widest
+        up to 10 the cluster allows with (k+2)/k below 1.5; files of
+        several k are coded apart), stores every shard on its member,
         then names the stripes in the files' manifests; each member then
         keeps one copy of each shard and drops the replicas beyond it. The
         files read as before, and keep reading with any 2 members gone.
@@ -38,7 +40,7 @@ stripe below 1.5x (7 members, at most 2 in one zone) says so and changes
 nothing (kylix doctor and kylix peers say which shape the cluster allows).
 serve --cold-after DURATION moves the files nobody read for that long by
 itself. Fails when no node runs, or when it was started without --listen.`).withJSON()
-	k := f.Int("data-shards", 0, "cold: stripes of K data shards and 2 parity (5 to 10, and at most the members less 2; 0: the widest the cluster allows). Narrower stripes cost more ((K+2)/K) and leave members to repair onto")
+	k := f.Int("data-shards", 0, "cold: stripes of K data shards and 2 parity for every file (5 to 10, and at most the members less 2; 0: the node's --cold-shards for each file's path, else the widest the cluster allows). Narrower stripes cost more ((K+2)/K) and leave members to repair onto")
 	if err := f.parse(args, 2, 2); err != nil {
 		return err
 	}
