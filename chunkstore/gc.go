@@ -110,6 +110,7 @@ func (s *Store) Collect(ctx context.Context, opts GCOptions) (GCResult, error) {
 	packSize := map[uint64]int64{}
 	cin := compactInput{chunks: map[uint64][]chunkAt{}, locs: map[ID]Location{}, info: map[uint64]packInfo{}, files: liveFiles}
 	var deadPacks []uint64
+	deadOpen := false
 	s.mu.Lock()
 	cur := s.shared
 	s.mu.Unlock()
@@ -171,9 +172,13 @@ func (s *Store) Collect(ctx context.Context, opts GCOptions) (GCResult, error) {
 			}
 			packSize[id] = pi.Size
 			cin.info[id] = pi
-			// The open shared pack keeps its record (and file): new
-			// appends go after its end.
-			if !livePack[id] && (cur == nil || cur.id != id) {
+			if !livePack[id] {
+				// The open shared pack too: no import runs (gcMu is
+				// held), so nothing is pending in it, and it is retired
+				// (rotated out below) like any pack nothing lives in.
+				// Kept, it held the bytes of every file removed since
+				// it opened until it filled up, dead but not freed.
+				deadOpen = deadOpen || (cur != nil && cur.id == id)
 				recs = append(recs, record{kind: recDelPack, pack: id})
 				deadPacks = append(deadPacks, id)
 			}
@@ -182,6 +187,17 @@ func (s *Store) Collect(ctx context.Context, opts GCOptions) (GCResult, error) {
 	})
 	if err != nil {
 		return res, fmt.Errorf("gc: %w", err)
+	}
+	if deadOpen {
+		// New appends go to a new shared pack (sharedPackFor).
+		s.sharedMu.Lock()
+		s.mu.Lock()
+		if s.shared == cur {
+			s.shared = nil
+			cur.f.Close()
+		}
+		s.mu.Unlock()
+		s.sharedMu.Unlock()
 	}
 	if len(recs) > 0 {
 		if err := s.commit(recs); err != nil {
