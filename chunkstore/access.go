@@ -409,15 +409,6 @@ const fetchInFlight = 8
 // prefetchInFlight bounds the background prefetches of the store.
 const prefetchInFlight = 4
 
-// Cache reads every chunk of f into the chunk cache (each verified
-// against its id, as every read is), for a reader expected soon: the
-// directory prefetch of a read-write mount (fs/prefetch.go). Chunks cached
-// or being read already are not read again.
-func (f *File) Cache(ctx context.Context) error {
-	_, err := f.s.readChunks(ctx, f.M.Chunks, f.locs, true)
-	return err
-}
-
 // Prefetch reads the chunks overlapping [off, off+n) into the cache in the
 // background, for sequential readers. At most prefetchInFlight run at once;
 // when that many are running the prefetch is skipped (it is a hint).

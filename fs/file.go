@@ -777,9 +777,6 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 	next := h.next.Load()
 	seq := off >= next-PrefetchBytes && off <= next+DefaultMaxIO
 	h.next.Store(off + int64(len(dest)))
-	if off == 0 && !h.write {
-		h.n.prefetchSiblings() // in the background (fs/prefetch.go)
-	}
 	b, err := h.n.readAt(ctx, dest, off, seq)
 	if err != nil {
 		logReadError(h.n.fsys.log, h.n.id, off, err)

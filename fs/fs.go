@@ -156,9 +156,8 @@ type Stats struct {
 	Commits       int64 `json:"commits"`
 	CommitBatches int64 `json:"commit_batches"`
 	// Prefetched and PrefetchedBytes count the small files (and their
-	// bytes) the directory prefetch stored ahead of a reader: in the
-	// kernel's page cache on a read-only mount, in the node's chunk cache
-	// on a read-write one (prefetch.go).
+	// bytes) a read-only mount's directory prefetch stored in the
+	// kernel's page cache (prefetch.go).
 	Prefetched      int64 `json:"prefetched_files"`
 	PrefetchedBytes int64 `json:"prefetched_bytes"`
 	// XattrRequests counts the GETXATTR requests that reached the node

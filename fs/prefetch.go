@@ -21,19 +21,14 @@ import (
 // stores their bytes in the kernel's page cache (FUSE_NOTIFY_STORE); the
 // reader's next files then open and read without a round trip.
 //
-// Into the kernel only on read-only mounts: there a file node's committed
-// version never changes (a changed file is a new node with a new kernel
-// inode: adopt, Reconcile), the kernel keeps a no-open file's pages
-// (FOPEN_KEEP_CACHE is its default), and go-fuse never reuses a node ID,
-// so bytes stored for an inode are that inode's bytes for as long as the
-// kernel has it. On a read-write mount, where a write through the mount
-// changes the version an inode shows, the pass stores nothing in the
-// kernel: it reads the files' chunks into the node's chunk cache
-// (chunkstore File.Cache), which is keyed by content, so no write can
-// make what it holds stale; the reader's READ is then answered from
-// memory, without the pack read and the hash. Files in a link set are
-// skipped (their node's version follows the set's), and so are files
-// with a chunk not stored here: a pass never fetches from peers.
+// Only on read-only mounts: there a file node's committed version never
+// changes (a changed file is a new node with a new kernel inode: adopt,
+// Reconcile), the kernel keeps a no-open file's pages (FOPEN_KEEP_CACHE
+// is its default), and go-fuse never reuses a node ID, so bytes stored for
+// an inode are that inode's bytes for as long as the kernel has it.
+// Files in a link set are skipped (their node's version follows the
+// set's), and so are files with a chunk not stored here: a pass never
+// fetches from peers.
 
 const (
 	// PrefetchMaxFile: larger files are left to the kernel's readahead.
@@ -107,6 +102,9 @@ func (p *prefetcher) stop() {
 // its files is read there in this node run.
 func (n *fileNode) prefetchSiblings() {
 	f := n.fsys
+	if !f.opts.ReadOnly {
+		return
+	}
 	f.nsMu.RLock()
 	d, name := n.parent, n.name
 	f.nsMu.RUnlock()
@@ -178,21 +176,12 @@ func (n *fileNode) prefetchable() (chunkstore.ID, int64, bool) {
 }
 
 // prefetchFile reads version id of n (every chunk verified) and stores it
-// in the kernel's page cache for n's inode (read-only mount), or its
-// chunks in the node's chunk cache (read-write mount). A failure stores
-// nothing: the reader's own READ then meets it and reports it (EIO,
-// logged).
+// in the kernel's page cache for n's inode. A failure stores nothing: the
+// reader's own READ then meets it and reports it (EIO, logged).
 func (f *FS) prefetchFile(ctx context.Context, n *fileNode, id chunkstore.ID, size int64) {
 	sf, err := f.s.OpenFile(id)
 	if err != nil || sf.Size() != size || !sf.Local() {
 		return // a chunk on a peer is fetched when a reader asks for it
-	}
-	if !f.opts.ReadOnly {
-		if sf.Cache(ctx) == nil {
-			f.stats.prefetched.Add(1)
-			f.stats.prefetchedBytes.Add(size)
-		}
-		return
 	}
 	// One chunk (most small files): the verified chunk itself, no copy.
 	buf, one, err := sf.ReadSlice(ctx, 0, int(size))

@@ -88,50 +88,21 @@ func TestReadOnlyPrefetch(t *testing.T) {
 	assert.True(t, bytes.Equal(newer, got), "stale bytes after an import replaced a prefetched file (%d bytes)", len(got))
 }
 
-// TestReadWritePrefetch: on a read-write mount the first read of a file
-// in a directory reads its other small files' chunks into the node's
-// chunk cache (never the kernel's page cache: a write through the mount
-// changes what an inode shows), so the reads of those files that follow
-// take no chunk from storage; bytes are equal to what was imported, a
-// corrupt chunk is not cached (the file reads EIO), and a file written
-// through the mount after its chunks were cached reads its new bytes.
-func TestReadWritePrefetch(t *testing.T) {
+// TestReadWriteMountNoPrefetch: a read-write mount stores nothing ahead
+// (its files' bytes can change under the same inode).
+func TestReadWriteMountNoPrefetch(t *testing.T) {
 	m := fstest.Mount(t, kfs.Options{})
 	files := prefetchTree(t)
+	delete(files, "zbig")
 	importTree(t, m, "ds", files)
-	f, _, err := m.Store.OpenPath("ds/zbad")
-	require.NoError(t, err)
-	ext := f.Extents()
-	damage.FlipByte(t, ext[0].PackPath, ext[0].PackOff+ext[0].Len/2)
 	dir := filepath.Join(m.Dir, "ds")
-	_, err = os.ReadDir(dir)
+	_, err := os.ReadDir(dir)
 	require.NoError(t, err)
-	got, err := os.ReadFile(filepath.Join(dir, "f000"))
-	require.NoError(t, err)
-	require.True(t, bytes.Equal(files["f000"], got))
-	m.FS.PrefetchIdle()
-	assert.Equal(t, int64(39), m.FS.Stats().Prefetched, "small files whose chunks were cached ahead")
-
-	// A file written through the mount now reads its new bytes, not the
-	// cached chunks of its old version.
-	newer := bytes.Repeat([]byte("written here "), 500)
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "f001"), newer, 0o644))
-	files["f001"] = newer
-
-	misses := m.Store.Counters().CacheMisses
-	for i := 2; i < 40; i++ {
-		name := fmt.Sprintf("f%03d", i)
+	for name, want := range files {
 		got, err := os.ReadFile(filepath.Join(dir, name))
 		require.NoError(t, err)
-		require.True(t, bytes.Equal(files[name], got), "%s: wrong bytes", name)
+		require.True(t, bytes.Equal(want, got), name)
 	}
-	assert.Equal(t, misses, m.Store.Counters().CacheMisses, "reads of prefetched files read chunks from storage")
-	got, err = os.ReadFile(filepath.Join(dir, "f001"))
-	require.NoError(t, err)
-	assert.True(t, bytes.Equal(newer, got), "f001 after a write through the mount: %d bytes", len(got))
-	_, err = os.ReadFile(filepath.Join(dir, "zbad"))
-	assert.True(t, errors.Is(err, syscall.EIO), "corrupt chunk: %v", err)
-	got, err = os.ReadFile(filepath.Join(dir, "zbig"))
-	require.NoError(t, err)
-	assert.True(t, bytes.Equal(files["zbig"], got), "zbig: wrong bytes")
+	m.FS.PrefetchIdle()
+	assert.Zero(t, m.FS.Stats().Prefetched)
 }
