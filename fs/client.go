@@ -8,6 +8,9 @@ package fs
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -65,6 +68,22 @@ func (f *FS) FileOfFd(fd int) (*chunkstore.File, error) {
 		return nil, fmt.Errorf("the file of the client fd is being written or was never committed: %w", errno)
 	}
 	return sf, nil
+}
+
+// PathOfFd is the namespace path of the file of the mount a client's fd
+// is open on, as the kernel names it now ("" if it cannot say: renamed
+// away, or not on this mount). For reports only: FileOfFd says which
+// file it is.
+func (f *FS) PathOfFd(fd int) string {
+	p, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd))
+	if err != nil || f.mountDir == "" {
+		return ""
+	}
+	rel, ok := strings.CutPrefix(p, filepath.Clean(f.mountDir)+"/")
+	if !ok || strings.HasSuffix(rel, " (deleted)") {
+		return ""
+	}
+	return rel
 }
 
 // mountDev returns the device number of the mount (the FUSE connection's

@@ -19,7 +19,7 @@ const PageCacheShare = 0.5
 // that rule, and says why in words (for reports). A machine whose
 // /proc/meminfo cannot be read is treated as one where nothing fits.
 func FitsPageCache(n int64) (bool, string) {
-	avail, err := memAvailable()
+	avail, err := MemAvailable()
 	if err != nil {
 		return false, fmt.Sprintf("cold bytes read with O_DIRECT (memory available unknown: %v)", err)
 	}
@@ -30,8 +30,8 @@ func FitsPageCache(n int64) (bool, string) {
 	return false, fmt.Sprintf("cold bytes read with O_DIRECT: the load (%d bytes) is more than half of the memory available (%d bytes), so it evicts nothing", n, avail)
 }
 
-// memAvailable is MemAvailable of /proc/meminfo in bytes.
-func memAvailable() (int64, error) {
+// MemAvailable is MemAvailable of /proc/meminfo in bytes.
+func MemAvailable() (int64, error) {
 	b, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
 		return 0, err

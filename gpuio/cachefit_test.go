@@ -6,7 +6,7 @@ import (
 )
 
 func TestFitsPageCache(t *testing.T) {
-	avail, err := memAvailable()
+	avail, err := MemAvailable()
 	if err != nil {
 		t.Fatal(err)
 	}

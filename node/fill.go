@@ -50,6 +50,9 @@ type GPUHeld struct {
 type fillService struct {
 	s      *chunkstore.Store
 	pinned *gpuio.PinnedHost // nil: no pins
+	// loaded, if set, is told of each file version a FILL read (at its
+	// namespace path, "" if unknown): hot files (hot.go).
+	loaded func(path string, id chunkstore.ID)
 	log    *slog.Logger
 	idle   time.Duration
 
@@ -221,7 +224,7 @@ func (fs *fillService) held() []GPUHeld {
 // opFill checks every range against the file and, once the caller's
 // allocation is mapped, against the allocation's real size, before a byte
 // is written; then runs the slices through the device's loader.
-func (c *clientServer) opFill(sf *chunkstore.File, body []byte, p peer) reply {
+func (c *clientServer) opFill(sf *chunkstore.File, path string, body []byte, p peer) reply {
 	req, err := clientproto.ParseFill(body)
 	if err != nil {
 		return refuse(err)
@@ -272,6 +275,9 @@ func (c *clientServer) opFill(sf *chunkstore.File, body []byte, p peer) reply {
 		return refuse(fmt.Errorf("fill: %w", errnoOr(err, syscall.EIO)))
 	}
 	d.fills.Add(1)
+	if c.fill.loaded != nil {
+		c.fill.loaded(path, sf.ID)
+	}
 	c.procs.add(p, d.ord, res)
 	c.fills.Add(1)
 	c.fillBytes.Add(res.Bytes)

@@ -64,7 +64,8 @@ type LoadFile struct {
 	FetchedChunks int   `json:"fetched_chunks,omitempty"`
 	fetchCounts
 
-	check func() error // --check: compare the device bytes with the store
+	check func() error  // --check: compare the device bytes with the store
+	id    chunkstore.ID // the file version loaded
 }
 
 type LoadReport struct {
@@ -122,10 +123,12 @@ func (c *fetchCounts) add(o fetchCounts) {
 // (gpuio.Options.Pinned), as GPU fills copy them: the node's fill device
 // for that GPU, whose loader holds the pins' registration, is held for the
 // load (made if need be, kept --gpu-idle after), so the registration is
-// made once, not at every load.
+// made once, not at every load. With hot files on (hot.go) the device is
+// held for every GPU load, so files the load makes hot are registered with
+// it behind the load.
 func (n *Node) Load(ctx context.Context, req LoadRequest, onPass func(LoadPass)) error {
 	pinned := n.pins.hostOrNil()
-	if pinned != nil && pinned.Locked() > 0 && n.fill != nil {
+	if pinned != nil && (pinned.Locked() > 0 || n.pins.hotOn()) && n.fill != nil {
 		if ord, ok := cudaOrdinal(req.Device); ok {
 			// A device the fill service cannot take fails the load's
 			// own open below, with its reason; the report's io says
@@ -136,6 +139,17 @@ func (n *Node) Load(ctx context.Context, req LoadRequest, onPass func(LoadPass))
 		}
 	} else {
 		pinned = nil
+	}
+	if _, ok := cudaOrdinal(req.Device); ok {
+		// Files read from the page cache become hot (hot.go), so the
+		// next load copies them straight from registered pages.
+		inner := onPass
+		onPass = func(p LoadPass) {
+			for _, f := range p.Report.Files {
+				n.pins.noteLoaded(f.Path, f.id)
+			}
+			inner(p)
+		}
 	}
 	return load(ctx, n.s, pinned, req, onPass)
 }
@@ -340,7 +354,7 @@ func loadOne(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpui
 		return nil, err
 	}
 	s.NoteRead(file.ID) // serve --cold-after counts from here (chunkstore/lastread.go)
-	lf := LoadFile{Path: p}
+	lf := LoadFile{Path: p, id: file.ID}
 	var res gpuio.Result
 	var verifyFn func() error
 	if file.M.Format == chunkstore.FormatSafetensors {

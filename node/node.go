@@ -73,6 +73,11 @@ type Config struct {
 	// PinBudget is the most memory pins may lock, in bytes. 0 means
 	// DefaultPinBudget of physical memory; negative: no pins.
 	PinBudget int64
+	// HotBudget is the most memory the node may lock by itself for files
+	// GPU loads read from the page cache (hot files, docs/design/pin.md),
+	// in bytes, counted within PinBudget too. 0 means DefaultHotBudget of
+	// physical memory; negative: none.
+	HotBudget int64
 	// Metrics is the address to serve Prometheus metrics at over HTTP
 	// ("": none; port 0: any free port). The registry exists either way:
 	// kylix top reads it through the admin socket.
@@ -176,6 +181,13 @@ func New(cfg Config) (*Node, error) {
 	} else if cfg.PinBudget < 0 {
 		cfg.PinBudget = 0
 	}
+	if cfg.HotBudget == 0 {
+		if cfg.HotBudget, err = ParseHotBudget(DefaultHotBudget); err != nil {
+			return nil, err
+		}
+	} else if cfg.HotBudget < 0 {
+		cfg.HotBudget = 0
+	}
 	if cfg.Reserve == nil {
 		r, err := kfs.ParseReserve(fmt.Sprintf("%d%%", kfs.DefaultReservePercent))
 		if err != nil {
@@ -248,7 +260,7 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.onClose(func() { n.s.Close() })
-	if n.pins, err = startPins(n.s, cfg.PinBudget, cfg.Logger); err != nil {
+	if n.pins, err = startPins(n.s, cfg.PinBudget, cfg.HotBudget, cfg.Logger); err != nil {
 		return nil, err
 	}
 	n.onClose(n.pins.close)
@@ -411,6 +423,7 @@ func (n *Node) Run(ctx context.Context, onReady func(Ready)) error {
 			n.onClose(km.close)
 		}
 		n.fill = newFillService(n.s, n.pins.hostOrNil(), n.cfg.GPUIdle, n.log)
+		n.fill.loaded = n.pins.noteLoaded
 		// The connections end first: no FILL runs when the loaders close.
 		n.onClose(func() { n.client.close(); n.fill.close() })
 		n.client.kv = n.kv

@@ -73,6 +73,8 @@ type nodePins struct {
 	// relocked is closed when the recorded pins were locked again at
 	// start (or failed to be).
 	relocked chan struct{}
+	// hot: the files the node made hot by itself (hot.go).
+	hot *hotState
 }
 
 // pinHeld is one pin: the file versions it resolved to and their locked
@@ -172,27 +174,50 @@ func (np *nodePins) fetchMissing(ctx context.Context) {
 
 // ParsePinBudget parses a pin budget: a size (64GiB), a share of physical
 // memory (50%), or 0 (no pins).
-func ParsePinBudget(s string) (int64, error) {
+func ParsePinBudget(s string) (int64, error) { return parseMemoryShare("pin-budget", s) }
+
+// parseMemoryShare parses the value of flag name: a size, a share of
+// physical memory, or 0.
+func parseMemoryShare(name, s string) (int64, error) {
 	v, err := units.ParseSizeOrPercent(s)
 	if err != nil {
-		return 0, fmt.Errorf("pin-budget %w: want a size such as 64GiB or a share of memory such as 50%%", err)
+		return 0, fmt.Errorf("%s %w: want a size such as 64GiB or a share of memory such as 50%%", name, err)
 	}
 	if v.Percent == 0 {
 		return v.Bytes, nil
 	}
+	total, err := physicalMemory()
+	if err != nil {
+		return 0, fmt.Errorf("%s %q: %w", name, s, err)
+	}
+	return v.Of(total), nil
+}
+
+// physicalMemory is the machine's memory in bytes (sysinfo).
+func physicalMemory() (int64, error) {
 	var si unix.Sysinfo_t
 	if err := unix.Sysinfo(&si); err != nil {
-		return 0, fmt.Errorf("pin-budget %q: reading the machine's memory size: %w", s, err)
+		return 0, fmt.Errorf("reading the machine's memory size: %w", err)
 	}
-	return v.Of(int64(uint64(si.Totalram) * uint64(si.Unit))), nil
+	return int64(uint64(si.Totalram) * uint64(si.Unit)), nil
 }
 
 // startPins makes the node's pins and pins the recorded paths again, in the
 // background (the mount does not wait for them; `kylix node` shows them as
 // "pinning" until they are held).
-func startPins(s *chunkstore.Store, budget int64, log *slog.Logger) (*nodePins, error) {
-	np := &nodePins{s: s, log: log, host: gpuio.NewPinnedHost(), budget: budget, pins: map[string]*pinHeld{}, kept: map[string]time.Time{}, relocked: make(chan struct{})}
+func startPins(s *chunkstore.Store, budget, hotBudget int64, log *slog.Logger) (np *nodePins, err error) {
+	np = &nodePins{s: s, log: log, host: gpuio.NewPinnedHost(), budget: budget, pins: map[string]*pinHeld{}, kept: map[string]time.Time{}, relocked: make(chan struct{})}
 	np.ctx, np.cancel = context.WithCancel(context.Background())
+	if err := np.startHot(hotBudget); err != nil {
+		np.cancel()
+		return nil, err
+	}
+	cancel := np.cancel // np is nil on an error return
+	defer func() {
+		if err != nil {
+			cancel()
+		}
+	}()
 	os.Remove(filepath.Join(s.Dir(), pinRecordName+".tmp")) // left by a node killed while writing
 	rec, err := readPinRecord(s.Dir())
 	if err != nil {
@@ -263,6 +288,7 @@ func (np *nodePins) hostOrNil() *gpuio.PinnedHost {
 // close releases every pin (node stop; the record stays).
 func (np *nodePins) close() {
 	np.cancel()
+	np.closeHot()
 	np.op.Lock()
 	defer np.op.Unlock()
 	np.mu.Lock()
@@ -340,6 +366,10 @@ func (np *nodePins) lockPath(ctx context.Context, path string) (*pinHeld, error)
 		return nil, err
 	}
 	used, need := np.host.Locked(), np.host.Added(p.spans)
+	// Hot files (hot.go) are the node's own cache: a pin comes first.
+	for used+need > np.budget && np.evictHot("pin") {
+		used, need = np.host.Locked(), np.host.Added(p.spans)
+	}
 	if used+need > np.budget {
 		return nil, fmt.Errorf("pin %s: refused: it needs %s more locked memory (%s of files), the node's pin budget is %s and %s of it is used (%s free): unpin something (kylix unpin) or restart the node with a larger --pin-budget",
 			ShownPath(path), human(need), human(p.bytes), human(np.budget), human(used), human(max(0, np.budget-used)))
@@ -764,6 +794,9 @@ type PinsStatus struct {
 	// Kept lists the files made local by KYLIX_IOC_MAKE_LOCAL whose
 	// chunks this node keeps (not locked; kylix unpin removes one).
 	Kept []string `json:"kept,omitempty"`
+	// Hot: the files the node locked by itself after loads (hot.go);
+	// their bytes are in LockedBytes too.
+	Hot *HotStatus `json:"hot,omitempty"`
 }
 
 type PinStatus struct {
@@ -780,7 +813,7 @@ func (np *nodePins) status() *PinsStatus {
 	if np == nil {
 		return nil
 	}
-	out := &PinsStatus{BudgetBytes: np.budget, LockedBytes: np.host.Locked(), Pins: []PinStatus{}, GPU: np.host.Registrations()}
+	out := &PinsStatus{BudgetBytes: np.budget, LockedBytes: np.host.Locked(), Pins: []PinStatus{}, GPU: np.host.Registrations(), Hot: np.hotStatus()}
 	np.mu.Lock()
 	for _, n := range np.namesLocked() {
 		p := np.pins[n]

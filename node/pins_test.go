@@ -69,7 +69,7 @@ func TestPinPendingResumed(t *testing.T) {
 	require.NoError(t, writePinRecord(dir, pinRecord{Version: 1, Pins: []pinRecordEntry{
 		{Path: "m/kept", Added: added}, {Path: "m/half", Added: added, Pending: true}, {Path: "m/local", Added: added, Kept: true}}}))
 	var logs bytes.Buffer
-	np, err := startPins(s, 1<<20, slog.New(slog.NewTextHandler(&logs, nil)))
+	np, err := startPins(s, 1<<20, 0, slog.New(slog.NewTextHandler(&logs, nil)))
 	require.NoError(t, err)
 	np.close() // waits for the re-pins
 	rec, err := readPinRecord(dir)

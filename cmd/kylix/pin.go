@@ -8,7 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -37,6 +40,30 @@ func printPins(w io.Writer, st *node.PinsStatus) {
 	fmt.Fprintf(w, "  gpu: %s\n", st.GPUNote)
 	if len(st.Kept) > 0 {
 		fmt.Fprintf(w, "  kept here (made local, not locked): %s\n", strings.Join(st.Kept, ", "))
+	}
+	printHot(w, st.Hot)
+}
+
+// printHot says what the node made hot by itself (docs/design/pin.md, "Hot
+// files").
+func printHot(w io.Writer, h *node.HotStatus) {
+	if h == nil {
+		return
+	}
+	if h.BudgetBytes == 0 {
+		fmt.Fprintf(w, "hot:      off (--hot-budget 0)\n")
+		return
+	}
+	fmt.Fprintf(w, "hot:      %d files, %s locked of a %s budget (%d made", len(h.Files), human(h.LockedBytes), human(h.BudgetBytes), h.Made)
+	for _, r := range slices.Sorted(maps.Keys(h.Evicted)) {
+		fmt.Fprintf(w, ", %d released (%s)", h.Evicted[r], r)
+	}
+	fmt.Fprintf(w, ")\n")
+	for _, f := range h.Files {
+		fmt.Fprintf(w, "  %s: %s, %s locked, last loaded %s\n", f.Path, human(f.Bytes), human(f.LockedBytes), f.LastLoad.Local().Format(time.DateTime))
+	}
+	if h.LastSkip != "" {
+		fmt.Fprintf(w, "  last not made hot: %s\n", h.LastSkip)
 	}
 }
 

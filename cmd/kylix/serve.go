@@ -38,7 +38,7 @@ func (e *env) defaultMountDir() string {
 }
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	f := newFlags(e, "serve", "[--config FILE] [--data DIR] [--mount DIR] [--client-socket PATH|none] [--gpu-idle D] [--reserve SIZE|PERCENT] [--no-passthrough] [--read-only] [--scrub-rate BYTES] [--pin-budget SIZE|PERCENT] [--metrics ADDR] [--debug] [--stop-timeout D] [--listen HOST:PORT --cluster-key FILE [--join HOST:PORT,...]]", `
+	f := newFlags(e, "serve", "[--config FILE] [--data DIR] [--mount DIR] [--client-socket PATH|none] [--gpu-idle D] [--reserve SIZE|PERCENT] [--no-passthrough] [--read-only] [--scrub-rate BYTES] [--pin-budget SIZE|PERCENT] [--hot-budget SIZE|PERCENT] [--metrics ADDR] [--debug] [--stop-timeout D] [--listen HOST:PORT --cluster-key FILE [--join HOST:PORT,...]]", `
 Runs a node: opens the store, mounts its namespace at the mount point, and
 serves the admin socket DATA/kylix.sock. While the node runs, the other
 commands (import, export, ls, stat, df, verify, gc, rm) given the same data
@@ -69,7 +69,13 @@ process's GPU memory (CUDA IPC); the GPU context is given back after
 
 Paths pinned with kylix pin stay locked in memory, within --pin-budget
 (default 50% of physical memory), registered with the node's GPU loaders, and
-are pinned again when the node restarts (docs/design/pin.md).
+are pinned again when the node restarts (docs/design/pin.md). A file a GPU
+load read from the page cache is made hot: its pages are locked and
+registered the same way, so the next load copies it straight from them,
+within --hot-budget (default 25% of physical memory, counted in the pin
+budget too), released least recently loaded first, when a pin needs the
+memory, when less than 10% of memory is available, or after 30 minutes
+without a load.
 
 Default mount point: `+strings.ReplaceAll(defaultMountDoc, "\n", " ")+`.
 Stop the node with Ctrl-C or SIGTERM: it commits open writes and unmounts.
@@ -104,6 +110,7 @@ names. Example and details: docs/examples/kylix.toml, docs/design/peers.md.`)
 	reserveFlag := f.String("reserve", fmt.Sprintf("%d%%", kfs.DefaultReservePercent),
 		"free space kept from writers through the mount whose uid is not 0: a size (2GiB) or a share of the data file system (5%)")
 	pinBudget := f.String("pin-budget", node.DefaultPinBudget, "most memory pins may lock (kylix pin): a size (64GiB) or a share of physical memory (50%); 0: no pins")
+	hotBudget := f.String("hot-budget", node.DefaultHotBudget, "most memory the node may lock by itself for files GPU loads read from the page cache (hot files, registered for the next load): a size or a share of physical memory; 0: none")
 	metricsAddr := f.String("metrics", "", "serve Prometheus metrics over HTTP at this address, e.g. 127.0.0.1:9477 (port 0: any free port; default: off). They name no paths, but anyone who can reach the address can read them")
 	pf := addPeerFlags(f)
 	kvf := addKVFlags(f)
@@ -122,6 +129,10 @@ names. Example and details: docs/examples/kylix.toml, docs/design/peers.md.`)
 		return fmt.Errorf("serve: --%w", err)
 	}
 	budget, err := node.ParsePinBudget(*pinBudget)
+	if err != nil {
+		return fmt.Errorf("serve: --%w", err)
+	}
+	hot, err := node.ParseHotBudget(*hotBudget)
 	if err != nil {
 		return fmt.Errorf("serve: --%w", err)
 	}
@@ -154,7 +165,7 @@ names. Example and details: docs/examples/kylix.toml, docs/design/peers.md.`)
 	cfg := node.Config{
 		DataDir: f.data, Mount: *mnt, ClientSocket: *clientSock, GPUIdle: *gpuIdle,
 		NoPassthrough: *noPT, ReadOnly: *readOnly, Debug: *debug, Reserve: &reserve, ScrubRate: orNone(*scrubRate),
-		PinBudget: orNone(budget), Metrics: *metricsAddr, StopTimeout: *stopTimeout,
+		PinBudget: orNone(budget), HotBudget: orNone(hot), Metrics: *metricsAddr, StopTimeout: *stopTimeout,
 		Cluster: cluster, ReadAheadChunks: pf.readAheadChunks(), Exec: execInNode, KV: kv, ColdAfter: *pf.coldAfter,
 		Logger: log, Version: buildVersion().String(),
 	}
