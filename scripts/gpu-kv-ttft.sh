@@ -17,7 +17,10 @@
 #   memory     the prefix's KV got from the node's host tier (kylix.kv, 2 MiB
 #              blocks into one CUDA allocation), then the last token;
 #   disk       the same after the node was restarted and the page cache
-#              dropped: every block from the disk tier, verified.
+#              dropped: every block from the disk tier, verified;
+#   member     two members of a cluster on loopback (TLS data plane): the
+#              blocks put on A, then got on B after B dropped its own
+#              copies (kylix.kv clear), so every block comes from A.
 # Every reload's logits must match the recompute's (same top token, cosine
 # above 0.99). Prints the ratios; ends with "KV TTFT PASSED" or "KV TTFT
 # FAILED".
@@ -31,15 +34,17 @@ nvidia-smi -L 2>/dev/null
 
 work=$(mktemp -d /var/tmp/kylix-ttft.XXXX)
 export KYLIX_DATA=$work/data MNT=$work/mnt SOCK=$work/client.sock KYLIX=$k SERVE_LOG=$out/ttft-serve.log
+export CLUSTER=$work/cluster
 cleanup() {
-  pkill -TERM -f "$k serve --mount $MNT" 2>/dev/null
-  for _ in $(seq 1 100); do pgrep -f "$k serve --mount $MNT" >/dev/null || break; sleep 0.1; done
-  pkill -9 -f "$k serve --mount $MNT" 2>/dev/null
-  umount -l "$MNT" 2>/dev/null
+  pkill -TERM -f "$k serve .*--mount $work/" 2>/dev/null
+  for _ in $(seq 1 100); do pgrep -f "$k serve .*--mount $work/" >/dev/null || break; sleep 0.1; done
+  pkill -9 -f "$k serve .*--mount $work/" 2>/dev/null
+  umount -l "$MNT" "$CLUSTER/a/mnt" "$CLUSTER/b/mnt" 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
-mkdir -p "$MNT"
+mkdir -p "$MNT" "$CLUSTER"
+$k cluster-key > "$CLUSTER/key" && chmod 600 "$CLUSTER/key" || die "cluster-key"
 
 PYTHONPATH=$PWD/contrib/python TOKENS=${TOKENS:-16384} REPS=${REPS:-3} python3 - <<'PY' || die "the client failed"
 import os, statistics, subprocess, time
@@ -169,6 +174,47 @@ with torch.inference_mode():
         check("disk", lg)
     res["disk"] = statistics.median(ts)
     stop()
+
+    # Two members on loopback: put on A, get on B after B dropped its
+    # own copies (the blocks whose home is B), so every get is a member's.
+    cl = os.environ["CLUSTER"]
+    members = {}
+    def start_member(name, ip, join=None):
+        d = f"{cl}/{name}"
+        os.makedirs(f"{d}/mnt", exist_ok=True)
+        log = open(f"{os.environ['SERVE_LOG']}.{name}", "a")
+        args = [os.environ["KYLIX"], "serve", "--data", f"{d}/data", "--mount", f"{d}/mnt", "--client-socket", f"{d}/client.sock",
+                "--listen", f"{ip}:7946", "--node-name", name, "--cluster-key", f"{cl}/key", "--replicas", "1",
+                "--kv-block", "2MiB", "--kv-mem", "4GiB", "--kv-disk", "8GiB"] + (["--join", join] if join else [])
+        members[name] = subprocess.Popen(args, stdout=log, stderr=log, start_new_session=True)
+        for _ in range(300):
+            if os.path.exists(f"{d}/client.sock") and os.path.ismount(f"{d}/mnt"):
+                return KVStore(f"{d}/mnt")
+            time.sleep(0.1)
+        raise SystemExit(f"member {name} did not come up")
+    kva = start_member("a", "127.0.0.2")
+    kvb = start_member("b", "127.0.0.3", "127.0.0.2:7946")
+    for _ in range(600):  # the membership forms: B sees A's blocks
+        ok = kva.put(keys, [flat[i * bs:(i + 1) * bs] for i in range(nblocks)])
+        kvb.clear()
+        tiers = kvb.contains(keys)
+        if all(ok) and tiers.count("member") == nblocks:
+            break
+        time.sleep(0.1)
+    assert tiers.count("member") == nblocks, {t: tiers.count(t) for t in set(tiers)}
+    def from_member():
+        hits = kvb.get(keys, out=[dst[i * bs:(i + 1) * bs] for i in range(nblocks)])
+        assert all(hits), f"{hits.count(False)} misses"
+        return last_token(dst)
+    ts = []
+    for _ in range(reps):
+        kvb.clear()
+        dst.zero_()
+        dt, lg = timed(from_member); ts.append(dt)
+        check("member", lg)
+    res["member"] = statistics.median(ts)
+    for p in members.values():
+        p.terminate(); p.wait(timeout=60)
 
 print(f"time to first token, {T}-token prompt, medians of {reps}:")
 for name, t in res.items():
