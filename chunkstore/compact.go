@@ -159,6 +159,11 @@ func (s *Store) compact(ctx context.Context, opts GCOptions, in compactInput) (C
 				pinned[p] = true
 			}
 		}
+		// A live file's whole copy (whole.go) too: its "dead" bytes are
+		// the file's second copies.
+		if p := wholePack(m.Size, offs, locs, func(p uint64) (packInfo, bool) { pi, ok := in.info[p]; return pi, ok }); p != 0 {
+			pinned[p] = true
+		}
 	}
 	var vs []victim
 	for p, cs := range in.chunks {

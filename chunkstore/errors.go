@@ -44,6 +44,9 @@ var (
 	// ErrNotWholeFile: no pack holds exactly the file's bytes, so it cannot
 	// be served by FUSE passthrough (the node serves it).
 	ErrNotWholeFile = errors.New("no pack holds exactly the file")
+	// ErrAlreadyWhole: the file has a pack that can back passthrough
+	// already; MakeWhole has nothing to do.
+	ErrAlreadyWhole = errors.New("a pack holds exactly the file already")
 	// ErrPackUnchecked: the file's pack has no valid check yet; the check
 	// runs in the background (Store.TryOpenPassthrough) and the open is
 	// served by the node, which hashes every chunk, until it passes.

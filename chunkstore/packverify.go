@@ -192,20 +192,30 @@ func (s *Store) PackVerifyStats() PackVerifyStats {
 // before any passthrough open.
 func (f *File) PassthroughCandidate() (pack uint64, path string, ok bool) {
 	size := f.M.Size
-	if pack = candidatePack(size, f.offs, f.locs); pack == 0 {
+	if size == 0 {
 		return 0, "", false
 	}
-	var pi packInfo
-	err := f.s.db.View(func(tx *bolt.Tx) error {
-		v := tx.Bucket(bucketPacks).Get(packKey(pack))
-		if v == nil {
-			return ErrNotFound
+	f.s.db.View(func(tx *bolt.Tx) error {
+		packs := tx.Bucket(bucketPacks)
+		info := func(p uint64) (packInfo, bool) {
+			v := packs.Get(packKey(p))
+			if v == nil {
+				return packInfo{}, false
+			}
+			pi, err := decodePackInfo(v)
+			return pi, err == nil
 		}
-		var err error
-		pi, err = decodePackInfo(v)
-		return err
+		// A whole copy (whole.go) holds every byte: it comes first.
+		if pack = wholePack(size, f.offs, f.locs, info); pack != 0 {
+			return nil
+		}
+		pack = candidatePack(size, f.offs, f.locs)
+		if pi, ok := info(pack); pack != 0 && (!ok || pi.Flags&packExclusive == 0 || pi.Size != size) {
+			pack = 0
+		}
+		return nil
 	})
-	if err != nil || pi.Flags&packExclusive == 0 || pi.Size != size {
+	if pack == 0 {
 		return 0, "", false
 	}
 	return pack, f.s.PackPath(pack), true

@@ -106,6 +106,8 @@ type Store struct {
 	// gcMu: imports hold it shared while they have uncommitted or
 	// unreferenced data; GC holds it exclusively.
 	gcMu sync.RWMutex
+	// wholeMu: one MakeWhole at a time (whole.go).
+	wholeMu sync.Mutex
 	// nsMu serialises namespace updates (read-modify-write of the tree).
 	nsMu sync.Mutex
 

@@ -32,16 +32,19 @@ type fileNode struct {
 	// created here and not committed yet).
 	inStore bool
 	// notPT: the committed version is known to have no whole-file pack
-	// (not passthrough-eligible), so opens skip the check.
-	notPT bool
-	mode  iofs.FileMode // permission and special bits (chunkstore.EntryModeMask)
-	uid   uint32
-	gid   uint32
-	size  int64 // committed size
-	mtime int64
-	ctime int64         // 0: none recorded (stat shows mtime)
-	atime int64         // 0: none recorded (stat shows mtime)
-	id    chunkstore.ID // committed version (zero until the first commit)
+	// (not passthrough-eligible), so opens skip the check, as long as
+	// the store's layout is still notPTEpoch (a whole copy or a
+	// compaction since may have given it one).
+	notPT      bool
+	notPTEpoch uint64
+	mode       iofs.FileMode // permission and special bits (chunkstore.EntryModeMask)
+	uid        uint32
+	gid        uint32
+	size       int64 // committed size
+	mtime      int64
+	ctime      int64         // 0: none recorded (stat shows mtime)
+	atime      int64         // 0: none recorded (stat shows mtime)
+	id         chunkstore.ID // committed version (zero until the first commit)
 	// metaSeq counts changes of mode, owner and times made here;
 	// metaDone is the last one the committer wrote. While they differ
 	// the node's metadata is newer than the store's, and a lookup that
@@ -557,8 +560,15 @@ func (n *fileNode) waitPassthroughClosed() {
 func (n *fileNode) tryPassthrough(ctx context.Context) gofs.FileHandle {
 	n.mu.Lock()
 	st := n.stateLocked()
+	if n.notPT && n.notPTEpoch != n.fsys.s.LayoutEpoch() {
+		n.notPT = false
+	}
 	if !n.fsys.passthrough || n.notPT || n.hasLocalLocked() || st.cachedOpen != 0 || n.id.IsZero() {
+		id, size, served := n.id, n.size, n.notPT && n.fsys.passthrough && !n.hasLocalLocked()
 		n.mu.Unlock()
+		if served && n.fsys.opts.OpenedForRead != nil {
+			n.fsys.opts.OpenedForRead(id, size, false)
+		}
 		return nil
 	}
 	sf, err := n.storeFileLocked()
@@ -566,6 +576,7 @@ func (n *fileNode) tryPassthrough(ctx context.Context) gofs.FileHandle {
 	if err != nil {
 		return nil
 	}
+	epoch := n.fsys.s.LayoutEpoch() // before: a whole copy made meanwhile is not missed
 	pf, err := n.fsys.s.TryOpenPassthrough(ctx, sf, n.fsys.backgroundCheckRate())
 	if errors.Is(err, chunkstore.ErrPackUnchecked) {
 		// Not waited for: this open is served by the node (every chunk
@@ -578,17 +589,30 @@ func (n *fileNode) tryPassthrough(ctx context.Context) gofs.FileHandle {
 		if errors.Is(err, chunkstore.ErrNotWholeFile) {
 			n.mu.Lock()
 			if n.id == sf.ID {
-				n.notPT = true
+				n.notPT, n.notPTEpoch = true, epoch
 			}
 			n.mu.Unlock()
+			if n.fsys.opts.OpenedForRead != nil {
+				n.fsys.opts.OpenedForRead(sf.ID, sf.Size(), false)
+			}
 		}
 		n.fsys.stats.ptRefused.Add(1)
 		return nil
 	}
 	defer pf.Close()
+	h := n.ptHandle(sf, pf)
+	if h != nil && n.fsys.opts.OpenedForRead != nil {
+		n.fsys.opts.OpenedForRead(sf.ID, sf.Size(), true)
+	}
+	return h
+}
+
+// ptHandle makes the passthrough handle of sf's checked pack pf, unless
+// the node changed meanwhile (nil).
+func (n *fileNode) ptHandle(sf *chunkstore.File, pf *os.File) gofs.FileHandle {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	st = n.stateLocked()
+	st := n.stateLocked()
 	if n.id != sf.ID || n.hasLocalLocked() || st.cachedOpen != 0 {
 		return nil
 	}

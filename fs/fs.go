@@ -80,6 +80,12 @@ type Options struct {
 	// can keep them (a cluster member's rebalance would drop chunks it
 	// does not own; docs/design/pin.md). An error fails the ioctl (EIO).
 	KeepLocal func(path string) error
+	// OpenedForRead, when set, is called (without locks held) with the
+	// committed version and size of a file opened for reading by
+	// passthrough, or served by the node because no pack holds exactly
+	// its bytes: the node may give the latter a whole copy
+	// (chunkstore.Store.MakeWhole; docs/design/whole.md).
+	OpenedForRead func(id chunkstore.ID, size int64, passthrough bool)
 }
 
 // FS is a mounted (or mountable) view of a store's namespace.

@@ -137,6 +137,8 @@ type NodeStatus struct {
 	Pins *PinsStatus `json:"pins,omitempty"`
 	// KV is the KV-cache store (docs/design/kv.md; nil without one).
 	KV *kvstore.Stats `json:"kv,omitempty"`
+	// Whole is the whole copies of deduplicated files (docs/design/whole.md).
+	Whole *WholeStatus `json:"whole,omitempty"`
 }
 
 // PeersStatus is the reply of OpPeers.

@@ -78,6 +78,10 @@ type Config struct {
 	// in bytes, counted within PinBudget too. 0 means DefaultHotBudget of
 	// physical memory; negative: none.
 	HotBudget int64
+	// WholeBudget is the most disk whole copies of deduplicated files may
+	// store a second time (docs/design/whole.md), in bytes. 0 means
+	// DefaultWholeBudget of the data file system; negative: none.
+	WholeBudget int64
 	// Metrics is the address to serve Prometheus metrics at over HTTP
 	// ("": none; port 0: any free port). The registry exists either way:
 	// kylix top reads it through the admin socket.
@@ -135,6 +139,7 @@ type Node struct {
 	// it for the space writes have set aside (peers.Config.CacheClaimed).
 	claimedBy atomic.Pointer[kfs.FS]
 	pins      *nodePins
+	whole     *wholeCopies
 	peers     *peers.Node
 	admin     *adminServer
 	// client is nil without a client socket.
@@ -283,8 +288,17 @@ func New(cfg Config) (*Node, error) {
 	if n.client != nil {
 		sockPath = n.client.path
 	}
+	if cfg.WholeBudget == 0 {
+		if cfg.WholeBudget, err = ParseWholeBudget(DefaultWholeBudget, n.s.Dir()); err != nil {
+			return nil, err
+		}
+	}
+	wholeCtx, stopWhole := context.WithCancel(context.Background())
+	n.whole = startWhole(wholeCtx, n.s, max(0, cfg.WholeBudget), cfg.Logger)
+	n.onClose(func() { stopWhole(); n.whole.close() })
 	n.fsys, err = kfs.New(n.s, kfs.Options{Logger: cfg.Logger, NoPassthrough: cfg.NoPassthrough, ReadOnly: cfg.ReadOnly, Debug: cfg.Debug,
-		ScrubRate: cfg.ScrubRate, Reserve: cfg.Reserve, ClientSocket: sockPath, KeepLocal: keepLocal, MakeRoom: makeRoom})
+		ScrubRate: cfg.ScrubRate, Reserve: cfg.Reserve, ClientSocket: sockPath, KeepLocal: keepLocal, MakeRoom: makeRoom,
+		OpenedForRead: n.whole.opened})
 	if err != nil {
 		return nil, err
 	}

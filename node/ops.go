@@ -30,6 +30,7 @@ func (n *Node) Status(gc bool) NodeStatus {
 		out.Clients = n.client.stats()
 	}
 	out.Pins = n.pins.status()
+	out.Whole = n.whole.status()
 	if n.kv != nil {
 		st := n.kv.Stats()
 		out.KV = &st

@@ -38,7 +38,7 @@ func (e *env) defaultMountDir() string {
 }
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	f := newFlags(e, "serve", "[--config FILE] [--data DIR] [--mount DIR] [--client-socket PATH|none] [--gpu-idle D] [--reserve SIZE|PERCENT] [--no-passthrough] [--read-only] [--scrub-rate BYTES] [--pin-budget SIZE|PERCENT] [--hot-budget SIZE|PERCENT] [--metrics ADDR] [--debug] [--stop-timeout D] [--listen HOST:PORT --cluster-key FILE [--join HOST:PORT,...]]", `
+	f := newFlags(e, "serve", "[--config FILE] [--data DIR] [--mount DIR] [--client-socket PATH|none] [--gpu-idle D] [--reserve SIZE|PERCENT] [--no-passthrough] [--read-only] [--scrub-rate BYTES] [--pin-budget SIZE|PERCENT] [--hot-budget SIZE|PERCENT] [--whole-budget SIZE|PERCENT] [--metrics ADDR] [--debug] [--stop-timeout D] [--listen HOST:PORT --cluster-key FILE [--join HOST:PORT,...]]", `
 Runs a node: opens the store, mounts its namespace at the mount point, and
 serves the admin socket DATA/kylix.sock. While the node runs, the other
 commands (import, export, ls, stat, df, verify, gc, rm) given the same data
@@ -77,6 +77,13 @@ budget too), released least recently loaded first, when a pin needs the
 memory, when less than 10% of memory is available, or after 30 minutes
 without a load.
 
+A file of 16 MiB or more that the mount serves through the node because no
+pack holds exactly its bytes (a fine-tune deduplicated against its base)
+is given a pack of its own after its second such open, so its later opens
+are passthrough, within --whole-budget of bytes stored twice (default 10%
+of the data file system); the least recently opened copies are dropped
+to make room (docs/design/whole.md).
+
 Default mount point: `+strings.ReplaceAll(defaultMountDoc, "\n", " ")+`.
 Stop the node with Ctrl-C or SIGTERM: it commits open writes and unmounts.
 If that takes longer than --stop-timeout (a commit or a request that does not
@@ -111,6 +118,7 @@ names. Example and details: docs/examples/kylix.toml, docs/design/peers.md.`)
 		"free space kept from writers through the mount whose uid is not 0: a size (2GiB) or a share of the data file system (5%)")
 	pinBudget := f.String("pin-budget", node.DefaultPinBudget, "most memory pins may lock (kylix pin): a size (64GiB) or a share of physical memory (50%); 0: no pins")
 	hotBudget := f.String("hot-budget", node.DefaultHotBudget, "most memory the node may lock by itself for files GPU loads read from the page cache (hot files, registered for the next load): a size or a share of physical memory; 0: none")
+	wholeBudget := f.String("whole-budget", node.DefaultWholeBudget, "most disk whole copies of deduplicated files may store a second time, so the mount serves them by passthrough: a size or a share of the data file system; 0: none")
 	metricsAddr := f.String("metrics", "", "serve Prometheus metrics over HTTP at this address, e.g. 127.0.0.1:9477 (port 0: any free port; default: off). They name no paths, but anyone who can reach the address can read them")
 	pf := addPeerFlags(f)
 	kvf := addKVFlags(f)
@@ -133,6 +141,10 @@ names. Example and details: docs/examples/kylix.toml, docs/design/peers.md.`)
 		return fmt.Errorf("serve: --%w", err)
 	}
 	hot, err := node.ParseHotBudget(*hotBudget)
+	if err != nil {
+		return fmt.Errorf("serve: --%w", err)
+	}
+	whole, err := node.ParseWholeBudget(*wholeBudget, f.data)
 	if err != nil {
 		return fmt.Errorf("serve: --%w", err)
 	}
@@ -165,7 +177,7 @@ names. Example and details: docs/examples/kylix.toml, docs/design/peers.md.`)
 	cfg := node.Config{
 		DataDir: f.data, Mount: *mnt, ClientSocket: *clientSock, GPUIdle: *gpuIdle,
 		NoPassthrough: *noPT, ReadOnly: *readOnly, Debug: *debug, Reserve: &reserve, ScrubRate: orNone(*scrubRate),
-		PinBudget: orNone(budget), HotBudget: orNone(hot), Metrics: *metricsAddr, StopTimeout: *stopTimeout,
+		PinBudget: orNone(budget), HotBudget: orNone(hot), WholeBudget: orNone(whole), Metrics: *metricsAddr, StopTimeout: *stopTimeout,
 		Cluster: cluster, ReadAheadChunks: pf.readAheadChunks(), Exec: execInNode, KV: kv, ColdAfter: *pf.coldAfter,
 		Logger: log, Version: buildVersion().String(),
 	}
@@ -240,5 +252,16 @@ passthrough and by the node. Fails when no node runs.`).withJSON()
 		}
 	}
 	printPins(e.stdout, out.Pins)
+	if w := out.Whole; w != nil {
+		if w.BudgetBytes == 0 {
+			fmt.Fprintf(e.stdout, "whole:    off (--whole-budget 0)\n")
+		} else {
+			fmt.Fprintf(e.stdout, "whole:    %d copies, %s stored twice of a %s budget (%d made, %d not made, %d dropped since start)\n",
+				w.Copies, human(w.StoredBytes), human(w.BudgetBytes), w.Made, w.NotMade, w.Dropped)
+		}
+		if w.LastNotMade != "" {
+			fmt.Fprintf(e.stdout, "  last not made: %s\n", w.LastNotMade)
+		}
+	}
 	return nil
 }

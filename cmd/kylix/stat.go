@@ -46,7 +46,10 @@ type statOut struct {
 	// it on the one "whole-file pack:" line.
 	PassthroughPack  string `json:"passthrough_pack,omitempty"`
 	PassthroughCheck string `json:"passthrough_check,omitempty"`
-	Entries          int    `json:"entries,omitempty"`
+	// WholeCopy: PassthroughPack is a whole copy the node made of this
+	// deduplicated file (docs/design/whole.md).
+	WholeCopy bool `json:"whole_copy,omitempty"`
+	Entries   int  `json:"entries,omitempty"`
 	// Pinned: held by a pin of the running node (docs/design/pin.md);
 	// PinNote names the pin, or says why it is not held.
 	Pinned  bool   `json:"pinned"`
@@ -123,6 +126,7 @@ members hold its chunks in their packs, as the alive members answer.`).withJSON(
 		out.Contiguous = len(out.Extent) <= 1 && (len(out.Extent) == 0 || out.Extent[0].Pack != 0)
 		out.WholeFilePack, _ = file.WholeFilePack()
 		out.PassthroughPack, out.PassthroughCheck = passthroughCheck(e.node, s, file)
+		out.WholeCopy = file.WholeCopy()
 		out.ResidentBytes = node.FileResident(file)
 		var local int64
 		var notLocal []chunkstore.ChunkRef
@@ -216,6 +220,8 @@ func wholeFilePackLine(out statOut) string {
 	switch {
 	case out.PassthroughPack == "":
 		return "none: the node serves every read (no passthrough)"
+	case out.WholeCopy:
+		return out.PassthroughPack + " (a whole copy of this deduplicated file, made for passthrough: its shared chunks stored a second time; docs/design/whole.md)"
 	case out.WholeFilePack == "":
 		return out.PassthroughPack + " (exactly the file, its repeated chunks stored in place; the index, and so the extents below, name their first copy)"
 	}

@@ -1,0 +1,160 @@
+package test
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kylix/kylix/internal/testneeds"
+)
+
+// fineTune imports a 24 MiB base and a fine-tune of it (a 100-byte longer
+// head, so every shared chunk sits at another offset, three regions
+// changed) as m/base and m/ft, and returns their SHA-256s.
+func fineTune(t *testing.T, data string) (string, string) {
+	t.Helper()
+	r := rand.New(rand.NewChaCha8([32]byte{31}))
+	bytesOf := func(n int) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(r.Uint32())
+		}
+		return b
+	}
+	base := bytesOf(24 << 20)
+	ft := append(bytesOf(100), base...)
+	for _, at := range []int{3 << 20, 11 << 20, 19 << 20} {
+		copy(ft[at:], bytesOf(256<<10))
+	}
+	work := t.TempDir()
+	for _, f := range []struct {
+		name string
+		b    []byte
+	}{{"base", base}, {"ft", ft}} { // in this order: the fine-tune is the deduplicated one
+		require.NoError(t, os.WriteFile(filepath.Join(work, f.name), f.b, 0o644))
+		mustKylix(t, work, "import", "--data", data, f.name, "m/"+f.name)
+	}
+	hb, hf := sha256.Sum256(base), sha256.Sum256(ft)
+	return hex.EncodeToString(hb[:]), hex.EncodeToString(hf[:])
+}
+
+// sha256sum runs the real sha256sum on path.
+func sha256sum(t *testing.T, path string) string {
+	t.Helper()
+	out, err := exec.Command(testneeds.Command(t, "sha256sum", "coreutils"), path).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return strings.Fields(string(out))[0]
+}
+
+type wholeNode struct {
+	FS struct {
+		PassthroughOpens int64 `json:"passthrough_opens"`
+	} `json:"fs"`
+	Whole struct {
+		BudgetBytes int64  `json:"budget_bytes"`
+		Copies      int    `json:"copies"`
+		StoredBytes int64  `json:"stored_bytes"`
+		Made        int64  `json:"made"`
+		NotMade     int64  `json:"not_made"`
+		LastNotMade string `json:"last_not_made"`
+	} `json:"whole"`
+}
+
+func nodeWhole(t *testing.T, data string) wholeNode {
+	t.Helper()
+	var out wholeNode
+	require.NoError(t, json.Unmarshal([]byte(mustKylix(t, data, "node", "--json", "--data", data)), &out))
+	return out
+}
+
+type wholeStat struct {
+	PassthroughPack string `json:"passthrough_pack"`
+	WholeCopy       bool   `json:"whole_copy"`
+}
+
+func statWhole(t *testing.T, data, path string) wholeStat {
+	t.Helper()
+	var st wholeStat
+	require.NoError(t, json.Unmarshal([]byte(mustKylix(t, data, "stat", "--json", "--data", data, path)), &st))
+	return st
+}
+
+// TestWholeCopyThroughMount: a fine-tune deduplicated against its base is
+// served by the node (no pack holds exactly it); after its second open
+// through the mount (sha256sum) the node gives it a whole copy, and its
+// next open is FUSE passthrough, byte-equal, while the base keeps its own
+// pack; kylix stat and kylix node say so; kylix gc (compacting) keeps the
+// copy; removing the fine-tune and collecting removes it.
+func TestWholeCopyThroughMount(t *testing.T) {
+	requireFUSE(t)
+	testneeds.Command(t, "sha256sum", "coreutils")
+	data, mnt := dirs(t)
+	hb, hf := fineTune(t, data)
+	require.Empty(t, statWhole(t, data, "m/ft").PassthroughPack)
+	n := launchNode(t, data, mnt, nil, nil, "--client-socket", "none")
+	ft := filepath.Join(mnt, "m", "ft")
+
+	pt0 := nodeWhole(t, data).FS.PassthroughOpens
+	require.Equal(t, hf, sha256sum(t, ft))
+	require.Equal(t, hf, sha256sum(t, ft))
+	require.Equal(t, pt0, nodeWhole(t, data).FS.PassthroughOpens, "the fine-tune was served by the node")
+	waitFor(t, 30*time.Second, "a whole copy of the fine-tune", func() bool { return nodeWhole(t, data).Whole.Made == 1 })
+	st := statWhole(t, data, "m/ft")
+	require.True(t, st.WholeCopy, "%+v", st)
+	require.NotEmpty(t, st.PassthroughPack)
+	require.Contains(t, mustKylix(t, data, "stat", "--data", data, "m/ft"), "a whole copy of this deduplicated file")
+
+	require.Equal(t, hf, sha256sum(t, ft))
+	require.Equal(t, pt0+1, nodeWhole(t, data).FS.PassthroughOpens, "the fine-tune's next open is passthrough\n%s", n.log)
+	require.Equal(t, hb, sha256sum(t, filepath.Join(mnt, "m", "base")))
+	require.Equal(t, pt0+2, nodeWhole(t, data).FS.PassthroughOpens, "the base keeps its pack")
+	w := nodeWhole(t, data).Whole
+	require.Equal(t, 1, w.Copies)
+	require.Greater(t, w.StoredBytes, int64(12<<20), "most of the fine-tune is stored twice")
+	text := mustKylix(t, data, "node", "--data", data)
+	require.Regexp(t, `whole: +1 copies, \d+\.\d MiB stored twice of a .* budget \(1 made, 0 not made, 0 dropped since start\)`, text)
+
+	mustKylix(t, data, "gc", "--data", data)
+	require.True(t, statWhole(t, data, "m/ft").WholeCopy)
+	require.Equal(t, hf, sha256sum(t, ft))
+	require.Equal(t, hb, sha256sum(t, filepath.Join(mnt, "m", "base")))
+
+	mustKylix(t, data, "rm", "--data", data, "m/ft")
+	mustKylix(t, data, "gc", "--data", data)
+	require.Zero(t, nodeWhole(t, data).Whole.Copies)
+	require.Equal(t, hb, sha256sum(t, filepath.Join(mnt, "m", "base")))
+}
+
+// TestWholeCopyBudget: --whole-budget 0 makes none (kylix node: off); a
+// budget smaller than the file makes none and says why.
+func TestWholeCopyBudget(t *testing.T) {
+	requireFUSE(t)
+	for _, c := range []struct{ budget, want string }{
+		{"0", "whole:    off (--whole-budget 0)"},
+		{"8MiB", "larger than the whole-copy budget (8.0 MiB)"},
+	} {
+		t.Run(c.budget, func(t *testing.T) {
+			data, mnt := dirs(t)
+			_, hf := fineTune(t, data)
+			n := launchNode(t, data, mnt, nil, nil, "--client-socket", "none", "--whole-budget", c.budget)
+			for range 3 {
+				require.Equal(t, hf, sha256sum(t, filepath.Join(mnt, "m", "ft")))
+			}
+			if c.budget != "0" {
+				waitFor(t, 30*time.Second, "the node to decide", func() bool { return nodeWhole(t, data).Whole.NotMade > 0 })
+			}
+			require.Contains(t, mustKylix(t, data, "node", "--data", data), c.want)
+			require.Zero(t, nodeWhole(t, data).Whole.Made, "%s", n.log)
+			require.False(t, statWhole(t, data, "m/ft").WholeCopy)
+		})
+	}
+}
