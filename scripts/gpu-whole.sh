@@ -82,7 +82,9 @@ for _ in $(seq 1 600); do
 done
 $k node | grep -A1 '^whole:'
 [ "$made" -ge "$n" ] || die "$made of $n shards got a whole copy"
-for f in $shards; do $k stat "models/ft/$f" | grep -q "a whole copy" || die "kylix stat models/ft/$f names no whole copy"; done
+for f in $shards; do # not piped into grep -q: its early exit would fail the pipe (pipefail)
+  $k stat "models/ft/$f" > "$out/stat.txt" && grep -q "a whole copy" "$out/stat.txt" || die "kylix stat models/ft/$f names no whole copy"
+done
 for f in $shards; do cmp "$mnt/models/ft/$f" "$work/src/finetuned/$f" || die "$f differs through the mount"; done
 pt0=$($k node --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["fs"]["passthrough_opens"])')
 passes "whole copies (passthrough)" || die "passes"

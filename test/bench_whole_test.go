@@ -4,6 +4,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -19,7 +20,8 @@ import (
 // on the data directory's disk (the backing file), side by side: first
 // with --whole-budget 0 (served by the node, as before whole copies), then
 // with a whole copy (passthrough). Medians of KYLIX_BENCH_REPS alternating
-// pairs (default 5). Root (FUSE); behind KYLIX_BENCH=1.
+// pairs (default 5), warm, then cold (the page cache dropped before each
+// read). Root (FUSE, drop_caches); behind KYLIX_BENCH=1.
 func TestBenchWholeCopy(t *testing.T) {
 	benchGate(t)
 	requireFUSE(t)
@@ -74,6 +76,11 @@ func TestBenchWholeCopy(t *testing.T) {
 		return float64(n) / time.Since(start).Seconds() / 1e9
 	}
 	med := func(v []float64) float64 { v = slices.Clone(v); slices.Sort(v); return v[len(v)/2] }
+	drop := func() {
+		t.Helper()
+		require.NoError(t, exec.Command("sync").Run())
+		require.NoError(t, os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0))
+	}
 	pairs := func(label string) (float64, float64) {
 		read(backing)
 		read(through) // warm both
@@ -82,7 +89,15 @@ func TestBenchWholeCopy(t *testing.T) {
 			b = append(b, read(backing))
 			m = append(m, read(through))
 		}
-		t.Logf("%s: mount %.2f GB/s %.2f, backing %.2f GB/s %.2f: %.2fx", label, med(m), m, med(b), b, med(m)/med(b))
+		t.Logf("%s, warm: mount %.2f GB/s %.2f, backing %.2f GB/s %.2f: %.2fx", label, med(m), m, med(b), b, med(m)/med(b))
+		var cb, cm []float64
+		for range reps {
+			drop()
+			cb = append(cb, read(backing))
+			drop()
+			cm = append(cm, read(through))
+		}
+		t.Logf("%s, cold: mount %.2f GB/s %.2f, backing %.2f GB/s %.2f: %.2fx", label, med(cm), cm, med(cb), cb, med(cm)/med(cb))
 		return med(m), med(b)
 	}
 

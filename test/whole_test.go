@@ -123,6 +123,7 @@ func TestWholeCopyThroughMount(t *testing.T) {
 	text := mustKylix(t, data, "node", "--data", data)
 	require.Regexp(t, `whole: +1 copies, \d+\.\d MiB stored twice of a .* budget \(1 made, 0 not made, 0 dropped since start\)`, text)
 
+	require.Regexp(t, `whole copies \(the whole store, not in STORED\): 1 files, \d+\.\d MiB stored a second time`, mustKylix(t, data, "du", "--data", data, "m"))
 	mustKylix(t, data, "gc", "--data", data)
 	require.True(t, statWhole(t, data, "m/ft").WholeCopy)
 	require.Equal(t, hf, sha256sum(t, ft))

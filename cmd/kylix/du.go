@@ -15,6 +15,15 @@ func init() {
 type duOut struct {
 	chunkstore.Usage
 	Children []chunkstore.Usage `json:"children,omitempty"`
+	// Whole: the whole copies of the store (all of it, not only PATH):
+	// deduplicated files given a pack of their own for passthrough
+	// (docs/design/whole.md); their second copies are not in STORED.
+	Whole wholeUsage `json:"whole_copies"`
+}
+
+type wholeUsage struct {
+	Copies      int   `json:"copies"`
+	StoredBytes int64 `json:"stored_twice_bytes"`
 }
 
 func runDu(ctx context.Context, e *env, args []string) error {
@@ -28,6 +37,10 @@ entry directly below it and in total (the last line):
   stored   the pack bytes those chunks occupy, in whole 4 KiB blocks;
            chunks shared with files outside the subtree count too, so
            removing the subtree frees at most this much (after kylix gc)
+
+A last line counts the store's whole copies, if any: deduplicated files
+given a pack of their own so the mount serves them by passthrough, and the
+bytes they store a second time (docs/design/whole.md).
 
 Figures of the lines do not add up to the total where entries share chunks.
 With a running node the command is answered by the node.`).withJSON()
@@ -45,8 +58,17 @@ With a running node the command is answered by the node.`).withJSON()
 	if err != nil {
 		return err
 	}
+	var whole wholeUsage
+	copies, err := s.WholeCopies()
+	if err != nil {
+		return err
+	}
+	for _, c := range copies {
+		whole.Copies++
+		whole.StoredBytes += c.Bytes - c.LiveBytes
+	}
 	if f.jsonOut {
-		return f.printJSON(duOut{Usage: total, Children: kids})
+		return f.printJSON(duOut{Usage: total, Children: kids, Whole: whole})
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "LOGICAL\tUNIQUE\tSTORED\t\tPATH")
@@ -63,6 +85,10 @@ With a running node the command is answered by the node.`).withJSON()
 	}
 	if total.NotLocalBytes > 0 {
 		fmt.Fprintf(e.stdout, "%s of the chunks are not stored on this node\n", human(total.NotLocalBytes))
+	}
+	if whole.Copies > 0 {
+		fmt.Fprintf(e.stdout, "whole copies (the whole store, not in STORED): %d files, %s stored a second time so the mount serves them by passthrough (docs/design/whole.md)\n",
+			whole.Copies, human(whole.StoredBytes))
 	}
 	return nil
 }
