@@ -202,6 +202,7 @@ func (w *wholeCopies) make(ctx context.Context, r wholeReq) {
 		not(fmt.Sprintf("it would leave %s free on the data file system, under %d%%", human(free-r.size), wholeFreePercent))
 		return
 	}
+	w.log.Info("making a whole copy", "file", r.id.Short(), "bytes", r.size)
 	res, err := w.s.MakeWhole(ctx, r.id, nil)
 	if errors.Is(err, chunkstore.ErrAlreadyWhole) {
 		return

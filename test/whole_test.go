@@ -20,7 +20,10 @@ import (
 // fineTune imports a 24 MiB base and a fine-tune of it (a 100-byte longer
 // head, so every shared chunk sits at another offset, three regions
 // changed) as m/base and m/ft, and returns their SHA-256s.
-func fineTune(t *testing.T, data string) (string, string) {
+func fineTune(t *testing.T, data string) (string, string) { return fineTuneOf(t, data, 24<<20) }
+
+// fineTuneOf is fineTune with a base of size bytes.
+func fineTuneOf(t *testing.T, data string, size int) (string, string) {
 	t.Helper()
 	r := rand.New(rand.NewChaCha8([32]byte{31}))
 	bytesOf := func(n int) []byte {
@@ -30,9 +33,9 @@ func fineTune(t *testing.T, data string) (string, string) {
 		}
 		return b
 	}
-	base := bytesOf(24 << 20)
+	base := bytesOf(size)
 	ft := append(bytesOf(100), base...)
-	for _, at := range []int{3 << 20, 11 << 20, 19 << 20} {
+	for _, at := range []int{size / 8, size / 2, size * 3 / 4} {
 		copy(ft[at:], bytesOf(256<<10))
 	}
 	work := t.TempDir()
@@ -158,4 +161,82 @@ func TestWholeCopyBudget(t *testing.T) {
 			require.False(t, statWhole(t, data, "m/ft").WholeCopy)
 		})
 	}
+}
+
+// TestWholeCopyDamagedOrKilled attacks whole copies through the real
+// node: a byte flipped in the copy's second copy of a shared chunk makes
+// the next open fall back to the node (its check fails), which reads the
+// right bytes from where the index keeps them; a node killed with SIGKILL
+// while it makes a copy leaves a store that verifies, holds no pack file
+// the index does not know, reads right, and makes the copy again.
+func TestWholeCopyDamagedOrKilled(t *testing.T) {
+	requireFUSE(t)
+	data, mnt := dirs(t)
+	_, hf := fineTuneOf(t, data, 256<<20) // large enough that SIGKILL mostly lands while the copy is written
+	ft := filepath.Join(mnt, "m", "ft")
+	packFiles := func() int {
+		ents, err := os.ReadDir(filepath.Join(data, "packs"))
+		require.NoError(t, err)
+		n := 0
+		for _, e := range ents {
+			if strings.HasSuffix(e.Name(), ".pack") {
+				n++
+			}
+		}
+		return n
+	}
+	type df struct {
+		Packs int `json:"packs"`
+	}
+	indexedPacks := func() int {
+		var d df
+		require.NoError(t, json.Unmarshal([]byte(mustKylix(t, data, "df", "--json", "--data", data)), &d))
+		return d.Packs
+	}
+
+	// SIGKILL while the copy is being written.
+	n := launchNode(t, data, mnt, nil, nil, "--client-socket", "none")
+	require.Equal(t, hf, sha256sum(t, ft))
+	f, err := os.Open(ft) // the second open starts the copy; reading would wait it out
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	waitFor(t, 30*time.Second, "the node to start the copy", func() bool { return strings.Contains(n.log.String(), "making a whole copy") })
+	n.kill9()
+	madeBeforeKill := strings.Contains(n.log.String(), "whole copy made")
+	t.Logf("killed with the copy made: %v", madeBeforeKill)
+	clearStaleMount(t, mnt)
+	out := mustKylix(t, data, "verify", "--data", data)
+	t.Logf("kylix verify after SIGKILL: %s", out)
+	require.Equal(t, indexedPacks(), packFiles(), "a pack file the index does not know was left")
+	n = launchNode(t, data, mnt, nil, nil, "--client-socket", "none")
+	require.Equal(t, hf, sha256sum(t, ft))
+	if !madeBeforeKill {
+		require.False(t, statWhole(t, data, "m/ft").WholeCopy)
+		require.Equal(t, hf, sha256sum(t, ft))
+		waitFor(t, 30*time.Second, "the copy made again", func() bool { return nodeWhole(t, data).Whole.Made == 1 })
+	}
+	st := statWhole(t, data, "m/ft")
+	require.True(t, st.WholeCopy)
+
+	// A flipped byte in the copy, where it holds a second copy of a
+	// chunk shared with the base (the middle of the first quarter).
+	pt := nodeWhole(t, data).FS.PassthroughOpens
+	damageAt(t, st.PassthroughPack, 16<<20)
+	require.Equal(t, hf, sha256sum(t, ft), "the node reads the chunk from where the index keeps it")
+	require.Equal(t, pt, nodeWhole(t, data).FS.PassthroughOpens, "a damaged copy is not handed to passthrough")
+	require.Contains(t, mustKylix(t, data, "stat", "--data", data, "m/ft"), "whole-file pack:")
+}
+
+// damageAt flips one byte of the file at path at off.
+func damageAt(t *testing.T, path string, off int64) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	require.NoError(t, err)
+	defer f.Close()
+	b := make([]byte, 1)
+	_, err = f.ReadAt(b, off)
+	require.NoError(t, err)
+	b[0] ^= 0x10
+	_, err = f.WriteAt(b, off)
+	require.NoError(t, err)
 }
