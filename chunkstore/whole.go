@@ -55,11 +55,6 @@ type WholeResult struct {
 	Elapsed   time.Duration `json:"elapsed_ns"`
 }
 
-// LayoutEpoch changes whenever chunks move (compaction, MakeWhole) or a
-// whole copy is dropped: a "not passthrough" decision made before may no
-// longer hold.
-func (s *Store) LayoutEpoch() uint64 { return s.relocs.Load() }
-
 // MakeWhole writes a whole copy of file version id (above). It fails with
 // ErrNotWholeFile's opposite, ErrAlreadyWhole, when the file already has a
 // passthrough candidate; ErrNotLocal when a chunk is not stored here;

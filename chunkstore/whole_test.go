@@ -66,12 +66,12 @@ func TestMakeWhole(t *testing.T) {
 	basePack, _, ok := fb.PassthroughCandidate()
 	require.True(t, ok)
 
-	epoch := s.LayoutEpoch()
+	epoch := s.relocs.Load()
 	var last int64
 	res, err := s.MakeWhole(ctx, f.ID, func(done, total int64) { last = done; require.Equal(t, int64(len(ft)), total) })
 	require.NoError(t, err)
 	require.Equal(t, int64(len(ft)), last)
-	require.NotEqual(t, epoch, s.LayoutEpoch())
+	require.NotEqual(t, epoch, s.relocs.Load(), "open Files must re-read their locations (File.Fresh)")
 	t.Logf("%+v", res)
 	require.Equal(t, int64(len(ft)), res.Bytes)
 	require.Positive(t, res.Moved)

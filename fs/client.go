@@ -107,6 +107,22 @@ func (f *FS) mountDev() (uint64, error) {
 // loaded nodes, and keeps fs free of a second registry of inodes that
 // would have to follow go-fuse's forgets.
 func (f *FS) fileNodeByIno(ino uint64) *fileNode {
+	var found *fileNode
+	f.eachLoaded(func(c *gofs.Inode) bool {
+		if c.StableAttr().Ino == ino {
+			if fn, ok := c.Operations().(*fileNode); ok {
+				found = fn
+				return false
+			}
+		}
+		return true
+	})
+	return found
+}
+
+// eachLoaded calls fn with every node below the root go-fuse knows, each
+// once, until fn returns false.
+func (f *FS) eachLoaded(fn func(*gofs.Inode) bool) {
 	root := f.root.EmbeddedInode()
 	seen := map[*gofs.Inode]bool{root: true}
 	stack := []*gofs.Inode{root}
@@ -118,15 +134,29 @@ func (f *FS) fileNodeByIno(ino uint64) *fileNode {
 				continue
 			}
 			seen[c] = true
-			if c.StableAttr().Ino == ino {
-				if fn, ok := c.Operations().(*fileNode); ok {
-					return fn
-				}
+			if !fn(c) {
+				return
 			}
 			if c.IsDir() {
 				stack = append(stack, c)
 			}
 		}
 	}
-	return nil
+}
+
+// PassthroughChanged tells the mount that file version id may now have a
+// pack that holds exactly its bytes (a whole copy was made: docs/design/
+// whole.md), so its next open asks the store again instead of going to
+// the node as the last one did.
+func (f *FS) PassthroughChanged(id chunkstore.ID) {
+	f.eachLoaded(func(c *gofs.Inode) bool {
+		if fn, ok := c.Operations().(*fileNode); ok {
+			fn.mu.Lock()
+			if fn.id == id {
+				fn.notPT = false
+			}
+			fn.mu.Unlock()
+		}
+		return true
+	})
 }

@@ -32,19 +32,17 @@ type fileNode struct {
 	// created here and not committed yet).
 	inStore bool
 	// notPT: the committed version is known to have no whole-file pack
-	// (not passthrough-eligible), so opens skip the check, as long as
-	// the store's layout is still notPTEpoch (a whole copy or a
-	// compaction since may have given it one).
-	notPT      bool
-	notPTEpoch uint64
-	mode       iofs.FileMode // permission and special bits (chunkstore.EntryModeMask)
-	uid        uint32
-	gid        uint32
-	size       int64 // committed size
-	mtime      int64
-	ctime      int64         // 0: none recorded (stat shows mtime)
-	atime      int64         // 0: none recorded (stat shows mtime)
-	id         chunkstore.ID // committed version (zero until the first commit)
+	// (not passthrough-eligible), so opens skip the check (until
+	// FS.PassthroughChanged: a whole copy was made).
+	notPT bool
+	mode  iofs.FileMode // permission and special bits (chunkstore.EntryModeMask)
+	uid   uint32
+	gid   uint32
+	size  int64 // committed size
+	mtime int64
+	ctime int64         // 0: none recorded (stat shows mtime)
+	atime int64         // 0: none recorded (stat shows mtime)
+	id    chunkstore.ID // committed version (zero until the first commit)
 	// metaSeq counts changes of mode, owner and times made here;
 	// metaDone is the last one the committer wrote. While they differ
 	// the node's metadata is newer than the store's, and a lookup that
@@ -560,9 +558,6 @@ func (n *fileNode) waitPassthroughClosed() {
 func (n *fileNode) tryPassthrough(ctx context.Context) gofs.FileHandle {
 	n.mu.Lock()
 	st := n.stateLocked()
-	if n.notPT && n.notPTEpoch != n.fsys.s.LayoutEpoch() {
-		n.notPT = false
-	}
 	if !n.fsys.passthrough || n.notPT || n.hasLocalLocked() || st.cachedOpen != 0 || n.id.IsZero() {
 		id, size, served := n.id, n.size, n.notPT && n.fsys.passthrough && !n.hasLocalLocked()
 		n.mu.Unlock()
@@ -576,7 +571,6 @@ func (n *fileNode) tryPassthrough(ctx context.Context) gofs.FileHandle {
 	if err != nil {
 		return nil
 	}
-	epoch := n.fsys.s.LayoutEpoch() // before: a whole copy made meanwhile is not missed
 	pf, err := n.fsys.s.TryOpenPassthrough(ctx, sf, n.fsys.backgroundCheckRate())
 	if errors.Is(err, chunkstore.ErrPackUnchecked) {
 		// Not waited for: this open is served by the node (every chunk
@@ -589,7 +583,7 @@ func (n *fileNode) tryPassthrough(ctx context.Context) gofs.FileHandle {
 		if errors.Is(err, chunkstore.ErrNotWholeFile) {
 			n.mu.Lock()
 			if n.id == sf.ID {
-				n.notPT, n.notPTEpoch = true, epoch
+				n.notPT = true
 			}
 			n.mu.Unlock()
 			if n.fsys.opts.OpenedForRead != nil {

@@ -302,6 +302,7 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	n.whole.changed = n.fsys.PassthroughChanged
 	n.claimedBy.Store(n.fsys)
 	if n.metrics, err = startMetrics(cfg.Metrics, n.s, n.fsys, n.client, cfg.Logger); err != nil {
 		return nil, err

@@ -83,6 +83,9 @@ type wholeCopies struct {
 	budget int64
 	queue  chan wholeReq
 	done   chan struct{}
+	// changed, if set, tells the mount that a file version got a whole
+	// copy (fs.FS.PassthroughChanged). Set before the mount serves.
+	changed func(chunkstore.ID)
 
 	mu     sync.Mutex
 	opens  map[chunkstore.ID]int    // served opens per file version
@@ -205,6 +208,9 @@ func (w *wholeCopies) make(ctx context.Context, r wholeReq) {
 	w.log.Info("making a whole copy", "file", r.id.Short(), "bytes", r.size)
 	res, err := w.s.MakeWhole(ctx, r.id, nil)
 	if errors.Is(err, chunkstore.ErrAlreadyWhole) {
+		// An open that raced the copy went to the node and made the
+		// mount forget the copy: tell it again.
+		w.passthroughChanged(r.id)
 		return
 	}
 	if err != nil {
@@ -215,6 +221,7 @@ func (w *wholeCopies) make(ctx context.Context, r wholeReq) {
 		return
 	}
 	w.made.Add(1)
+	w.passthroughChanged(r.id)
 	w.mu.Lock()
 	w.packOf[r.id] = res.Pack
 	w.used[res.Pack] = time.Now()
@@ -225,6 +232,12 @@ func (w *wholeCopies) make(ctx context.Context, r wholeReq) {
 	w.mu.Unlock()
 	w.log.Info("whole copy made: the file is now served by passthrough", "file", r.id.Short(), "bytes", res.Bytes,
 		"stored_twice", res.CopyBytes, "seconds", res.Elapsed.Seconds())
+}
+
+func (w *wholeCopies) passthroughChanged(id chunkstore.ID) {
+	if w.changed != nil {
+		w.changed(id)
+	}
 }
 
 // dropLRU drops the least recently opened whole copy among copies (one
