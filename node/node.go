@@ -309,6 +309,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	n.onClose(n.metrics.close)
 	n.metrics.reg.MustRegister(&peersCollector{n.Peers})
+	n.metrics.reg.MustRegister(&pinsCollector{n.pins, n.whole})
 	if n.kv != nil {
 		n.metrics.reg.MustRegister(&kvCollector{n.kv, func() *KVMemberStats { return n.kvm.Load().stats() }})
 	}

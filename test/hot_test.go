@@ -64,7 +64,8 @@ func TestHotFilesStubGPU(t *testing.T) {
 	// Locked, each is a page more than its bytes (b: exactly 4 MiB): a and
 	// b fit the hot budget together, b and c too, a and c do not. The pin
 	// budget is as large: hot files count in it.
-	n, sock := startStubGPUNode(t, data, mnt, "--hot-budget", "17MiB", "--pin-budget", "17MiB")
+	addr := freeAddr(t)
+	n, sock := startStubGPUNode(t, data, mnt, "--hot-budget", "17MiB", "--pin-budget", "17MiB", "--metrics", addr)
 	cl := dialClient(t, sock)
 	fill := func(name string, want []byte) string {
 		t.Helper()
@@ -94,6 +95,11 @@ func TestHotFilesStubGPU(t *testing.T) {
 	text := mustKylix(t, data, "node", "--data", data)
 	require.Regexp(t, `hot: +1 files, 12\.\d MiB locked of a 17\.0 MiB budget \(1 made\)`, text)
 	require.Contains(t, text, "  m/a: 12.0 MiB, ")
+	mt := metrics(t, "http://"+addr+"/metrics")
+	require.Equal(t, 1.0, mt["kylix_hot_files"])
+	require.Equal(t, 1.0, mt["kylix_hot_made_total"])
+	require.Equal(t, float64(h.Pins.Hot.LockedBytes), mt["kylix_hot_locked_bytes"])
+	require.Equal(t, float64(17<<20), mt["kylix_hot_budget_bytes"])
 
 	// kylix load through the node: b becomes hot beside a.
 	type loadRep struct {
@@ -124,6 +130,7 @@ func TestHotFilesStubGPU(t *testing.T) {
 	require.NotContains(t, fill("a", a), "pinned")
 	h = waitHot("m/a")
 	require.Equal(t, int64(3), h.Pins.Hot.Evicted["budget"])
+	require.Equal(t, 3.0, metrics(t, "http://"+addr+"/metrics")[`kylix_hot_released_total{reason="budget"}`])
 
 	// A pin comes first: pinning c does not fit beside hot a in the pin
 	// budget, so a is released; a loaded again cannot be made hot while

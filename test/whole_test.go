@@ -103,7 +103,8 @@ func TestWholeCopyThroughMount(t *testing.T) {
 	data, mnt := dirs(t)
 	hb, hf := fineTune(t, data)
 	require.Empty(t, statWhole(t, data, "m/ft").PassthroughPack)
-	n := launchNode(t, data, mnt, nil, nil, "--client-socket", "none")
+	addr := freeAddr(t)
+	n := launchNode(t, data, mnt, nil, nil, "--client-socket", "none", "--metrics", addr)
 	ft := filepath.Join(mnt, "m", "ft")
 
 	pt0 := nodeWhole(t, data).FS.PassthroughOpens
@@ -123,6 +124,7 @@ func TestWholeCopyThroughMount(t *testing.T) {
 	w := nodeWhole(t, data).Whole
 	require.Equal(t, 1, w.Copies)
 	require.Greater(t, w.StoredBytes, int64(12<<20), "most of the fine-tune is stored twice")
+	require.Equal(t, 1.0, metrics(t, "http://"+addr+"/metrics")["kylix_whole_copies_made_total"])
 	text := mustKylix(t, data, "node", "--data", data)
 	require.Regexp(t, `whole: +1 copies, \d+\.\d MiB stored twice of a .* budget \(1 made, 0 not made, 0 dropped since start\)`, text)
 
