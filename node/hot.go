@@ -12,6 +12,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -67,6 +68,7 @@ type hotState struct {
 	now          func() time.Time
 
 	made, skipped, dropped atomic.Int64
+	memlockSaid            atomic.Bool      // the memory-lock limit was logged
 	evicted                map[string]int64 // by reason
 	lastSkip               string
 }
@@ -216,7 +218,11 @@ func (np *nodePins) makeHot(ctx context.Context, r hotReq) {
 		if err != nil {
 			p.release()
 			not("%v", err)
-			np.log.Warn("a file loaded from the page cache could not be made hot", "file", name, "err", err)
+			// The memory-lock limit refuses every file alike: said once
+			// (kylix doctor's pins line says it too), not per load.
+			if !errors.Is(err, gpuio.ErrMemlock) || hs.memlockSaid.CompareAndSwap(false, true) {
+				np.log.Warn("a file loaded from the page cache could not be made hot", "file", name, "err", err)
+			}
 			return
 		}
 		p.locked = append(p.locked, lr)

@@ -3,6 +3,7 @@ package test
 import (
 	"bytes"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/kylix/kylix/clientproto"
 	"github.com/kylix/kylix/internal/damage"
+	"github.com/kylix/kylix/internal/testneeds"
 )
 
 // hotOut is the hot files of kylix node --json.
@@ -27,6 +29,7 @@ type hotOut struct {
 				LockedBytes int64  `json:"locked_bytes"`
 			} `json:"files"`
 			Made     int64            `json:"made"`
+			Skipped  int64            `json:"skipped"`
 			LastSkip string           `json:"last_skip"`
 			Evicted  map[string]int64 `json:"evicted"`
 		} `json:"hot"`
@@ -198,4 +201,39 @@ func TestHotFilesOff(t *testing.T) {
 	}
 	require.Contains(t, mustKylix(t, data, "node", "--data", data), "hot:      off (--hot-budget 0)")
 	require.Empty(t, nodeHot(t, data).Pins.Hot.Files)
+}
+
+// TestHotFilesMemlockLimit: a node without CAP_IPC_LOCK under a 4 MiB
+// RLIMIT_MEMLOCK makes no file hot past it; kylix node says why, the node
+// logs it once (not at every load), and the fills stay right.
+func TestHotFilesMemlockLimit(t *testing.T) {
+	requireFUSE(t)
+	for _, tool := range []string{"prlimit", "setpriv"} {
+		testneeds.Command(t, tool, "util-linux")
+	}
+	data, mnt := dirs(t)
+	a, b := randomBytes(6<<20, 25), randomBytes(5<<20, 26)
+	importFiles(t, data, map[string][]byte{"a": a, "b": b})
+	wrap := filepath.Join(t.TempDir(), "kylix-memlock")
+	require.NoError(t, os.WriteFile(wrap, []byte("#!/bin/sh\nexec prlimit --memlock=4194304:4194304 setpriv --bounding-set=-ipc_lock --inh-caps=-ipc_lock "+kylixBin+" \"$@\"\n"), 0o755))
+	real := kylixBin
+	kylixBin = wrap
+	n, sock := startStubGPUNode(t, data, mnt)
+	kylixBin = real
+	cl := dialClient(t, sock)
+	for i := range 3 {
+		for name, want := range map[string][]byte{"a": a, "b": b} {
+			f := openRO(t, filepath.Join(mnt, "m", name))
+			al := newShmAlloc(t, len(want))
+			r := cl.req(clientproto.OpFill, fillReq(al, 0, 0, uint64(len(want))), int(f.Fd()))
+			require.Zero(t, r.status, "FILL %s: %s\n%s", name, r.msg, n.log)
+			require.True(t, bytes.Equal(al.bytes(t), want))
+		}
+		want := int64(2 * (i + 1))
+		waitFor(t, 30*time.Second, "the node to try both files", func() bool { return nodeHot(t, data).Pins.Hot.Skipped >= want })
+	}
+	h := nodeHot(t, data)
+	require.Empty(t, hotPaths(h))
+	require.Contains(t, h.Pins.Hot.LastSkip, "RLIMIT_MEMLOCK is 4194304 bytes")
+	require.Equal(t, 1, strings.Count(n.log.String(), "could not be made hot"), "said once:\n%s", n.log)
 }

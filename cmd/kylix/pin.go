@@ -163,7 +163,7 @@ func pinDoctor() (string, bool, string) {
 		return "pins", false, fmt.Sprintf("RLIMIT_MEMLOCK unknown: %v", err)
 	}
 	if gpuio.HasCapIPCLock() || rl.Cur == unix.RLIM_INFINITY {
-		return "pins", true, fmt.Sprintf("memory locking is not limited (CAP_IPC_LOCK or RLIMIT_MEMLOCK unlimited): kylix pin can lock up to the node's --pin-budget (default %s of memory)", node.DefaultPinBudget)
+		return "pins", true, fmt.Sprintf("memory locking is not limited (CAP_IPC_LOCK or RLIMIT_MEMLOCK unlimited): kylix pin can lock up to the node's --pin-budget (default %s of memory), hot files up to its --hot-budget (default %s)", node.DefaultPinBudget, node.DefaultHotBudget)
 	}
-	return "pins", false, fmt.Sprintf("RLIMIT_MEMLOCK is %s and there is no CAP_IPC_LOCK: a node run like this can pin at most that much; raise it (ulimit -l, LimitMEMLOCK=) or run the node as root", human(int64(rl.Cur)))
+	return "pins", false, fmt.Sprintf("RLIMIT_MEMLOCK is %s and there is no CAP_IPC_LOCK: a node run like this can pin at most that much, and makes no file hot past it (GPU loads then copy through bounce buffers); raise it (ulimit -l, LimitMEMLOCK=) or run the node as root", human(int64(rl.Cur)))
 }
