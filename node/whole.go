@@ -40,6 +40,9 @@ const (
 	wholeFreePercent = 10
 	// wholeTracked bounds the file versions whose served opens are counted.
 	wholeTracked = 4096
+	// wholeRetry: a file not given a copy is not tried again for this long
+	// (its chunks may arrive, or room be made, meanwhile).
+	wholeRetry = 10 * time.Minute
 )
 
 // ParseWholeBudget parses --whole-budget: a size or a share of the file
@@ -88,11 +91,12 @@ type wholeCopies struct {
 	changed func(chunkstore.ID)
 
 	mu     sync.Mutex
-	opens  map[chunkstore.ID]int    // served opens per file version
-	queued map[chunkstore.ID]bool   // waiting or being made
-	used   map[uint64]time.Time     // whole pack -> its file's last open (made or seen this run)
-	packOf map[chunkstore.ID]uint64 // file version -> its whole pack, made this run
-	recent []WholeStatusFile        // made this run, newest last
+	opens  map[chunkstore.ID]int       // served opens per file version
+	tried  map[chunkstore.ID]time.Time // not given a copy, when
+	queued map[chunkstore.ID]bool      // waiting or being made
+	used   map[uint64]time.Time        // whole pack -> its file's last open (made or seen this run)
+	packOf map[chunkstore.ID]uint64    // file version -> its whole pack, made this run
+	recent []WholeStatusFile           // made this run, newest last
 	made   atomic.Int64
 	failed atomic.Int64
 	drops  atomic.Int64
@@ -106,7 +110,7 @@ type wholeReq struct {
 
 func startWhole(ctx context.Context, s *chunkstore.Store, budget int64, log *slog.Logger) *wholeCopies {
 	w := &wholeCopies{s: s, log: log, budget: budget, queue: make(chan wholeReq, 16), done: make(chan struct{}),
-		opens: map[chunkstore.ID]int{}, queued: map[chunkstore.ID]bool{}, used: map[uint64]time.Time{},
+		opens: map[chunkstore.ID]int{}, tried: map[chunkstore.ID]time.Time{}, queued: map[chunkstore.ID]bool{}, used: map[uint64]time.Time{},
 		packOf: map[chunkstore.ID]uint64{}}
 	if budget <= 0 {
 		close(w.done)
@@ -143,6 +147,9 @@ func (w *wholeCopies) opened(id chunkstore.ID, size int64, passthrough bool) {
 	if w.queued[id] {
 		return
 	}
+	if at, ok := w.tried[id]; ok && time.Since(at) < wholeRetry {
+		return
+	}
 	if len(w.opens) >= wholeTracked {
 		clear(w.opens) // a fresh count: a hot file is seen again soon
 	}
@@ -170,6 +177,10 @@ func (w *wholeCopies) make(ctx context.Context, r wholeReq) {
 		w.failed.Add(1)
 		w.mu.Lock()
 		w.last = fmt.Sprintf("file %s (%s): %s", r.id.Short(), human(r.size), why)
+		if len(w.tried) >= wholeTracked {
+			clear(w.tried)
+		}
+		w.tried[r.id] = time.Now()
 		w.mu.Unlock()
 		w.log.Info("no whole copy made; the file stays served by the node", "file", r.id.Short(), "why", why)
 	}
