@@ -52,8 +52,11 @@ type peerCache struct {
 	// them, counting those being copied in; under mu), their bytes (at
 	// most behindMax), the writers, and whether close has begun (under
 	// mu).
-	behind      chan behindChunk
-	queued      int
+	behind chan behindChunk
+	queued int
+	// inQueue: the chunks queued (under mu), so a chunk two loads fetch
+	// at once is copied and written once.
+	inQueue     map[chunkstore.ID]struct{}
 	behindBytes atomic.Int64
 	behindMax   int64 // behindMax; tests lower it
 	behindWG    sync.WaitGroup
@@ -226,7 +229,9 @@ func (c *peerCache) putBehind(id chunkstore.ID, data []byte) bool {
 	}
 	n := int64(len(data))
 	c.mu.Lock()
-	if _, ok := c.idx[id]; ok {
+	_, kept := c.idx[id]
+	_, queued := c.inQueue[id]
+	if kept || queued {
 		c.mu.Unlock()
 		return true
 	}
@@ -237,6 +242,10 @@ func (c *peerCache) putBehind(id chunkstore.ID, data []byte) bool {
 	}
 	c.behindBytes.Add(n)
 	c.queued++
+	if c.inQueue == nil {
+		c.inQueue = map[chunkstore.ID]struct{}{}
+	}
+	c.inQueue[id] = struct{}{}
 	c.mu.Unlock()
 	// The copy is made outside the lock; the reservation above keeps the
 	// send below from blocking.
@@ -248,6 +257,7 @@ func (c *peerCache) putBehind(id chunkstore.ID, data []byte) bool {
 	if c.closed {
 		c.behindBytes.Add(-n)
 		c.queued--
+		delete(c.inQueue, id)
 		c.giveBackLocked(b)
 		return false
 	}
@@ -266,6 +276,7 @@ func (c *peerCache) writeBehind() {
 		c.store(ch.id, b, b[:storeio.AlignUp(int64(len(b)))])
 		c.behindBytes.Add(-int64(len(b)))
 		c.mu.Lock()
+		delete(c.inQueue, ch.id) // after store: kept (in idx) or not, it is no longer queued
 		c.giveBackLocked(b)
 		c.mu.Unlock()
 	}
