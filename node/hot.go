@@ -188,6 +188,21 @@ func (np *nodePins) makeHot(ctx context.Context, r hotReq) {
 		not("%s of its %s in the page cache", human(resident), human(span))
 		return
 	}
+	// An older version of the same path, hot, is no longer what is
+	// loaded: it goes first (reason "replaced").
+	if r.path != "" {
+		np.mu.Lock()
+		var old []chunkstore.ID
+		for id, f := range hs.files {
+			if f.held.path == r.path && id != r.id {
+				old = append(old, id)
+			}
+		}
+		np.mu.Unlock()
+		for _, id := range old {
+			np.releaseHot(id, "replaced")
+		}
+	}
 	need := np.host.Added(p.spans)
 	if need > hs.budget {
 		not("it needs %s of locked memory, more than the hot budget (%s)", human(need), human(hs.budget))
@@ -264,11 +279,21 @@ func (np *nodePins) evictHot(reason string) bool {
 			lru, h = id, f
 		}
 	}
+	np.mu.Unlock()
+	return h != nil && np.releaseHot(lru, reason)
+}
+
+// releaseHot releases hot file version id, for reason; false if it is not
+// hot. The caller holds np.op.
+func (np *nodePins) releaseHot(id chunkstore.ID, reason string) bool {
+	hs := np.hot
+	np.mu.Lock()
+	h := hs.files[id]
 	if h == nil {
 		np.mu.Unlock()
 		return false
 	}
-	delete(hs.files, lru)
+	delete(hs.files, id)
 	hs.evicted[reason]++
 	np.mu.Unlock()
 	if err := h.held.release(); err != nil {
@@ -328,7 +353,7 @@ type HotStatus struct {
 	Skipped  int64            `json:"skipped"`
 	Dropped  int64            `json:"dropped"`
 	LastSkip string           `json:"last_skip,omitempty"`
-	Evicted  map[string]int64 `json:"evicted"` // by reason: budget, pin, idle, memory
+	Evicted  map[string]int64 `json:"evicted"` // by reason: budget, pin, idle, memory, replaced
 }
 
 type HotFileStatus struct {

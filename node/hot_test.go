@@ -150,3 +150,28 @@ func TestHotFileNotCached(t *testing.T) {
 	require.Contains(t, f.np.hotStatus().LastSkip, "of its 1.0 MiB in the page cache")
 	require.Zero(t, f.np.host.Locked())
 }
+
+// TestHotFileReplaced: when a new version of a path is made hot, the hot
+// older version of that path is released (reason replaced).
+func TestHotFileReplaced(t *testing.T) {
+	f := newHotFixture(t, 64<<20)
+	f.load("a")
+	old := f.ids["a"]
+	src := filepath.Join(t.TempDir(), "a2")
+	b := make([]byte, 1<<20)
+	rand.NewChaCha8([32]byte{8}).Read(b)
+	require.NoError(t, os.WriteFile(src, b, 0o644))
+	_, err := f.s.Import(context.Background(), src, "m/a", chunkstore.ImportOptions{})
+	require.NoError(t, err)
+	file, _, err := f.s.OpenPath("m/a")
+	require.NoError(t, err)
+	require.NotEqual(t, old, file.ID)
+	f.ids["a"] = file.ID
+	f.warm(t, "a")
+	f.load("a")
+	require.Equal(t, []string{"m/a"}, f.hot())
+	st := f.np.hotStatus()
+	require.Equal(t, int64(1), st.Evicted["replaced"])
+	require.Nil(t, f.np.hot.files[old])
+	require.NotNil(t, f.np.hot.files[file.ID])
+}
