@@ -30,26 +30,17 @@ work=$(mktemp -d /var/tmp/kylix-hot.XXXX)
 export KYLIX_DATA=$work/data
 mnt=$work/mnt
 sock=$work/client.sock
-node=
-stop_node() {
-  if [ -n "$node" ] && kill -0 "$node" 2>/dev/null; then
-    kill -TERM "$node"; for _ in $(seq 1 100); do kill -0 "$node" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$node" 2>/dev/null
-  fi
-  node=
-  umount -l "$mnt" 2>/dev/null
-}
+. scripts/lib/node.sh
 trap 'stop_node; rm -rf "$work"' EXIT
 
 $k demo-model --size "$size" "$work/src" | tail -1 || die "demo-model"
 $k import "$work/src/base" models/base | tail -1 || die "import"
 mkdir -p "$mnt"
 
-start_node() { # extra serve flags
-  setsid $k serve --mount "$mnt" --client-socket "$sock" "$@" >> "$out/serve.log" 2>&1 &
-  node=$!
-  for _ in $(seq 1 300); do [ -f "$mnt/models/base/config.json" ] && [ -S "$sock" ] && break; sleep 0.1; done
-  [ -f "$mnt/models/base/config.json" ] || { tail -20 "$out/serve.log"; die "the node did not come up"; }
+start() { # extra serve flags: the mount and the client socket both up
+  start_node "$mnt/models/base/config.json" --client-socket "$sock" "$@"
+  for _ in $(seq 1 100); do [ -S "$sock" ] && break; sleep 0.1; done
+  [ -S "$sock" ] || die "no client socket at $sock"
   cat "$mnt"/models/base/*.safetensors > /dev/null # warm, and the first opens' pack checks
 }
 gbps() { python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("%.2f %s" % (r["gb_per_s"], ";".join(sorted({f["io"] for f in r["files"]}))))' "$1"; }
@@ -79,13 +70,13 @@ run_set() { # name
 }
 
 echo "== before: --hot-budget 0"
-start_node --hot-budget 0
+start --hot-budget 0
 $k load --device cuda:0 --json models/base > /dev/null || die "first load"
 run_set off
 stop_node
 
 echo "== hot files (default --hot-budget)"
-start_node
+start
 $k load --device cuda:0 --json models/base > "$out/first.json" || die "first load"
 echo "first load: $(gbps "$out/first.json")"
 nfiles=$(ls "$mnt"/models/base/*.safetensors | wc -l)

@@ -22,26 +22,13 @@ die() { echo "FAILED: $*"; echo; echo "WHOLE FAILED"; exit 1; }
 work=$(mktemp -d /var/tmp/kylix-whole.XXXX)
 export KYLIX_DATA=$work/data
 mnt=$work/mnt
-node=
-stop_node() {
-  if [ -n "$node" ] && kill -0 "$node" 2>/dev/null; then
-    kill -TERM "$node"; for _ in $(seq 1 100); do kill -0 "$node" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$node" 2>/dev/null
-  fi
-  node=
-  umount -l "$mnt" 2>/dev/null
-}
+. scripts/lib/node.sh
 trap 'stop_node; rm -rf "$work"' EXIT
 $k demo-model --size "$size" "$work/src" | tail -1 || die "demo-model"
 $k import "$work/src/base" models/base | tail -1 || die "import base"
 $k import "$work/src/finetuned" models/ft | tail -1 || die "import fine-tune"
 mkdir -p "$mnt"
-start_node() {
-  setsid $k serve --mount "$mnt" --client-socket none "$@" >> "$out/serve.log" 2>&1 &
-  node=$!
-  for _ in $(seq 1 300); do [ -f "$mnt/models/ft/config.json" ] && break; sleep 0.1; done
-  [ -f "$mnt/models/ft/config.json" ] || { tail -20 "$out/serve.log"; die "the node did not come up"; }
-}
+start() { start_node "$mnt/models/ft/config.json" --client-socket none "$@"; }
 shards=$(cd "$work/src/finetuned" && ls *.safetensors)
 passes() { # label: REPS alternating passes, backing then mount; prints GB/s per pass
   python3 - "$1" "$reps" "$work/src/finetuned" "$mnt/models/ft" $shards <<'PY'
@@ -68,12 +55,12 @@ PY
 }
 
 echo "== before: --whole-budget 0 (the node serves the fine-tune)"
-start_node --whole-budget 0
+start --whole-budget 0
 passes "served by the node" || die "passes"
 stop_node
 
 echo "== whole copies (default --whole-budget)"
-start_node
+start
 for f in $shards; do cat "$mnt/models/ft/$f" > /dev/null; cat "$mnt/models/ft/$f" > /dev/null; done
 n=$(echo $shards | wc -w)
 for _ in $(seq 1 600); do
