@@ -4,11 +4,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -241,4 +243,65 @@ func damageAt(t *testing.T, path string, off int64) {
 	b[0] ^= 0x10
 	_, err = f.WriteAt(b, off)
 	require.NoError(t, err)
+}
+
+// TestWholeCopyUnderReaders: readers keep reading the fine-tune through
+// the mount (real sha256sum, four at once) while the node makes its whole
+// copy and kylix gc deletes the pack its chunks moved out of: every read
+// is byte-equal, before, during and after.
+func TestWholeCopyUnderReaders(t *testing.T) {
+	requireFUSE(t)
+	data, mnt := dirs(t)
+	_, hf := fineTuneOf(t, data, 64<<20)
+	launchNode(t, data, mnt, nil, nil, "--client-socket", "none")
+	ft := filepath.Join(mnt, "m", "ft")
+	sum := testneeds.Command(t, "sha256sum", "coreutils")
+	stop := make(chan struct{})
+	errs := make(chan error, 4)
+	var reads [4]atomic.Int64
+	for i := range 4 {
+		go func() {
+			for {
+				select {
+				case <-stop:
+					errs <- nil
+					return
+				default:
+				}
+				out, err := exec.Command(sum, ft).CombinedOutput()
+				if err != nil || strings.Fields(string(out))[0] != hf {
+					errs <- fmt.Errorf("reader %d, read %d: %v: %s", i, reads[i].Load(), err, out)
+					return
+				}
+				reads[i].Add(1)
+			}
+		}()
+	}
+	waitFor(t, 60*time.Second, "the whole copy", func() bool { return nodeWhole(t, data).Whole.Made == 1 })
+	gc := mustKylix(t, data, "gc", "--data", data)
+	t.Logf("kylix gc under the readers: %s", gc)
+	require.True(t, statWhole(t, data, "m/ft").WholeCopy)
+	var n0 [4]int64
+	for i := range reads {
+		n0[i] = reads[i].Load()
+	}
+	waitFor(t, 60*time.Second, "every reader to read again after the gc", func() bool {
+		for i := range reads {
+			if reads[i].Load() < n0[i]+2 {
+				return false
+			}
+		}
+		return true
+	})
+	close(stop)
+	for range 4 {
+		require.NoError(t, <-errs)
+	}
+	t.Logf("reads per reader: %d %d %d %d", reads[0].Load(), reads[1].Load(), reads[2].Load(), reads[3].Load())
+	// Readers overlapping without a pause keep the file's inode in the
+	// node's cached mode (the kernel does not mix cached and passthrough
+	// opens of one inode); with them closed, the next open is passthrough.
+	pt := nodeWhole(t, data).FS.PassthroughOpens
+	require.Equal(t, hf, sha256sum(t, ft))
+	require.Equal(t, pt+1, nodeWhole(t, data).FS.PassthroughOpens)
 }
