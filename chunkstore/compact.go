@@ -155,7 +155,7 @@ func (s *Store) compact(ctx context.Context, opts GCOptions, in compactInput) (C
 			off += int64(c.Len)
 		}
 		if p := candidatePack(m.Size, offs, locs); p != 0 {
-			if pi := in.info[p]; pi.Flags&packExclusive != 0 && pi.Size == m.Size {
+			if pi := in.info[p]; pi.Flags&packExclusive != 0 && pi.Flags&packWholeDropped == 0 && pi.Size == m.Size {
 				pinned[p] = true
 			}
 		}

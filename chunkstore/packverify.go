@@ -210,7 +210,7 @@ func (f *File) PassthroughCandidate() (pack uint64, path string, ok bool) {
 			return nil
 		}
 		pack = candidatePack(size, f.offs, f.locs)
-		if pi, ok := info(pack); pack != 0 && (!ok || pi.Flags&packExclusive == 0 || pi.Size != size) {
+		if pi, ok := info(pack); pack != 0 && (!ok || pi.Flags&packExclusive == 0 || pi.Flags&packWholeDropped != 0 || pi.Size != size) {
 			pack = 0
 		}
 		return nil
@@ -418,6 +418,11 @@ func (s *Store) record(key packFileKey, c *PackCheck, err error) {
 		return
 	}
 	v.failed.Add(1)
+	// A whole copy that fails its check is no use for passthrough: it
+	// stops being one (its file is served by the node, which may make a
+	// new one; compaction gives the old one's space back). Not under the
+	// caller's locks.
+	go s.dropFailedWhole(c.Pack)
 	if errors.Is(c.Err(), ErrCorrupt) {
 		s.log.Error("pack failed verification: its file is served by the node, which hashes every chunk", "err", c.Err())
 	} else {

@@ -155,7 +155,7 @@ func (f *File) WholeFilePack() (string, bool) {
 		pi, err = decodePackInfo(v)
 		return err
 	})
-	if err != nil || pi.Flags&packExclusive == 0 || pi.Size != f.M.Size {
+	if err != nil || pi.Flags&packExclusive == 0 || pi.Flags&packWholeDropped != 0 || pi.Size != f.M.Size {
 		return "", false
 	}
 	return ex[0].PackPath, true

@@ -30,7 +30,13 @@ import (
 
 // packWhole: the pack holds every byte of one file at its own offset (a
 // whole copy, MakeWhole); the index locates some of them in it.
-const packWhole = 2
+// packWholeDropped: it was one (DropWhole): no file's passthrough pack any
+// more, an ordinary pack to compaction, and its chunks may move into a
+// new whole copy.
+const (
+	packWhole        = 2
+	packWholeDropped = 4
+)
 
 // MinWholeSize: smaller files are not given whole copies (they fit one
 // read; what they cost is the open, which passthrough does not save).
@@ -106,7 +112,8 @@ func (s *Store) MakeWhole(ctx context.Context, id ID, progress func(done, total 
 	}
 	// Chunks in a shared pack move, and those in an exclusive pack that
 	// cannot be any file's whole pack: an import's pack that its file's
-	// duplicates cut short (put.go), whose size is no live file's. Those
+	// duplicates cut short (put.go), whose size is no live file's, or a
+	// dropped whole copy (this file's, damaged or pushed out). Those
 	// in a pack of a live file's size stay where they are: moving them
 	// could take that file's pack from it.
 	sizes, err := s.liveFileSizes(ctx)
@@ -115,7 +122,7 @@ func (s *Store) MakeWhole(ctx context.Context, id ID, progress func(done, total 
 	}
 	movable := func(i int) bool {
 		pi := info[f.locs[i].Pack]
-		return pi.Flags&packExclusive == 0 || (pi.Flags&packWhole == 0 && !sizes[pi.Size])
+		return pi.Flags&packExclusive == 0 || pi.Flags&packWholeDropped != 0 || (pi.Flags&packWhole == 0 && !sizes[pi.Size])
 	}
 	moved := map[ID]bool{}
 	for i := range f.locs {
@@ -227,12 +234,32 @@ func (s *Store) DropWhole(pack uint64) error {
 	if pi.Flags&packWhole == 0 {
 		return fmt.Errorf("pack %016x is not a whole copy", pack)
 	}
-	pi.Flags &^= packWhole
+	pi.Flags = pi.Flags&^packWhole | packWholeDropped
 	if err := s.commit([]record{{kind: recPack, pack: pack, info: pi}}); err != nil {
 		return err
 	}
 	s.relocs.Add(1)
 	return nil
+}
+
+// dropFailedWhole drops pack's whole flag if it has one (a failed check).
+func (s *Store) dropFailedWhole(pack uint64) {
+	var whole bool
+	s.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketPacks).Get(packKey(pack)); v != nil {
+			pi, err := decodePackInfo(v)
+			whole = err == nil && pi.Flags&packWhole != 0
+		}
+		return nil
+	})
+	if !whole {
+		return
+	}
+	if err := s.DropWhole(pack); err != nil {
+		s.log.Warn("a whole copy failed its check and could not be dropped", "pack", s.PackPath(pack), "err", err)
+		return
+	}
+	s.log.Warn("a whole copy failed its check: dropped (its file is served by the node; kylix gc gives its space back)", "pack", s.PackPath(pack))
 }
 
 // WholeCopy is one whole copy in the store.

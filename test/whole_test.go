@@ -228,7 +228,20 @@ func TestWholeCopyDamagedOrKilled(t *testing.T) {
 	damageAt(t, st.PassthroughPack, 16<<20)
 	require.Equal(t, hf, sha256sum(t, ft), "the node reads the chunk from where the index keeps it")
 	require.Equal(t, pt, nodeWhole(t, data).FS.PassthroughOpens, "a damaged copy is not handed to passthrough")
-	require.Contains(t, mustKylix(t, data, "stat", "--data", data, "m/ft"), "whole-file pack:")
+	// The failed check drops the copy; the next two opens make a new one.
+	waitFor(t, 30*time.Second, "the damaged copy dropped", func() bool { return !statWhole(t, data, "m/ft").WholeCopy })
+	made := nodeWhole(t, data).Whole.Made
+	require.Equal(t, hf, sha256sum(t, ft))
+	require.Equal(t, hf, sha256sum(t, ft))
+	waitFor(t, 30*time.Second, "a new copy", func() bool { return nodeWhole(t, data).Whole.Made == made+1 })
+	require.NotEqual(t, st.PassthroughPack, statWhole(t, data, "m/ft").PassthroughPack)
+	pt = nodeWhole(t, data).FS.PassthroughOpens
+	require.Equal(t, hf, sha256sum(t, ft))
+	require.Equal(t, pt+1, nodeWhole(t, data).FS.PassthroughOpens)
+	mustKylix(t, data, "gc", "--data", data)
+	_, err = os.Stat(st.PassthroughPack)
+	require.ErrorIs(t, err, os.ErrNotExist, "gc gives the damaged copy's space back")
+	require.Equal(t, hf, sha256sum(t, ft))
 }
 
 // damageAt flips one byte of the file at path at off.
