@@ -88,6 +88,32 @@ type PinnedRange struct {
 	verified bool
 	vlo, vhi int64
 	chunks   []chunkstore.Piece // the verified span's chunks, for Recheck
+	// path and ident: the pack file and its identity (device, inode,
+	// modification and change times) when the span was hashed. A load
+	// trusts the verified mark only while the file still has it: a
+	// write to the pack (which changes the bytes of these very pages)
+	// changes its times, and the load then hashes the chunks again, as
+	// passthrough checks a pack again after its identity changed
+	// (verification.md).
+	path  string
+	ident fileIdent
+}
+
+// fileIdent is what changes when a file is written or replaced.
+type fileIdent struct {
+	dev, ino             uint64
+	mtimeNsec, ctimeNsec int64
+}
+
+func identOf(st *unix.Stat_t) fileIdent {
+	return fileIdent{dev: st.Dev, ino: st.Ino, mtimeNsec: st.Mtim.Nano(), ctimeNsec: st.Ctim.Nano()}
+}
+
+// identHolds reports whether r's pack file has the identity it had when
+// r's span was hashed.
+func (r *PinnedRange) identHolds() bool {
+	var st unix.Stat_t
+	return unix.Stat(r.path, &st) == nil && identOf(&st) == r.ident
 }
 
 // NewPinnedHost returns an empty set.
@@ -111,12 +137,18 @@ func (h *PinnedHost) Lock(span PackSpan) (*PinnedRange, error) {
 	}
 	if r := h.find(span.Pack, a, b, true); r != nil {
 		if len(span.Chunks) > 0 && !r.isVerified() {
+			var st unix.Stat_t
+			if err := unix.Stat(span.Path, &st); err != nil {
+				r.Release()
+				return nil, err
+			}
 			if err := verifyPinned(r.b, r.off, span); err != nil {
 				r.Release()
 				return nil, err
 			}
 			h.mu.Lock()
 			r.verified, r.vlo, r.vhi, r.chunks = true, span.Off, span.Off+span.Len, span.Chunks
+			r.path, r.ident = span.Path, identOf(&st)
 			h.mu.Unlock()
 		}
 		return r, nil
@@ -126,10 +158,11 @@ func (h *PinnedHost) Lock(span PackSpan) (*PinnedRange, error) {
 		return nil, err
 	}
 	defer f.Close()
-	if st, err := f.Stat(); err != nil {
+	var st unix.Stat_t // before the hashing: a write during it changes the identity
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		return nil, err
-	} else if st.Size() < span.Off+span.Len {
-		return nil, fmt.Errorf("%s is %d bytes, the range ends at %d: the pack is damaged (kylix verify)", span.Path, st.Size(), span.Off+span.Len)
+	} else if st.Size < span.Off+span.Len {
+		return nil, fmt.Errorf("%s is %d bytes, the range ends at %d: the pack is damaged (kylix verify)", span.Path, st.Size, span.Off+span.Len)
 	}
 	m, err := unix.Mmap(int(f.Fd()), a, int(b-a), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
@@ -153,12 +186,13 @@ func (h *PinnedHost) Lock(span PackSpan) (*PinnedRange, error) {
 		unix.Munmap(m)
 		if verified && !r.verified {
 			r.verified, r.vlo, r.vhi, r.chunks = true, span.Off, span.Off+span.Len, span.Chunks
+			r.path, r.ident = span.Path, identOf(&st)
 		}
 		return r, nil
 	}
 	r := &PinnedRange{h: h, pack: span.Pack, off: a, b: m, refs: 1, regErr: map[*Loader]error{}, verified: verified, vlo: span.Off, vhi: span.Off + span.Len}
 	if verified {
-		r.chunks = span.Chunks
+		r.chunks, r.path, r.ident = span.Chunks, span.Path, identOf(&st)
 	}
 	h.ranges[span.Pack] = append(h.ranges[span.Pack], r)
 	for l := range h.loaders {
@@ -341,6 +375,12 @@ func (h *PinnedHost) source(l *Loader, g group) (source, bool) {
 		return source{}, false
 	}
 	p := r.reg
+	if r.verified && !r.identHolds() {
+		// Written since it was hashed: this load and later ones hash
+		// its chunks (locking the span with its chunks again, as kylix
+		// pin does, verifies it anew).
+		r.verified = false
+	}
 	r.users++
 	done := func() {
 		h.mu.Lock()

@@ -3,8 +3,10 @@ package gpuio
 import (
 	"bytes"
 	"context"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -291,4 +293,60 @@ func TestPinnedRecheck(t *testing.T) {
 	require.ErrorAs(t, bad[0], &ce)
 	_, err = l.ReadRange(context.Background(), f, 0, f.Size(), mem, 0)
 	require.ErrorAs(t, err, &ce, "the changed chunk is hashed again and refused")
+}
+
+// TestPinnedWriteFoundAtNextLoad: a byte written into the pack under a
+// pinned, verified range is found by the very next load, not only by the
+// next recheck pass: the write changes the pack file's times, so the load
+// no longer trusts the range's verified mark, hashes its chunks and fails
+// on the bad one. A write of the same byte (the content right, the times
+// changed) costs the loads their shortcut, not their bytes.
+func TestPinnedWriteFoundAtNextLoad(t *testing.T) {
+	fx := newFixture(t)
+	h := NewPinnedHost()
+	spans := spansWithChunks(t, fx, "opaque.bin")
+	// An old modification time first, so the write below changes it
+	// whatever the clock's granularity (ext4 stamps in jiffies).
+	old := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+	require.NoError(t, os.Chtimes(spans[0].Path, old, old))
+	locked := lockAll(t, h, spans)
+	defer func() {
+		for _, r := range locked {
+			require.NoError(t, r.Release())
+		}
+	}()
+	dev := &HostDevice{}
+	l, err := New(fx.st, dev, Options{Pinned: h, VerifyOn: VerifyDevice})
+	require.NoError(t, err)
+	defer l.Close()
+	f := fx.open(t, "opaque.bin")
+	mem, err := dev.Alloc(f.Size())
+	require.NoError(t, err)
+	defer mem.Free()
+	load := func() (Result, error) { return l.ReadRange(context.Background(), f, 0, f.Size(), mem, 0) }
+	res, err := load()
+	require.NoError(t, err)
+	require.Equal(t, "pin", res.VerifyOn)
+
+	// The same byte written again: right bytes, new times.
+	pf, err := os.OpenFile(spans[0].Path, os.O_RDWR, 0)
+	require.NoError(t, err)
+	b := make([]byte, 1)
+	_, err = pf.ReadAt(b, spans[0].Chunks[0].PackOff)
+	require.NoError(t, err)
+	_, err = pf.WriteAt(b, spans[0].Chunks[0].PackOff)
+	require.NoError(t, err)
+	require.NoError(t, pf.Close())
+	res, err = load()
+	require.NoError(t, err)
+	require.Equal(t, "device", res.VerifyOn, "hashed again after the write")
+	got := make([]byte, f.Size())
+	mem.CopyToHost(got, 0)
+	require.True(t, bytes.Equal(got, fx.files["opaque.bin"]))
+
+	// A changed byte: the next load fails on it.
+	damage.FlipByte(t, spans[0].Path, spans[0].Chunks[0].PackOff+9)
+	_, err = load()
+	var ce *chunkstore.CorruptError
+	require.ErrorAs(t, err, &ce, "the changed chunk is hashed and refused at the next load")
 }

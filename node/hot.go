@@ -223,12 +223,12 @@ func (np *nodePins) makeHot(ctx context.Context, r hotReq) {
 		return
 	}
 	for _, sp := range p.spans {
-		// Not verified when locked (no chunks given): loads hash hot
-		// ranges as they hash any file not pinned, so a byte changed in
-		// the page cache after this is caught at the next load, as
-		// before hot files. A pin is the statement that lets loads skip
-		// it (docs/design/pin.md).
-		sp.Chunks = nil
+		// Verified when locked, as a pin is: every chunk hashed from the
+		// locked pages (on all cores, behind the load that asked). Loads
+		// then place the chunks as they are while the pack file keeps
+		// the identity it had then, and hash them again once it changed
+		// (gpuio.PinnedRange: a write to the pack changes its times),
+		// the guarantee passthrough gives (docs/design/pin.md).
 		lr, err := np.host.Lock(sp)
 		if err != nil {
 			p.release()

@@ -53,9 +53,10 @@ func hotPaths(h hotOut) []string {
 
 // TestHotFilesStubGPU: a file a GPU fill read from the page cache is made
 // hot by the node (locked, verified, registered), so the next fill of it
-// copies straight from the registered pages ("page cache (pinned)"),
-// byte-equal and hashed as any fill; kylix load through the node does the
-// same; a byte changed in a hot file's pack fails the next fill. A
+// copies straight from the registered pages, verified when they were
+// locked ("page cache (pinned, verified)"), byte-equal; kylix load through
+// the node does the same; a byte changed in a hot file's pack (its file's
+// identity changes) is hashed and fails the next fill. A
 // full --hot-budget releases the least recently loaded file; a pin that
 // needs the memory releases hot files first; --hot-budget 0 makes none.
 // Stub CUDA driver (no GPU needed).
@@ -94,7 +95,7 @@ func TestHotFilesStubGPU(t *testing.T) {
 	require.NotContains(t, fill("a", a), "pinned", "the first fill reads through the bounce buffers")
 	h := waitHot("m/a")
 	require.GreaterOrEqual(t, h.Pins.Hot.Files[0].LockedBytes, int64(len(a)))
-	require.Equal(t, "page cache (pinned)", fill("a", a), "the next fill copies from the registered pages, hashed as before")
+	require.Equal(t, "page cache (pinned, verified)", fill("a", a), "the next fill copies from the registered pages, verified when locked")
 	text := mustKylix(t, data, "node", "--data", data)
 	require.Regexp(t, `hot: +1 files, 12\.\d MiB locked of a 17\.0 MiB budget \(1 made\)`, text)
 	require.Contains(t, text, "  m/a: 12.0 MiB, ")
@@ -125,7 +126,7 @@ func TestHotFilesStubGPU(t *testing.T) {
 	require.Contains(t, load("m/b"), "pinned")
 
 	// c does not fit beside both: the least recently loaded (a) goes.
-	require.Equal(t, "page cache (pinned)", fill("b", b)) // b is now the most recent
+	require.Equal(t, "page cache (pinned, verified)", fill("b", b)) // b is now the most recent
 	fill("c", c)
 	h = waitHot("m/b", "m/c")
 	require.Equal(t, int64(1), h.Pins.Hot.Evicted["budget"])
@@ -150,8 +151,8 @@ func TestHotFilesStubGPU(t *testing.T) {
 	require.Empty(t, hotPaths(nodeHot(t, data)))
 
 	// A byte changed in a hot file's pack after it was locked (through
-	// the page cache, the pages the GPU copies): the next fill fails on
-	// its hash, never places it.
+	// the page cache, the pages the GPU copies): the pack's times change,
+	// so the next fill hashes the chunks and fails, never places it.
 	mustKylix(t, data, "unpin", "--data", data, "m/c")
 	require.NotContains(t, fill("a", a), "pinned")
 	waitHot("m/a")
