@@ -51,8 +51,8 @@ type fillService struct {
 	s      *chunkstore.Store
 	pinned *gpuio.PinnedHost // nil: no pins
 	// loaded, if set, is told of each file version a FILL read (at its
-	// namespace path, "" if unknown): hot files (hot.go).
-	loaded func(path string, id chunkstore.ID)
+	// namespace path, "" if unknown; its size): hot files (hot.go).
+	loaded func(path string, id chunkstore.ID, size int64)
 	log    *slog.Logger
 	idle   time.Duration
 
@@ -276,7 +276,7 @@ func (c *clientServer) opFill(sf *chunkstore.File, path string, body []byte, p p
 	}
 	d.fills.Add(1)
 	if c.fill.loaded != nil {
-		c.fill.loaded(path, sf.ID)
+		c.fill.loaded(path, sf.ID, sf.Size())
 	}
 	c.procs.add(p, d.ord, res)
 	c.fills.Add(1)

@@ -38,6 +38,14 @@ const (
 	// pack ranges is in the page cache (locking the rest would read it
 	// from the disk, behind the caller's back).
 	hotResidentPercent = 99
+	// hotMinSize: smaller files are not made hot (a copy through the
+	// bounce buffers costs them little, and each hot file is a locked
+	// mapping of the node's).
+	hotMinSize = 1 << 20
+	// hotMaxFiles bounds the hot files (each holds a mapping per pack
+	// range, and a process has at most vm.max_map_count, 65530 by
+	// default); past it the least recently loaded goes.
+	hotMaxFiles = 4096
 )
 
 // ParseHotBudget parses --hot-budget: a size, a share of physical memory,
@@ -58,11 +66,12 @@ type hotReq struct {
 // hotState is the hot files of a node's pins (guarded by nodePins.mu; made
 // and released under nodePins.op).
 type hotState struct {
-	budget int64
-	floor  int64 // bytes of memory available below which hot files go
-	files  map[chunkstore.ID]*hotFile
-	queue  chan hotReq
-	done   chan struct{} // the worker ended
+	budget   int64
+	floor    int64 // bytes of memory available below which hot files go
+	maxFiles int   // hotMaxFiles; tests lower it
+	files    map[chunkstore.ID]*hotFile
+	queue    chan hotReq
+	done     chan struct{} // the worker ended
 	// memAvailable and now: the machine's, replaced in tests.
 	memAvailable func() (int64, error)
 	now          func() time.Time
@@ -80,7 +89,7 @@ func (np *nodePins) startHot(budget int64) error {
 	if err != nil {
 		return fmt.Errorf("serve: hot files: %w", err)
 	}
-	np.hot = &hotState{budget: budget, floor: total * hotFloorPercent / 100, files: map[chunkstore.ID]*hotFile{},
+	np.hot = &hotState{budget: budget, floor: total * hotFloorPercent / 100, maxFiles: hotMaxFiles, files: map[chunkstore.ID]*hotFile{},
 		queue: make(chan hotReq, 64), done: make(chan struct{}), memAvailable: gpuio.MemAvailable, now: time.Now, evicted: map[string]int64{}}
 	if budget <= 0 {
 		close(np.hot.done)
@@ -96,8 +105,8 @@ func (np *nodePins) hotOn() bool { return np != nil && np.hot != nil && np.hot.b
 // noteLoaded tells the node that a GPU load read file version id (at
 // namespace path, "" if unknown) from this node: a hot file counts as used,
 // any other is queued to be made hot. Cheap: it runs after every GPU fill.
-func (np *nodePins) noteLoaded(path string, id chunkstore.ID) {
-	if !np.hotOn() {
+func (np *nodePins) noteLoaded(path string, id chunkstore.ID, size int64) {
+	if !np.hotOn() || size < hotMinSize {
 		return
 	}
 	np.mu.Lock()
@@ -208,6 +217,8 @@ func (np *nodePins) makeHot(ctx context.Context, r hotReq) {
 		not("it needs %s of locked memory, more than the hot budget (%s)", human(need), human(hs.budget))
 		return
 	}
+	for len(np.hotFiles()) >= hs.maxFiles && np.evictHot("budget") {
+	}
 	for np.hotLocked()+need > hs.budget || np.host.Locked()+need > np.budget {
 		if !np.evictHot("budget") {
 			not("it needs %s of locked memory and the pins leave %s of the pin budget (%s)", human(need), human(max(0, np.budget-np.host.Locked())), human(np.budget))
@@ -248,6 +259,13 @@ func (np *nodePins) makeHot(ctx context.Context, r hotReq) {
 	np.mu.Unlock()
 	hs.made.Add(1)
 	np.log.Debug("made hot", "file", name, "bytes", need)
+}
+
+// hotFiles is the hot file versions.
+func (np *nodePins) hotFiles() []chunkstore.ID {
+	np.mu.Lock()
+	defer np.mu.Unlock()
+	return slices.Collect(maps.Keys(np.hot.files))
 }
 
 // hotLocked is the bytes the hot files lock (a range two of them share is

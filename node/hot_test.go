@@ -73,7 +73,7 @@ func (f *hotFixture) warm(t *testing.T, name string) {
 func (f *hotFixture) load(name string) {
 	f.clock = f.clock.Add(time.Second)
 	if f.np.hot.files[f.ids[name]] != nil {
-		f.np.noteLoaded("m/"+name, f.ids[name])
+		f.np.noteLoaded("m/"+name, f.ids[name], 1<<20)
 		return
 	}
 	f.np.makeHot(context.Background(), hotReq{path: "m/" + name, id: f.ids[name]})
@@ -174,4 +174,18 @@ func TestHotFileReplaced(t *testing.T) {
 	require.Equal(t, int64(1), st.Evicted["replaced"])
 	require.Nil(t, f.np.hot.files[old])
 	require.NotNil(t, f.np.hot.files[file.ID])
+}
+
+// TestHotFilesBounded: a file under hotMinSize is not queued at all, and
+// past the file cap the least recently loaded hot file goes.
+func TestHotFilesBounded(t *testing.T) {
+	f := newHotFixture(t, 64<<20)
+	f.np.noteLoaded("m/a", f.ids["a"], hotMinSize-1)
+	require.Empty(t, f.np.hot.queue, "a small file is not queued")
+	f.np.hot.maxFiles = 2
+	f.load("a")
+	f.load("b")
+	f.load("c")
+	require.Equal(t, []string{"m/c", "m/b"}, f.hot())
+	require.Equal(t, int64(1), f.np.hotStatus().Evicted["budget"])
 }

@@ -66,6 +66,7 @@ type LoadFile struct {
 
 	check func() error  // --check: compare the device bytes with the store
 	id    chunkstore.ID // the file version loaded
+	size  int64         // its size (Bytes is what a share placed)
 }
 
 type LoadReport struct {
@@ -146,7 +147,7 @@ func (n *Node) Load(ctx context.Context, req LoadRequest, onPass func(LoadPass))
 		inner := onPass
 		onPass = func(p LoadPass) {
 			for _, f := range p.Report.Files {
-				n.pins.noteLoaded(f.Path, f.id)
+				n.pins.noteLoaded(f.Path, f.id, f.size)
 			}
 			inner(p)
 		}
@@ -354,7 +355,7 @@ func loadOne(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpui
 		return nil, err
 	}
 	s.NoteRead(file.ID) // serve --cold-after counts from here (chunkstore/lastread.go)
-	lf := LoadFile{Path: p, id: file.ID}
+	lf := LoadFile{Path: p, id: file.ID, size: file.Size()}
 	var res gpuio.Result
 	var verifyFn func() error
 	if file.M.Format == chunkstore.FormatSafetensors {

@@ -81,11 +81,11 @@ $k load --device cuda:0 --json models/base > "$out/first.json" || die "first loa
 echo "first load: $(gbps "$out/first.json")"
 nfiles=$(ls "$mnt"/models/base/*.safetensors | wc -l)
 for _ in $(seq 1 600); do
-  n=$($k node --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["pins"]["hot"]["files"]))')
+  n=$($k node --json | python3 -c 'import json,sys; print(sum(f["path"].endswith(".safetensors") for f in json.load(sys.stdin)["pins"]["hot"]["files"]))')
   [ "$n" -ge "$nfiles" ] && break; sleep 0.1
 done
 $k node | sed -n '/^pins:/,$p'
-[ "$n" -ge "$nfiles" ] || die "the node made $n of $nfiles files hot"
+[ "$n" -ge "$nfiles" ] || die "the node made $n of $nfiles shards hot"
 $k load --device cuda:0 --check --json models/base > "$out/check.json" || die "load --check"
 python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert all(f.get("checked") for f in r["files"]), "not every file compared"' "$out/check.json" || die "--check"
 run_set hot
