@@ -53,8 +53,11 @@ type fillService struct {
 	// loaded, if set, is told of each file version a FILL read (at its
 	// namespace path, "" if unknown; its size): hot files (hot.go).
 	loaded func(path string, id chunkstore.ID, size int64)
-	log    *slog.Logger
-	idle   time.Duration
+	// allIdle, if set, is called when the last device's context was given
+	// back after the idle time (hot files go with their registration).
+	allIdle func()
+	log     *slog.Logger
+	idle    time.Duration
 
 	mu     sync.Mutex
 	devs   map[int]*fillDev
@@ -179,9 +182,13 @@ func (fs *fillService) expire(d *fillDev) {
 		return
 	}
 	delete(fs.devs, d.ord)
+	last := len(fs.devs) == 0
 	fs.mu.Unlock()
 	fs.closeDev(d)
 	fs.log.Info("GPU fill: gave the CUDA context back after the idle time", "device", d.ord, "idle", fs.idle)
+	if last && fs.allIdle != nil {
+		fs.allIdle()
+	}
 }
 
 func (fs *fillService) closeDev(d *fillDev) {

@@ -321,6 +321,21 @@ func (np *nodePins) releaseHot(id chunkstore.ID, reason string) bool {
 	return true
 }
 
+// releaseAllHot releases every hot file (reason gpu-idle): the node gave
+// its last GPU context back, and the registrations with it; kept, they
+// would all be registered again when the next loader is made, on the path
+// of whatever that load is. Loads after it make them hot again.
+func (np *nodePins) releaseAllHot() {
+	if !np.hotOn() {
+		return
+	}
+	np.op.Lock()
+	defer np.op.Unlock()
+	for _, id := range np.hotFiles() {
+		np.releaseHot(id, "gpu-idle")
+	}
+}
+
 // trimHot releases hot files not loaded for hotIdle, then, while the
 // memory available is under the floor, the least recently loaded.
 func (np *nodePins) trimHot() {
@@ -371,7 +386,7 @@ type HotStatus struct {
 	Skipped  int64            `json:"skipped"`
 	Dropped  int64            `json:"dropped"`
 	LastSkip string           `json:"last_skip,omitempty"`
-	Evicted  map[string]int64 `json:"evicted"` // by reason: budget, pin, idle, memory, replaced
+	Evicted  map[string]int64 `json:"evicted"` // by reason: budget, pin, idle, memory, replaced, gpu-idle
 }
 
 type HotFileStatus struct {

@@ -16,7 +16,7 @@ var (
 	mHotBudget    = desc("hot_budget_bytes", "The hot-file budget (--hot-budget).")
 	mHotMade      = desc("hot_made_total", "Files made hot.")
 	mHotSkipped   = desc("hot_skipped_total", "Loaded files not made hot (not in the page cache, no room, or a failed lock).")
-	mHotReleased  = desc("hot_released_total", "Hot files released, by reason (budget, pin, memory, idle, replaced: a newer version of the path was made hot).", "reason")
+	mHotReleased  = desc("hot_released_total", "Hot files released, by reason (budget, pin, memory, idle, replaced: a newer version of the path was made hot, gpu-idle: the node gave its GPU contexts back).", "reason")
 	mWholeMade    = desc("whole_copies_made_total", "Whole copies of deduplicated files made, so the mount serves them by passthrough.")
 	mWholeNotMade = desc("whole_copies_not_made_total", "Files that were due a whole copy and did not get one (budget, disk, or an error).")
 	mWholeDropped = desc("whole_copies_dropped_total", "Whole copies dropped to make room in --whole-budget.")
@@ -51,7 +51,7 @@ func (c *pinsCollector) Collect(ch chan<- prometheus.Metric) {
 			m(mHotBudget, prometheus.GaugeValue, h.BudgetBytes)
 			m(mHotMade, prometheus.CounterValue, h.Made)
 			m(mHotSkipped, prometheus.CounterValue, h.Skipped)
-			for _, r := range []string{"budget", "pin", "memory", "idle", "replaced"} {
+			for _, r := range []string{"budget", "pin", "memory", "idle", "replaced", "gpu-idle"} {
 				m(mHotReleased, prometheus.CounterValue, h.Evicted[r], r)
 			}
 		}

@@ -238,3 +238,35 @@ func TestHotFilesMemlockLimit(t *testing.T) {
 	require.Contains(t, h.Pins.Hot.LastSkip, "RLIMIT_MEMLOCK is 4194304 bytes")
 	require.Equal(t, 1, strings.Count(n.log.String(), "could not be made hot"), "said once:\n%s", n.log)
 }
+
+// TestHotFilesGoWithTheGPU: when the node gives its last GPU context back
+// after --gpu-idle, its hot files are released (reason gpu-idle), so the
+// next loader does not register them on the next load's path; the next
+// fill makes the file hot again.
+func TestHotFilesGoWithTheGPU(t *testing.T) {
+	requireFUSE(t)
+	data, mnt := dirs(t)
+	a := randomBytes(3<<20, 27)
+	importFiles(t, data, map[string][]byte{"a": a})
+	n, sock := startStubGPUNode(t, data, mnt, "--gpu-idle", "3s")
+	cl := dialClient(t, sock)
+	fill := func() string {
+		f := openRO(t, filepath.Join(mnt, "m", "a"))
+		al := newShmAlloc(t, len(a))
+		r := cl.req(clientproto.OpFill, fillReq(al, 0, 0, uint64(len(a))), int(f.Fd()))
+		require.Zero(t, r.status, "%s\n%s", r.msg, n.log)
+		fr, err := clientproto.ParseFillReply(r.fields)
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(al.bytes(t), a))
+		return fr.IO
+	}
+	fill()
+	waitFor(t, 30*time.Second, "a hot", func() bool { return len(hotPaths(nodeHot(t, data))) == 1 })
+	waitFor(t, 30*time.Second, "the context given back and a released", func() bool {
+		h := nodeHot(t, data)
+		return len(hotPaths(h)) == 0 && h.Pins.Hot.Evicted["gpu-idle"] == 1
+	})
+	require.Zero(t, nodeHot(t, data).Pins.LockedBytes)
+	require.NotContains(t, fill(), "pinned")
+	waitFor(t, 30*time.Second, "a hot again", func() bool { return len(hotPaths(nodeHot(t, data))) == 1 })
+}
