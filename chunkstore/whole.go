@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -270,6 +271,61 @@ type WholeCopy struct {
 	// it (the rest are second copies: Bytes - LiveBytes).
 	Bytes     int64 `json:"bytes"`
 	LiveBytes int64 `json:"live_bytes"`
+}
+
+// SecondCopyBytes is what c stores a second time: the bytes of its file
+// that the index locates elsewhere.
+func (c WholeCopy) SecondCopyBytes() int64 { return c.Bytes - c.LiveBytes }
+
+// WholeUsage is the number of whole copies and the bytes they store a
+// second time (WholeCopies, added up). Counting reads the whole chunk
+// index, so for reports (kylix node, du) a count is reused for
+// wholeUsageFor while the set of whole packs (read from the small pack
+// table) and the chunks' locations (compaction, MakeWhole) are unchanged;
+// a store without whole copies reads no chunk.
+func (s *Store) WholeUsage() (copies int, secondBytes int64, err error) {
+	key := fmt.Sprint(s.relocs.Load(), s.wholePacks())
+	u := &s.wholeUsage
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.key == key && time.Since(u.at) < wholeUsageFor {
+		return u.n, u.b, nil
+	}
+	cs, err := s.WholeCopies()
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, c := range cs {
+		secondBytes += c.SecondCopyBytes()
+	}
+	u.key, u.at, u.n, u.b = key, time.Now(), len(cs), secondBytes
+	return len(cs), secondBytes, nil
+}
+
+// wholeUsageFor: how long WholeUsage reuses a count.
+const wholeUsageFor = 30 * time.Second
+
+// wholeUsageCache is WholeUsage's last count.
+type wholeUsageCache struct {
+	mu  sync.Mutex
+	key string
+	at  time.Time
+	n   int
+	b   int64
+}
+
+// wholePacks is the ids of the packs flagged whole.
+func (s *Store) wholePacks() []uint64 {
+	var ids []uint64
+	s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketPacks).ForEach(func(k, v []byte) error {
+			if pi, err := decodePackInfo(v); err == nil && pi.Flags&packWhole != 0 && len(k) == 8 {
+				ids = append(ids, beUint64(k))
+			}
+			return nil
+		})
+	})
+	return ids
 }
 
 // WholeCopies lists the store's whole copies. It reads the whole chunk

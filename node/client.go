@@ -415,6 +415,6 @@ func (c *clientServer) handle(b []byte, flags int, fds []int, p peer) (clientpro
 	case clientproto.OpPacks:
 		return h, c.opPacksFlags(sf, body, p)
 	default:
-		return h, c.opFill(sf, c.fsys.PathOfFd(fds[0]), body, p)
+		return h, c.opFill(sf, fds[0], body, p)
 	}
 }

@@ -50,9 +50,10 @@ type GPUHeld struct {
 type fillService struct {
 	s      *chunkstore.Store
 	pinned *gpuio.PinnedHost // nil: no pins
-	// loaded, if set, is told of each file version a FILL read (at its
-	// namespace path, "" if unknown; its size): hot files (hot.go).
-	loaded func(path string, id chunkstore.ID, size int64)
+	// loaded, if set, is told of each file version a FILL read (its
+	// namespace path, "" if unknown, asked only when needed; its size):
+	// hot files (hot.go).
+	loaded func(path func() string, id chunkstore.ID, size int64)
 	// allIdle, if set, is called when the last device's context was given
 	// back after the idle time (hot files go with their registration).
 	allIdle func()
@@ -231,7 +232,7 @@ func (fs *fillService) held() []GPUHeld {
 // opFill checks every range against the file and, once the caller's
 // allocation is mapped, against the allocation's real size, before a byte
 // is written; then runs the slices through the device's loader.
-func (c *clientServer) opFill(sf *chunkstore.File, path string, body []byte, p peer) reply {
+func (c *clientServer) opFill(sf *chunkstore.File, fd int, body []byte, p peer) reply {
 	req, err := clientproto.ParseFill(body)
 	if err != nil {
 		return refuse(err)
@@ -283,7 +284,7 @@ func (c *clientServer) opFill(sf *chunkstore.File, path string, body []byte, p p
 	}
 	d.fills.Add(1)
 	if c.fill.loaded != nil {
-		c.fill.loaded(path, sf.ID, sf.Size())
+		c.fill.loaded(func() string { return c.fsys.PathOfFd(fd) }, sf.ID, sf.Size())
 	}
 	c.procs.add(p, d.ord, res)
 	c.fills.Add(1)

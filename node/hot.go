@@ -105,7 +105,7 @@ func (np *nodePins) hotOn() bool { return np != nil && np.hot != nil && np.hot.b
 // noteLoaded tells the node that a GPU load read file version id (at
 // namespace path, "" if unknown) from this node: a hot file counts as used,
 // any other is queued to be made hot. Cheap: it runs after every GPU fill.
-func (np *nodePins) noteLoaded(path string, id chunkstore.ID, size int64) {
+func (np *nodePins) noteLoaded(path func() string, id chunkstore.ID, size int64) {
 	if !np.hotOn() || size < hotMinSize {
 		return
 	}
@@ -121,7 +121,7 @@ func (np *nodePins) noteLoaded(path string, id chunkstore.ID, size int64) {
 		return
 	}
 	select {
-	case np.hot.queue <- hotReq{path: path, id: id}:
+	case np.hot.queue <- hotReq{path: path(), id: id}:
 	default:
 		np.hot.dropped.Add(1) // the worker is behind: a later load asks again
 	}

@@ -73,7 +73,7 @@ func (f *hotFixture) warm(t *testing.T, name string) {
 func (f *hotFixture) load(name string) {
 	f.clock = f.clock.Add(time.Second)
 	if f.np.hot.files[f.ids[name]] != nil {
-		f.np.noteLoaded("m/"+name, f.ids[name], 1<<20)
+		f.np.noteLoaded(func() string { return "m/" + name }, f.ids[name], 1<<20)
 		return
 	}
 	f.np.makeHot(context.Background(), hotReq{path: "m/" + name, id: f.ids[name]})
@@ -180,7 +180,7 @@ func TestHotFileReplaced(t *testing.T) {
 // past the file cap the least recently loaded hot file goes.
 func TestHotFilesBounded(t *testing.T) {
 	f := newHotFixture(t, 64<<20)
-	f.np.noteLoaded("m/a", f.ids["a"], hotMinSize-1)
+	f.np.noteLoaded(func() string { return "m/a" }, f.ids["a"], hotMinSize-1)
 	require.Empty(t, f.np.hot.queue, "a small file is not queued")
 	f.np.hot.maxFiles = 2
 	f.load("a")

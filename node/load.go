@@ -147,7 +147,7 @@ func (n *Node) Load(ctx context.Context, req LoadRequest, onPass func(LoadPass))
 		inner := onPass
 		onPass = func(p LoadPass) {
 			for _, f := range p.Report.Files {
-				n.pins.noteLoaded(f.Path, f.id, f.size)
+				n.pins.noteLoaded(func() string { return f.Path }, f.id, f.size)
 			}
 			inner(p)
 		}

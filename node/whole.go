@@ -196,7 +196,7 @@ func (w *wholeCopies) make(ctx context.Context, r wholeReq) {
 		}
 		var stored int64
 		for _, c := range copies {
-			stored += c.Bytes - c.LiveBytes
+			stored += c.SecondCopyBytes()
 		}
 		// The copy stores at most the file's size a second time.
 		if stored+r.size <= w.budget {
@@ -272,6 +272,7 @@ func (w *wholeCopies) dropLRU(copies []chunkstore.WholeCopy) bool {
 		return false
 	}
 	w.drops.Add(1)
+
 	w.log.Info("whole copy dropped to make room (the next kylix gc gives its space back by compaction)", "pack", victim)
 	return true
 }
@@ -310,12 +311,7 @@ func (w *wholeCopies) status() *WholeStatus {
 		return nil
 	}
 	out := &WholeStatus{BudgetBytes: w.budget, Made: w.made.Load(), NotMade: w.failed.Load(), Dropped: w.drops.Load(), Recent: []WholeStatusFile{}}
-	if copies, err := w.s.WholeCopies(); err == nil {
-		out.Copies = len(copies)
-		for _, c := range copies {
-			out.StoredBytes += c.Bytes - c.LiveBytes
-		}
-	}
+	out.Copies, out.StoredBytes, _ = w.s.WholeUsage() // a recent count (it reads the chunk index)
 	w.mu.Lock()
 	out.LastNotMade = w.last
 	out.Recent = append(out.Recent, w.recent...)

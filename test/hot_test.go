@@ -71,17 +71,7 @@ func TestHotFilesStubGPU(t *testing.T) {
 	addr := freeAddr(t)
 	n, sock := startStubGPUNode(t, data, mnt, "--hot-budget", "17MiB", "--pin-budget", "17MiB", "--metrics", addr)
 	cl := dialClient(t, sock)
-	fill := func(name string, want []byte) string {
-		t.Helper()
-		f := openRO(t, filepath.Join(mnt, "m", name))
-		al := newShmAlloc(t, len(want))
-		r := cl.req(clientproto.OpFill, fillReq(al, 0, 0, uint64(len(want))), int(f.Fd()))
-		require.Zero(t, r.status, "FILL %s: %s\n%s", name, r.msg, n.log)
-		fr, err := clientproto.ParseFillReply(r.fields)
-		require.NoError(t, err)
-		require.True(t, bytes.Equal(al.bytes(t), want), "FILL %s: wrong bytes", name)
-		return fr.IO
-	}
+	fill := func(name string, want []byte) string { t.Helper(); return fillFile(t, cl, n, mnt, name, want) }
 	waitHot := func(want ...string) hotOut {
 		t.Helper()
 		var h hotOut
@@ -165,6 +155,21 @@ func TestHotFilesStubGPU(t *testing.T) {
 	require.Contains(t, r.msg, "corrupt")
 }
 
+// fillFile has the node fill a whole file of the mount (m/NAME) into a
+// fresh allocation, checks every byte against want, and returns the I/O
+// the node reports.
+func fillFile(t *testing.T, cl *clientConn, n *node, mnt, name string, want []byte) string {
+	t.Helper()
+	f := openRO(t, filepath.Join(mnt, "m", name))
+	al := newShmAlloc(t, len(want))
+	r := cl.req(clientproto.OpFill, fillReq(al, 0, 0, uint64(len(want))), int(f.Fd()))
+	require.Zero(t, r.status, "FILL %s: %s\n%s", name, r.msg, n.log)
+	fr, err := clientproto.ParseFillReply(r.fields)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(al.bytes(t), want), "FILL %s: wrong bytes", name)
+	return fr.IO
+}
+
 // assertSameSet reports whether got and want hold the same strings.
 func assertSameSet(got, want []string) bool {
 	if len(got) != len(want) {
@@ -192,13 +197,7 @@ func TestHotFilesOff(t *testing.T) {
 	n, sock := startStubGPUNode(t, data, mnt, "--hot-budget", "0")
 	cl := dialClient(t, sock)
 	for range 2 {
-		f := openRO(t, filepath.Join(mnt, "m", "a"))
-		al := newShmAlloc(t, len(a))
-		r := cl.req(clientproto.OpFill, fillReq(al, 0, 0, uint64(len(a))), int(f.Fd()))
-		require.Zero(t, r.status, "%s\n%s", r.msg, n.log)
-		fr, err := clientproto.ParseFillReply(r.fields)
-		require.NoError(t, err)
-		require.NotContains(t, fr.IO, "pinned")
+		require.NotContains(t, fillFile(t, cl, n, mnt, "a", a), "pinned")
 	}
 	require.Contains(t, mustKylix(t, data, "node", "--data", data), "hot:      off (--hot-budget 0)")
 	require.Empty(t, nodeHot(t, data).Pins.Hot.Files)
@@ -224,11 +223,7 @@ func TestHotFilesMemlockLimit(t *testing.T) {
 	cl := dialClient(t, sock)
 	for i := range 3 {
 		for name, want := range map[string][]byte{"a": a, "b": b} {
-			f := openRO(t, filepath.Join(mnt, "m", name))
-			al := newShmAlloc(t, len(want))
-			r := cl.req(clientproto.OpFill, fillReq(al, 0, 0, uint64(len(want))), int(f.Fd()))
-			require.Zero(t, r.status, "FILL %s: %s\n%s", name, r.msg, n.log)
-			require.True(t, bytes.Equal(al.bytes(t), want))
+			fillFile(t, cl, n, mnt, name, want)
 		}
 		want := int64(2 * (i + 1))
 		waitFor(t, 30*time.Second, "the node to try both files", func() bool { return nodeHot(t, data).Pins.Hot.Skipped >= want })
@@ -250,16 +245,7 @@ func TestHotFilesGoWithTheGPU(t *testing.T) {
 	importFiles(t, data, map[string][]byte{"a": a})
 	n, sock := startStubGPUNode(t, data, mnt, "--gpu-idle", "3s")
 	cl := dialClient(t, sock)
-	fill := func() string {
-		f := openRO(t, filepath.Join(mnt, "m", "a"))
-		al := newShmAlloc(t, len(a))
-		r := cl.req(clientproto.OpFill, fillReq(al, 0, 0, uint64(len(a))), int(f.Fd()))
-		require.Zero(t, r.status, "%s\n%s", r.msg, n.log)
-		fr, err := clientproto.ParseFillReply(r.fields)
-		require.NoError(t, err)
-		require.True(t, bytes.Equal(al.bytes(t), a))
-		return fr.IO
-	}
+	fill := func() string { t.Helper(); return fillFile(t, cl, n, mnt, "a", a) }
 	fill()
 	waitFor(t, 30*time.Second, "a hot", func() bool { return len(hotPaths(nodeHot(t, data))) == 1 })
 	waitFor(t, 30*time.Second, "the context given back and a released", func() bool {

@@ -59,13 +59,8 @@ With a running node the command is answered by the node.`).withJSON()
 		return err
 	}
 	var whole wholeUsage
-	copies, err := s.WholeCopies()
-	if err != nil {
+	if whole.Copies, whole.StoredBytes, err = s.WholeUsage(); err != nil {
 		return err
-	}
-	for _, c := range copies {
-		whole.Copies++
-		whole.StoredBytes += c.Bytes - c.LiveBytes
 	}
 	if f.jsonOut {
 		return f.printJSON(duOut{Usage: total, Children: kids, Whole: whole})
