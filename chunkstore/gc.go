@@ -28,6 +28,9 @@ type GCResult struct {
 	// from another member within ReceivedGrace (the namespace merge that
 	// names them may not have arrived yet).
 	ReceivedKept int `json:"received_kept"`
+	// RankLayoutsRemoved: rank layouts removed because no head reaches
+	// the file version they were made from (ranklayout.go).
+	RankLayoutsRemoved int `json:"rank_layouts_removed,omitempty"`
 	Compaction
 }
 
@@ -46,6 +49,10 @@ func (s *Store) Collect(ctx context.Context, opts GCOptions) (GCResult, error) {
 	s.nsMu.Lock()
 	defer s.nsMu.Unlock()
 	var res GCResult
+	var err error
+	if res.RankLayoutsRemoved, err = s.pruneRankLayoutsLocked(ctx); err != nil {
+		return res, fmt.Errorf("gc: %w", err)
+	}
 	liveObj := map[ID]bool{Sum(emptyDir): true}
 	liveChunk := map[ID]bool{}
 	var liveFiles []*FileManifest

@@ -82,7 +82,7 @@ func (s *Store) linkTable() (*DirManifest, error) {
 func (s *Store) liveEntries(dir string, d *DirManifest, table **DirManifest) ([]Entry, error) {
 	out := d.Live()
 	if dir == "" {
-		out = slices.DeleteFunc(out, func(e Entry) bool { return e.Name == LinkTable })
+		out = slices.DeleteFunc(out, func(e Entry) bool { return ReservedRoot(e.Name) })
 	}
 	for i, e := range out {
 		if e.Kind != KindHardlink {
@@ -194,7 +194,7 @@ func (tx *NSTx) Link(from, to string) error {
 	if err != nil {
 		return err
 	}
-	if len(fp) == 0 || len(tp) == 0 || fp[0] == LinkTable || tp[0] == LinkTable {
+	if len(fp) == 0 || len(tp) == 0 || ReservedRoot(fp[0]) || ReservedRoot(tp[0]) {
 		return fmt.Errorf("link %s to %s: %w", from, to, ErrInvalidPath)
 	}
 	d, i, ok, err := tx.rawLookup(fp)
@@ -248,7 +248,7 @@ func (tx *NSTx) LinkSet(l uint64, to string) error {
 	if err != nil {
 		return err
 	}
-	if len(tp) == 0 || tp[0] == LinkTable {
+	if len(tp) == 0 || ReservedRoot(tp[0]) {
 		return fmt.Errorf("link to %s: %w", to, ErrInvalidPath)
 	}
 	if _, err := tx.Lookup(to); err == nil {

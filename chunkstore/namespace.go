@@ -65,7 +65,7 @@ func (s *Store) Lookup(path string) (Entry, error) {
 			rootM = d
 		}
 		j, ok := d.Find(name)
-		if !ok || d.Entries[j].Deleted || (i == 0 && name == LinkTable) {
+		if !ok || d.Entries[j].Deleted || (i == 0 && ReservedRoot(name)) {
 			return Entry{}, &PathError{Op: "lookup", Path: path, Err: ErrNotFound}
 		}
 		e = d.Entries[j]
@@ -295,7 +295,7 @@ func (tx *NSTx) Lookup(path string) (Entry, error) {
 	if len(parts) == 0 {
 		return Entry{Kind: KindDir, Mode: 0o755, UID: OwnerUnknown, GID: OwnerUnknown}, nil
 	}
-	if parts[0] == LinkTable {
+	if ReservedRoot(parts[0]) {
 		return Entry{}, &PathError{Op: "lookup", Path: path, Err: ErrNotFound}
 	}
 	d, i, ok, err := tx.rawLookup(parts)
@@ -314,7 +314,7 @@ func (tx *NSTx) List(path string) ([]Entry, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(parts) > 0 && parts[0] == LinkTable {
+	if len(parts) > 0 && ReservedRoot(parts[0]) {
 		return nil, &PathError{Op: "list", Path: path, Err: ErrNotFound}
 	}
 	d, err := tx.dir(parts, false, false)
@@ -323,7 +323,7 @@ func (tx *NSTx) List(path string) ([]Entry, error) {
 	}
 	out := d.m.Live()
 	if len(parts) == 0 {
-		out = slices.DeleteFunc(out, func(e Entry) bool { return e.Name == LinkTable })
+		out = slices.DeleteFunc(out, func(e Entry) bool { return ReservedRoot(e.Name) })
 	}
 	for i, e := range out {
 		if out[i], err = tx.resolve(e); err != nil {
@@ -345,8 +345,8 @@ func (tx *NSTx) Put(path string, e Entry) error {
 	if len(parts) == 0 {
 		return fmt.Errorf("put: the namespace root cannot be replaced: %w", ErrInvalidPath)
 	}
-	if parts[0] == LinkTable {
-		return fmt.Errorf("put %s: the name %s is reserved in the namespace root (the link table): %w", path, LinkTable, ErrInvalidPath)
+	if ReservedRoot(parts[0]) {
+		return fmt.Errorf("put %s: the name %s is reserved in the namespace root: %w", path, parts[0], ErrInvalidPath)
 	}
 	if e.Kind == KindHardlink {
 		return tx.putName(parts, e.Link)
@@ -401,6 +401,14 @@ func (tx *NSTx) Remove(path string, recursive bool) error {
 	if len(parts) == 0 {
 		return fmt.Errorf("remove: the namespace root cannot be removed: %w", ErrInvalidPath)
 	}
+	if ReservedRoot(parts[0]) {
+		return &PathError{Op: "remove", Path: path, Err: ErrNotFound}
+	}
+	return tx.remove(parts, recursive, path)
+}
+
+// remove is Remove of parts, reserved names included.
+func (tx *NSTx) remove(parts []string, recursive bool, path string) error {
 	d, err := tx.dir(parts[:len(parts)-1], false, false)
 	if err != nil {
 		return fmt.Errorf("remove %s: %w", path, err)

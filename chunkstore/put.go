@@ -119,7 +119,16 @@ func (im *Importer) PutFile(ctx context.Context, f *os.File, name string, progre
 	if !st.Mode().IsRegular() {
 		return PutResult{}, fmt.Errorf("put %s: not a regular file", name)
 	}
-	size := st.Size()
+	return im.PutReader(ctx, f, st.Size(), name, progress)
+}
+
+// PutReader stores the size bytes of r (named name, for format detection)
+// as PutFile stores a file: r is read once, front to back in spans, and
+// must not change meanwhile. The manifest is committed with the next Flush.
+func (im *Importer) PutReader(ctx context.Context, f io.ReaderAt, size int64, name string, progress func(int64)) (PutResult, error) {
+	if im.closed {
+		return PutResult{}, fmt.Errorf("put %s: importer closed", name)
+	}
 	res := PutResult{Size: size}
 	plan, err := planChunks(f, name, size)
 	if err != nil {
@@ -650,7 +659,7 @@ type chunkPlan struct {
 	spans  []chunking.Span // tensor-aware spans; nil means content-defined
 }
 
-func planChunks(f *os.File, name string, size int64) (chunkPlan, error) {
+func planChunks(f io.ReaderAt, name string, size int64) (chunkPlan, error) {
 	format, hdr, err := chunking.Detect(name, f, size)
 	if err != nil {
 		// A file named .safetensors whose header is malformed is still a
@@ -727,7 +736,7 @@ func putBuf(b *[]byte) {
 
 // forEachChunk reads f, cuts it per plan, hashes chunks on all cores, and calls
 // fn for each chunk in file order. fn's data is valid only during the call.
-func forEachChunk(ctx context.Context, f *os.File, size int64, plan chunkPlan, progress func(int64), fn func(ID, []byte) error) error {
+func forEachChunk(ctx context.Context, f io.ReaderAt, size int64, plan chunkPlan, progress func(int64), fn func(ID, []byte) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	const inflight = 8 // chunks read ahead of the writer: bounds memory to 8 x 16 MiB
@@ -786,7 +795,7 @@ func forEachChunk(ctx context.Context, f *os.File, size int64, plan chunkPlan, p
 }
 
 // produceChunks reads f and emits its chunks in order.
-func produceChunks(ctx context.Context, f *os.File, size int64, plan chunkPlan, emit func(*chunkJob) bool) error {
+func produceChunks(ctx context.Context, f io.ReaderAt, size int64, plan chunkPlan, emit func(*chunkJob) bool) error {
 	if plan.spans != nil {
 		for _, sp := range plan.spans {
 			if sp.Len == 0 {

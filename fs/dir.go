@@ -451,8 +451,8 @@ func (d *dirNode) forget(name string) {
 // exists reports whether name is taken in d (store or pending). Callers
 // hold nsMu.
 func (d *dirNode) exists(p, name string) bool {
-	if p == "" && name == chunkstore.LinkTable {
-		return true // reserved: the link table (docs/design/hardlinks.md)
+	if p == "" && chunkstore.ReservedRoot(name) {
+		return true // reserved: the link table (docs/design/hardlinks.md), rank layouts
 	}
 	if ch := d.GetChild(name); ch != nil {
 		if fn, ok := ch.Operations().(*fileNode); ok && fn.pending() && fn.parent == d {

@@ -448,7 +448,7 @@ func (f *FS) resolve(path string) (chunkstore.Entry, error) {
 		}
 		hidden := false
 		if rootM == nil {
-			rootM, hidden = m, name == chunkstore.LinkTable
+			rootM, hidden = m, chunkstore.ReservedRoot(name)
 		}
 		i, ok := m.Find(name)
 		if !ok || m.Entries[i].Deleted || hidden {
@@ -494,7 +494,7 @@ func (f *FS) list(path string) ([]chunkstore.Entry, error) {
 	var rootM *chunkstore.DirManifest
 	for i := 0; i < len(live); i++ {
 		c := live[i]
-		if path == "" && c.Name == chunkstore.LinkTable {
+		if path == "" && chunkstore.ReservedRoot(c.Name) {
 			live = append(live[:i], live[i+1:]...)
 			i--
 			continue
@@ -647,7 +647,7 @@ func (c *dirCache) subdirs(id chunkstore.ID, root bool) uint32 {
 		return 0
 	}
 	for _, e := range m.Entries {
-		if e.Kind == chunkstore.KindDir && !e.Deleted && !(root && e.Name == chunkstore.LinkTable) {
+		if e.Kind == chunkstore.KindDir && !e.Deleted && !(root && chunkstore.ReservedRoot(e.Name)) {
 			n++
 		}
 	}

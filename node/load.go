@@ -38,6 +38,9 @@ type LoadRequest struct {
 	// NoKeep: chunks fetched from the members are not kept on this
 	// member (by default they are, in its peer cache, behind the load).
 	NoKeep bool `json:"no_keep,omitempty"`
+	// NoLayout: a rank's share is read from the file as it is even when
+	// a rank layout is stored (kylix layout).
+	NoLayout bool `json:"no_layout,omitempty"`
 }
 
 // LoadPass is one pass of a load, as it ends.
@@ -58,6 +61,9 @@ type LoadFile struct {
 	Verified bool    `json:"verified"`
 	VerifyOn string  `json:"verified_on,omitempty"`
 	Checked  bool    `json:"checked,omitempty"`
+	// RankLayout: the rank layout the share was read from (kylix layout),
+	// or why a stored one was not used; empty when none is stored.
+	RankLayout string `json:"rank_layout,omitempty"`
 	// Fetched: bytes of chunks not stored here, fetched from the members
 	// during the load (a cluster member).
 	Fetched       int64 `json:"fetched_bytes,omitempty"`
@@ -65,8 +71,9 @@ type LoadFile struct {
 	fetchCounts
 
 	check func() error  // --check: compare the device bytes with the store
-	id    chunkstore.ID // the file version loaded
+	id    chunkstore.ID // the file version loaded (a rank layout's when one was read)
 	size  int64         // its size (Bytes is what a share placed)
+	name  string        // what hot files call it: Path, or Path and the layout read
 }
 
 type LoadReport struct {
@@ -128,6 +135,11 @@ func (c *fetchCounts) add(o fetchCounts) {
 // held for every GPU load, so files the load makes hot are registered with
 // it behind the load.
 func (n *Node) Load(ctx context.Context, req LoadRequest, onPass func(LoadPass)) error {
+	// Files closed in the mount are loaded as written, as the commands a
+	// node runs see them.
+	if err := n.Sync(); err != nil {
+		return fmt.Errorf("mount: %w", err)
+	}
 	pinned := n.pins.hostOrNil()
 	if pinned != nil && (pinned.Locked() > 0 || n.pins.hotOn()) && n.fill != nil {
 		if ord, ok := cudaOrdinal(req.Device); ok {
@@ -147,7 +159,7 @@ func (n *Node) Load(ctx context.Context, req LoadRequest, onPass func(LoadPass))
 		inner := onPass
 		onPass = func(p LoadPass) {
 			for _, f := range p.Report.Files {
-				n.pins.noteLoaded(func() string { return f.Path }, f.id, f.size)
+				n.pins.noteLoaded(func() string { return f.name }, f.id, f.size)
 			}
 			inner(p)
 		}
@@ -355,7 +367,7 @@ func loadOne(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpui
 		return nil, err
 	}
 	s.NoteRead(file.ID) // serve --cold-after counts from here (chunkstore/lastread.go)
-	lf := LoadFile{Path: p, id: file.ID, size: file.Size()}
+	lf := LoadFile{Path: p, id: file.ID, size: file.Size(), name: p}
 	var res gpuio.Result
 	var verifyFn func() error
 	if file.M.Format == chunkstore.FormatSafetensors {
@@ -386,7 +398,24 @@ func loadOne(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpui
 			targets[i].Mem = mem
 		}
 		lf.Tensors = len(targets)
-		res, err = l.LoadTensors(ctx, file, h, targets)
+		// A rank layout holds exactly these shares, back to back: the
+		// share is then one run of the layout (docs/design/ranklayout.md).
+		from, fromH := file, h
+		if size > 1 && !req.NoLayout {
+			rl, rlh, err := gpuio.OpenRankLayout(s, file, h, rank, size)
+			switch {
+			case err != nil:
+				lf.RankLayout = "not used: " + err.Error()
+			case rl != nil:
+				from, fromH = rl, rlh
+				for i := range targets {
+					targets[i].Share = nil
+				}
+				lf.RankLayout = fmt.Sprintf("tp%d-rank%d %s", size, rank, rl.ID.Short())
+				lf.id, lf.size, lf.name = rl.ID, rl.Size(), p+" ("+lf.RankLayout+")"
+			}
+		}
+		res, err = l.LoadTensors(ctx, from, fromH, targets)
 		if err != nil {
 			return nil, fmt.Errorf("load %s: %w", p, err)
 		}

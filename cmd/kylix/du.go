@@ -19,6 +19,15 @@ type duOut struct {
 	// deduplicated files given a pack of their own for passthrough
 	// (docs/design/whole.md); their second copies are not in STORED.
 	Whole wholeUsage `json:"whole_copies"`
+	// RankLayouts: the store's rank layouts (kylix layout; all of the
+	// store): not in STORED either.
+	RankLayouts layoutUsage `json:"rank_layouts"`
+}
+
+type layoutUsage struct {
+	Files      int   `json:"files"`
+	Bytes      int64 `json:"bytes"`
+	ExtraBytes int64 `json:"extra_bytes"`
 }
 
 type wholeUsage struct {
@@ -40,7 +49,8 @@ entry directly below it and in total (the last line):
 
 A last line counts the store's whole copies, if any: deduplicated files
 given a pack of their own so the mount serves them by passthrough, and the
-bytes they store a second time (docs/design/whole.md).
+bytes they store a second time (docs/design/whole.md), and one its rank
+layouts (kylix layout): their bytes and what they add beyond their files.
 
 Figures of the lines do not add up to the total where entries share chunks.
 With a running node the command is answered by the node.`).withJSON()
@@ -62,8 +72,12 @@ With a running node the command is answered by the node.`).withJSON()
 	if whole.Copies, whole.StoredBytes, err = s.WholeUsage(); err != nil {
 		return err
 	}
+	var lu layoutUsage
+	if lu.Files, lu.Bytes, lu.ExtraBytes, err = s.RankLayoutUsage(); err != nil {
+		return err
+	}
 	if f.jsonOut {
-		return f.printJSON(duOut{Usage: total, Children: kids, Whole: whole})
+		return f.printJSON(duOut{Usage: total, Children: kids, Whole: whole, RankLayouts: lu})
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "LOGICAL\tUNIQUE\tSTORED\t\tPATH")
@@ -84,6 +98,10 @@ With a running node the command is answered by the node.`).withJSON()
 	if whole.Copies > 0 {
 		fmt.Fprintf(e.stdout, "whole copies (the whole store, not in STORED): %d files, %s stored a second time so the mount serves them by passthrough (docs/design/whole.md)\n",
 			whole.Copies, human(whole.StoredBytes))
+	}
+	if lu.Files > 0 {
+		fmt.Fprintf(e.stdout, "rank layouts (the whole store, not in STORED): %d files, %s, %s of chunks their files do not hold (docs/design/ranklayout.md)\n",
+			lu.Files, human(lu.Bytes), human(lu.ExtraBytes))
 	}
 	return nil
 }

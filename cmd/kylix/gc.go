@@ -64,6 +64,9 @@ verify). bytes_freed is the disk space given back, as du counts it.`).withJSON()
 			res.PacksCompacted, res.PacksWritten, res.ChunksMoved, human(res.BytesMoved))
 	}
 	fmt.Fprintf(e.stdout, "freed %s on disk; %s dead left in live packs\n", human(res.BytesFreed), human(res.DeadBytes))
+	if res.RankLayoutsRemoved > 0 {
+		fmt.Fprintf(e.stdout, "removed %d rank layouts of file versions no longer stored (kylix layout)\n", res.RankLayoutsRemoved)
+	}
 	if res.WholeFileKept > 0 {
 		fmt.Fprintf(e.stdout, "kept whole: %d packs holding one file each (FUSE passthrough)\n", res.WholeFileKept)
 	}

@@ -24,7 +24,10 @@ column-parallel q/k/v/gate/up/w1/w3 weights and biases and embeddings split
 along dim 0, row-parallel o/down/w2/out_proj/dense_4h_to_h weights along dim
 1, tensors fused on disk, norms and everything else whole; an uneven
 dimension is cut as torch.chunk cuts it. PATH is a namespace file or
-directory.
+directory. A row-parallel share is strided rows of its tensor, read as
+most of the tensor; when 'kylix layout --tp-size N' stored a rank layout of
+the file, the rank reads its shares from it as one run instead (the report
+names it; --no-layout reads the file as it is).
 
 Paths: auto (fastest available), gds (cuFile native/P2PDMA), gds-compat
 (cuFile compatibility mode), bounce (reads into pinned buffers, async copies),
@@ -57,13 +60,14 @@ To keep a model for good, kylix pin it.`).withJSON()
 	repeat := f.Int("repeat", 1, "load everything this many times (reports each pass)")
 	inflight := f.Int("files", 4, "files loaded at once (they share the pinned buffers)")
 	reader := f.String("reader", "pread", "storage reader: pread (a pool as wide as the buffers) or io_uring (a ring of the load's own)")
+	noLayout := f.Bool("no-layout", false, "read a rank's share from the file even when a rank layout is stored (kylix layout)")
 	noKeep := f.Bool("no-keep", false, "on a cluster member, keep no copy of the chunks fetched from the members (by default they are kept in the peer cache, behind the load)")
 	if err := f.parse(args, 1, -1); err != nil {
 		return err
 	}
 	req := node.LoadRequest{Paths: f.Args(), Device: *devName, Path: *pathName, Strict: *strict, IO: *ioMode,
 		TPRank: *tpRank, TPSize: *tpSize, Buffers: *buffers, BufMiB: *bufMiB, NoVerify: *noVerify,
-		VerifyOn: *verifyOn, Check: *check, Repeat: *repeat, Files: *inflight, Reader: *reader, NoKeep: *noKeep}
+		VerifyOn: *verifyOn, Check: *check, Repeat: *repeat, Files: *inflight, Reader: *reader, NoKeep: *noKeep, NoLayout: *noLayout}
 	if *tpSize < 1 || *tpRank < 0 || *tpRank >= *tpSize {
 		return fmt.Errorf("load: --tp-rank %d must be in [0, --tp-size %d)", *tpRank, *tpSize)
 	}
@@ -84,6 +88,9 @@ To keep a model for good, kylix pin it.`).withJSON()
 			chk := ""
 			if lf.Checked {
 				chk = ", read back and compared"
+			}
+			if lf.RankLayout != "" {
+				chk += "; rank layout " + lf.RankLayout
 			}
 			fmt.Fprintf(e.stdout, "  %-60s %10s %7.3fs %7.2f GB/s  %s, %s, %s%s\n", lf.Path, human(lf.Bytes), lf.Seconds, lf.GBps, lf.DataPath, lf.IO, ver, chk)
 		}

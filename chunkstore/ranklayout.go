@@ -1,0 +1,311 @@
+package chunkstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Rank layouts (docs/design/ranklayout.md). For one version of a
+// safetensors file and a tensor-parallel size N, a rank layout is a
+// safetensors file holding one rank's share of every tensor back to back,
+// so that the rank reads its share as one run instead of strided rows of
+// each row-parallel tensor. The store keeps them as ordinary files under a
+// directory of the namespace root that is reserved and hidden, like the
+// link table: LayoutDir/<source manifest id>/tp<N>-rank<r>.safetensors.
+// So GC keeps their chunks, verify reads them, a namespace merge spreads
+// them to the members, and no rule of their own was needed for any of
+// that. The store does not know the split rules (gpuio's TPShare does): it
+// stores what it is given under the source's id and hands it back.
+//
+// A layout names the file version it was made from, not a path: every
+// path with that content uses it, and a file written since has a new id,
+// so a stale layout is never read for it. Layouts whose source version no
+// head reaches any more are removed by the next GC (Collect).
+
+// LayoutDir is the directory of rank layouts in the namespace root. The
+// name is reserved there: Put refuses it and lookups do not see it.
+const LayoutDir = ".kylix-layouts"
+
+// ReservedRoot reports whether name is reserved in the namespace root
+// (the link table, the rank layouts): hidden from lookups, listings and
+// the mount, refused by Put.
+func ReservedRoot(name string) bool { return name == LinkTable || name == LayoutDir }
+
+// RankLayout is one stored rank layout.
+type RankLayout struct {
+	Source ID    `json:"source"` // the file version it was made from
+	TPSize int   `json:"tp_size"`
+	Rank   int   `json:"rank"`
+	ID     ID    `json:"id"` // its own manifest
+	Bytes  int64 `json:"bytes"`
+}
+
+func rankLayoutName(tp, rank int) string { return fmt.Sprintf("tp%d-rank%d.safetensors", tp, rank) }
+
+func parseRankLayoutName(name string) (tp, rank int, ok bool) {
+	rest, ok := strings.CutSuffix(name, ".safetensors")
+	if !ok {
+		return 0, 0, false
+	}
+	rest, ok = strings.CutPrefix(rest, "tp")
+	a, b, ok2 := strings.Cut(rest, "-rank")
+	if !ok || !ok2 {
+		return 0, 0, false
+	}
+	tp, err1 := strconv.Atoi(a)
+	rank, err2 := strconv.Atoi(b)
+	return tp, rank, err1 == nil && err2 == nil && tp > 1 && rank >= 0 && rank < tp
+}
+
+// PutRankLayout stores the n bytes of r (a safetensors file) as rank's
+// layout for tensor-parallel size tp of file version src, replacing one
+// stored before. The bytes are cut and hashed as an import cuts a
+// safetensors file, so the layout shares chunks with its source wherever
+// their bytes are the same (whole tensors every rank keeps).
+func (s *Store) PutRankLayout(ctx context.Context, src ID, tp, rank int, r io.ReaderAt, n int64, progress func(int64)) (PutResult, error) {
+	if tp < 2 || rank < 0 || rank >= tp {
+		return PutResult{}, fmt.Errorf("rank layout: rank %d of tensor-parallel size %d: %w", rank, tp, ErrInvalidPath)
+	}
+	if _, err := s.FileManifest(src); err != nil {
+		return PutResult{}, fmt.Errorf("rank layout of %s: %w", src, err)
+	}
+	name := rankLayoutName(tp, rank)
+	im := s.NewImporter()
+	defer im.Abort()
+	res, err := im.PutReader(ctx, r, n, name, progress)
+	if err != nil {
+		return res, fmt.Errorf("rank layout: %w", err)
+	}
+	if err := im.Flush(); err != nil {
+		return res, fmt.Errorf("rank layout: %w", err)
+	}
+	// The importer holds GC off until Close: the namespace names the
+	// manifest before GC can look for what nothing names.
+	err = s.Update(func(tx *NSTx) error {
+		d, err := tx.dir([]string{LayoutDir, src.String()}, true, true)
+		if err != nil {
+			return err
+		}
+		if err := tx.dropOld(d, name); err != nil {
+			return err
+		}
+		now := time.Now().UnixNano()
+		d.m.Put(Entry{Name: name, Kind: KindFile, Mode: 0o644, UID: uint32(os.Getuid()), GID: uint32(os.Getgid()),
+			ID: res.ID, Size: n, MTime: now, CTime: now, HLC: tx.hlc})
+		delete(d.children, name)
+		return nil
+	})
+	if err != nil {
+		return res, fmt.Errorf("rank layout: %w", err)
+	}
+	return res, im.Close()
+}
+
+// layoutDir returns the layout directory's manifest in the current
+// namespace root, nil when there is none.
+func (s *Store) layoutDir() (*DirManifest, error) {
+	root, _, err := s.Root()
+	if err != nil {
+		return nil, err
+	}
+	rm, err := s.dirAt(root)
+	if err != nil {
+		return nil, err
+	}
+	i, ok := rm.Find(LayoutDir)
+	if !ok || rm.Entries[i].Deleted || rm.Entries[i].Kind != KindDir {
+		return nil, nil
+	}
+	return s.dirAt(rm.Entries[i].ID)
+}
+
+// RankLayouts lists the stored rank layouts of file version src (every
+// source's when src is zero), by source, size and rank.
+func (s *Store) RankLayouts(src ID) ([]RankLayout, error) {
+	ld, err := s.layoutDir()
+	if err != nil || ld == nil {
+		return nil, err
+	}
+	var out []RankLayout
+	for _, e := range ld.Live() {
+		id, err := ParseID(e.Name)
+		if err != nil || e.Kind != KindDir || (src != ID{} && id != src) {
+			continue
+		}
+		d, err := s.dirAt(e.ID)
+		if err != nil {
+			return nil, fmt.Errorf("rank layouts of %s: %w", e.Name, err)
+		}
+		for _, f := range d.Live() {
+			tp, rank, ok := parseRankLayoutName(f.Name)
+			if !ok || f.Kind != KindFile {
+				continue
+			}
+			out = append(out, RankLayout{Source: id, TPSize: tp, Rank: rank, ID: f.ID, Bytes: f.Size})
+		}
+	}
+	return out, nil
+}
+
+// OpenRankLayout opens rank's layout for tensor-parallel size tp of file
+// version src; ErrNotFound when none is stored.
+func (s *Store) OpenRankLayout(src ID, tp, rank int) (*File, error) {
+	ls, err := s.RankLayouts(src)
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range ls {
+		if l.TPSize == tp && l.Rank == rank {
+			return s.OpenFile(l.ID)
+		}
+	}
+	return nil, fmt.Errorf("rank layout tp%d-rank%d of %s: %w", tp, rank, src, ErrNotFound)
+}
+
+// DropRankLayouts removes the rank layouts of file version src for
+// tensor-parallel size tp (every size when tp is 0) and returns how many
+// it removed. Their chunks are freed by the next GC.
+func (s *Store) DropRankLayouts(src ID, tp int) (int, error) {
+	n := 0
+	err := s.Update(func(tx *NSTx) error {
+		n = 0
+		return tx.dropRankLayouts(func(id ID) bool { return id == src }, tp, &n)
+	})
+	return n, err
+}
+
+// dropRankLayouts removes the layouts of size tp (0: all) of the sources
+// drop says yes to, a source's directory with its last layout.
+func (tx *NSTx) dropRankLayouts(drop func(ID) bool, tp int, n *int) error {
+	ld, err := tx.dir([]string{LayoutDir}, false, false)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, e := range ld.m.Live() {
+		id, err := ParseID(e.Name)
+		if err == nil && !drop(id) {
+			continue
+		}
+		parts := []string{LayoutDir, e.Name}
+		sub, err := tx.dir(parts, false, false)
+		if err != nil {
+			return err
+		}
+		left := 0
+		for _, f := range sub.m.Live() {
+			if size, _, ok := parseRankLayoutName(f.Name); ok && tp != 0 && size != tp {
+				left++
+				continue
+			}
+			if err := tx.remove(append(parts, f.Name), false, ""); err != nil {
+				return err
+			}
+			*n++
+		}
+		if left == 0 {
+			if err := tx.remove(parts, true, ""); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// pruneRankLayoutsLocked removes the layouts whose source version no head
+// reaches (their file was removed or written since), before GC marks. The
+// caller holds gcMu and nsMu.
+func (s *Store) pruneRankLayoutsLocked(ctx context.Context) (int, error) {
+	ld, err := s.layoutDir()
+	if err != nil || ld == nil || len(ld.Live()) == 0 {
+		return 0, err
+	}
+	heads, err := s.Heads()
+	if err != nil {
+		return 0, err
+	}
+	live := map[ID]bool{}
+	seen := map[ID]bool{}
+	var walk func(id ID, root bool) error
+	walk = func(id ID, root bool) error {
+		if seen[id] {
+			return nil
+		}
+		seen[id] = true
+		if err := ctxErr(ctx); err != nil {
+			return err
+		}
+		d, err := s.dirAt(id)
+		if err != nil {
+			return err
+		}
+		for _, e := range d.Entries {
+			switch {
+			case e.Deleted || (root && e.Name == LayoutDir):
+			case e.Kind == KindFile:
+				live[e.ID] = true
+			case e.Kind == KindDir:
+				if err := walk(e.ID, false); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	for _, h := range heads {
+		if err := walk(h.Root, true); err != nil {
+			return 0, fmt.Errorf("rank layouts: reading head %q: %w", h.Name, err)
+		}
+	}
+	n := 0
+	err = s.updateLocked(func(tx *NSTx) error {
+		n = 0
+		return tx.dropRankLayouts(func(id ID) bool { return !live[id] }, 0, &n)
+	})
+	return n, err
+}
+
+// RankLayoutUsage counts the store's rank layouts: files, their bytes, and
+// the bytes of their distinct chunks that their source files do not use
+// (what the layouts added to the store, before packing).
+func (s *Store) RankLayoutUsage() (files int, bytes, extra int64, err error) {
+	ls, err := s.RankLayouts(ID{})
+	if err != nil || len(ls) == 0 {
+		return 0, 0, 0, err
+	}
+	seen := map[ID]bool{}
+	src := map[ID]map[ID]bool{}
+	for _, l := range ls {
+		files++
+		bytes += l.Bytes
+		own, ok := src[l.Source]
+		if !ok {
+			own = map[ID]bool{}
+			if m, err := s.FileManifest(l.Source); err == nil {
+				for _, c := range m.Chunks {
+					own[c.ID] = true
+				}
+			}
+			src[l.Source] = own
+		}
+		m, err := s.FileManifest(l.ID)
+		if err != nil {
+			return 0, 0, 0, fmt.Errorf("rank layout %s: %w", l.ID.Short(), err)
+		}
+		for _, c := range m.Chunks {
+			if !own[c.ID] && !seen[c.ID] {
+				seen[c.ID] = true
+				extra += int64(c.Len)
+			}
+		}
+	}
+	return files, bytes, extra, nil
+}

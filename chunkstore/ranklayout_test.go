@@ -1,0 +1,91 @@
+package chunkstore
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestRankLayoutStore: a layout is hidden and reserved in the namespace
+// root, kept by GC while its source version is live (its bytes read back
+// the same), counted, and removed with its chunks by the first GC after
+// the source is written over; verify reads it like any file.
+func TestRankLayoutStore(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(Options{Dir: t.TempDir()})
+	require.NoError(t, err)
+	defer s.Close()
+	src := filepath.Join(t.TempDir(), "model")
+	require.NoError(t, os.WriteFile(src, rnd(6<<20, 1), 0o644))
+	_, err = s.Import(ctx, src, "m/model", ImportOptions{})
+	require.NoError(t, err)
+	f, _, err := s.OpenPath("m/model")
+	require.NoError(t, err)
+
+	layout := rnd(5<<20, 2)
+	_, err = s.PutRankLayout(ctx, f.ID, 2, 2, bytes.NewReader(layout), int64(len(layout)), nil)
+	require.Error(t, err, "rank 2 of 2")
+	_, err = s.PutRankLayout(ctx, ID{1}, 2, 0, bytes.NewReader(layout), int64(len(layout)), nil)
+	require.ErrorIs(t, err, ErrNotFound, "a source the store does not have")
+	res, err := s.PutRankLayout(ctx, f.ID, 2, 1, bytes.NewReader(layout), int64(len(layout)), nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(len(layout)), res.NewBytes)
+
+	// Hidden and reserved.
+	_, err = s.Lookup(LayoutDir)
+	require.ErrorIs(t, err, ErrNotFound)
+	root, err := s.List("")
+	require.NoError(t, err)
+	for _, e := range root {
+		require.NotEqual(t, LayoutDir, e.Name)
+	}
+	err = s.Update(func(tx *NSTx) error { return tx.Put(LayoutDir+"/x", Entry{Kind: KindDir}) })
+	require.ErrorIs(t, err, ErrInvalidPath)
+	err = s.Update(func(tx *NSTx) error { return tx.Remove(LayoutDir, true) })
+	require.ErrorIs(t, err, ErrNotFound)
+	err = s.Update(func(tx *NSTx) error { return tx.Rename("m", LayoutDir) })
+	require.ErrorIs(t, err, ErrInvalidPath)
+
+	gc, err := s.GC(ctx)
+	require.NoError(t, err)
+	require.Zero(t, gc.RankLayoutsRemoved)
+	lf, err := s.OpenRankLayout(f.ID, 2, 1)
+	require.NoError(t, err)
+	got := make([]byte, len(layout))
+	_, err = lf.ReadAt(got, 0)
+	require.NoError(t, err)
+	require.Equal(t, layout, got)
+	_, err = s.OpenRankLayout(f.ID, 2, 0)
+	require.ErrorIs(t, err, ErrNotFound)
+	files, n, extra, err := s.RankLayoutUsage()
+	require.NoError(t, err)
+	require.Equal(t, 1, files)
+	require.Equal(t, int64(len(layout)), n)
+	require.Equal(t, int64(len(layout)), extra)
+	rep, err := s.Verify(ctx, "", nil)
+	require.NoError(t, err)
+	require.True(t, rep.OK(), "%+v", rep.Problems)
+	require.Equal(t, 2, rep.Files, "the file and its layout")
+
+	// The file written over: its old version's layout goes at the next GC.
+	st0, err := s.Stats()
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(src, rnd(6<<20, 3), 0o644))
+	_, err = s.Import(ctx, src, "m/model", ImportOptions{})
+	require.NoError(t, err)
+	gc, err = s.GC(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, gc.RankLayoutsRemoved)
+	ls, err := s.RankLayouts(ID{})
+	require.NoError(t, err)
+	require.Empty(t, ls)
+	st1, err := s.Stats()
+	require.NoError(t, err)
+	require.Less(t, st1.Chunks, st0.Chunks, "the layout's chunks went with it (and the old version's)")
+	_, err = s.OpenRankLayout(f.ID, 2, 1)
+	require.ErrorIs(t, err, ErrNotFound)
+}

@@ -1,0 +1,147 @@
+package test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+type rankLoad struct {
+	Files []struct {
+		Path       string `json:"path"`
+		Bytes      int64  `json:"bytes"`
+		Checked    bool   `json:"checked"`
+		RankLayout string `json:"rank_layout"`
+	} `json:"files"`
+}
+
+// loadRank runs kylix load --device host --check for one rank through the
+// node and returns its report per safetensors file.
+func loadRank(t *testing.T, data string, rank int, extra ...string) map[string]string {
+	t.Helper()
+	args := append([]string{"load", "--data", data, "--device", "host", "--tp-size", "2", "--tp-rank", strconv.Itoa(rank), "--check", "--json"}, extra...)
+	var rep rankLoad
+	require.NoError(t, json.Unmarshal([]byte(mustKylix(t, data, append(args, "m")...)), &rep))
+	out := map[string]string{}
+	for _, f := range rep.Files {
+		require.True(t, f.Checked, "%s read back and compared", f.Path)
+		if strings.HasSuffix(f.Path, ".safetensors") {
+			out[filepath.Base(f.Path)] = f.RankLayout
+		}
+	}
+	return out
+}
+
+func packNames(t *testing.T, data string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(data, "packs"))
+	require.NoError(t, err)
+	var out []string
+	for _, e := range ents {
+		if strings.HasSuffix(e.Name(), ".pack") {
+			out = append(out, filepath.Join(data, "packs", e.Name()))
+		}
+	}
+	return out
+}
+
+// TestRankLayoutThroughNode: kylix layout stores a layout per rank through
+// a running node; kylix load --tp-size reads each rank's shares from it
+// (its report names it) and the bytes read back equal the file's shares
+// (--check), as --no-layout's do. The layouts are not in the mount (no
+// listing, no lookup, the name cannot be made); kylix du counts them; a
+// file written over through the mount no longer uses its layouts and the
+// next kylix gc removes them; a byte flipped in a layout's pack fails the
+// load that reads it, never placing a wrong byte.
+func TestRankLayoutThroughNode(t *testing.T) {
+	requireFUSE(t)
+	data, mnt := dirs(t)
+	models := t.TempDir()
+	mustKylix(t, "/", "demo-model", "--size", "48MiB", models)
+	mustKylix(t, "/", "import", "--data", data, filepath.Join(models, "base"), "m")
+	before := packNames(t, data)
+	launchNode(t, data, mnt, nil, nil, "--client-socket", "none")
+
+	out := mustKylix(t, data, "layout", "--data", data, "--tp-size", "2", "m")
+	require.Regexp(t, `m/model-00001-of-00002\.safetensors: tp 2, 2 ranks, \d+ strided tensors; layouts .*, new bytes stored`, out)
+	require.Regexp(t, `total: layouts .*; 5 files not safetensors left alone`, out)
+	layoutPacks := slices.DeleteFunc(packNames(t, data), func(p string) bool { return slices.Contains(before, p) })
+	require.Regexp(t, `m/model-00002-of-00002\.safetensors: tp2-rank1 `, mustKylix(t, data, "layout", "--data", data, "m"))
+	for r := range 2 {
+		got := loadRank(t, data, r)
+		require.Len(t, got, 2)
+		for name, rl := range got {
+			require.Contains(t, rl, "tp2-rank"+strconv.Itoa(r), "%s read from its layout", name)
+		}
+		for name, rl := range loadRank(t, data, r, "--no-layout") {
+			require.Empty(t, rl, name)
+		}
+	}
+
+	ents, err := os.ReadDir(mnt)
+	require.NoError(t, err)
+	for _, e := range ents {
+		require.NotEqual(t, ".kylix-layouts", e.Name())
+	}
+	_, err = os.Stat(filepath.Join(mnt, ".kylix-layouts"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+	require.Error(t, os.Mkdir(filepath.Join(mnt, ".kylix-layouts"), 0o755), "the name is reserved")
+	_, stderr, code := kylix(t, data, "import", "--data", data, filepath.Join(models, "base", "config.json"), ".kylix-layouts/x")
+	require.NotZero(t, code)
+	require.Contains(t, stderr, "reserved")
+	require.Regexp(t, `rank layouts \(the whole store, not in STORED\): 4 files, .* of chunks their files do not hold`, mustKylix(t, data, "du", "--data", data))
+
+	// The second shard written over through the mount (the fine-tune's
+	// holds the changed last layers): that file's layouts are not used,
+	// and gc removes them.
+	ft2 := filepath.Join(models, "finetuned", "model-00002-of-00002.safetensors")
+	require.NotEqual(t, sha256sum(t, ft2), sha256sum(t, filepath.Join(models, "base", "model-00002-of-00002.safetensors")))
+	b, err := os.ReadFile(ft2)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(mnt, "m", "model-00002-of-00002.safetensors"), b, 0o644))
+	got := loadRank(t, data, 0)
+	require.Contains(t, got["model-00001-of-00002.safetensors"], "tp2-rank0")
+	require.Empty(t, got["model-00002-of-00002.safetensors"], "a new version has no layout")
+	require.Contains(t, mustKylix(t, data, "gc", "--data", data), "removed 2 rank layouts of file versions no longer stored")
+
+	// Damage every layout pack left (a byte per MiB): a load that reads
+	// a damaged chunk fails; none places a wrong byte (--check).
+	var damaged []string
+	for _, p := range layoutPacks {
+		st, err := os.Stat(p)
+		if os.IsNotExist(err) {
+			continue // the written-over file's layouts, collected
+		}
+		require.NoError(t, err)
+		for off := int64(4096 + 777); off < st.Size(); off += 1 << 20 {
+			damageAt(t, p, off)
+		}
+		damaged = append(damaged, p)
+	}
+	require.NotEmpty(t, damaged)
+	failed := 0
+	for r := range 2 {
+		stdout, stderr, code := kylix(t, data, "load", "--data", data, "--device", "host", "--tp-size", "2", "--tp-rank", strconv.Itoa(r), "--check", "m")
+		if code == 0 {
+			require.Contains(t, stdout, "read back and compared")
+			continue
+		}
+		failed++
+		require.Regexp(t, `corrupt|does not match`, stderr)
+		require.NotContains(t, stderr, "differ from the store")
+	}
+	require.Positive(t, failed, "the damaged layouts were read")
+	// Dropped, the shares are read from the files again.
+	require.Contains(t, mustKylix(t, data, "layout", "--data", data, "--drop", "m"), "rank layouts dropped")
+	for r := range 2 {
+		for name, rl := range loadRank(t, data, r) {
+			require.Empty(t, rl, name)
+		}
+	}
+}
