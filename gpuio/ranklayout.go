@@ -272,3 +272,71 @@ var tpRulesDigest = func() string {
 	}
 	return chunkstore.Sum(b).Short()
 }()
+
+// RankLayoutIndex says, for one file version, where its stored rank
+// layouts hold each strided share: a GPU fill asked for a share as one
+// strided range (rows of Width bytes, Pitch apart, from the row's first
+// byte) reads it from a layout as one contiguous run instead.
+type RankLayoutIndex struct {
+	files []*chunkstore.File
+	at    map[shareKey]layoutAt
+}
+
+type shareKey struct{ off, width, rows, pitch int64 }
+
+type layoutAt struct {
+	file int
+	off  int64
+}
+
+// NewRankLayoutIndex indexes the stored rank layouts of file f; nil (and
+// no error) when none is stored. A layout that does not match the split
+// rules is left out and named in skipped.
+func NewRankLayoutIndex(s *chunkstore.Store, f *chunkstore.File) (x *RankLayoutIndex, skipped []string, err error) {
+	ls, err := s.RankLayouts(f.ID)
+	if err != nil || len(ls) == 0 || f.M.Format != chunkstore.FormatSafetensors {
+		return nil, nil, err
+	}
+	h, err := safetensors.Parse(f, f.Size())
+	if err != nil {
+		return nil, nil, err
+	}
+	x = &RankLayoutIndex{at: map[shareKey]layoutAt{}}
+	for _, l := range ls {
+		lf, lh, err := OpenRankLayout(s, f, h, l.Rank, l.TPSize)
+		if err != nil {
+			skipped = append(skipped, err.Error())
+			continue
+		}
+		if lf == nil {
+			continue
+		}
+		for _, t := range h.Tensors {
+			sl, _ := TPShare(t, l.Rank, l.TPSize).Layout(t) // OpenRankLayout checked it
+			if sl.Rows <= 1 || sl.Width == sl.Pitch || sl.Bytes == 0 {
+				continue
+			}
+			lt, _ := lh.Tensor(t.Name)
+			k := shareKey{h.DataStart() + t.Begin + sl.ColOff, sl.Width, sl.Rows, sl.Pitch}
+			x.at[k] = layoutAt{len(x.files), lh.DataStart() + lt.Begin}
+		}
+		x.files = append(x.files, lf)
+	}
+	if len(x.files) == 0 {
+		return nil, skipped, nil
+	}
+	return x, skipped, nil
+}
+
+// Find returns the layout holding the strided share that starts at off
+// (rows of width bytes, pitch apart) and the share's offset in it.
+func (x *RankLayoutIndex) Find(off, width, rows, pitch int64) (*chunkstore.File, int64, bool) {
+	if x == nil {
+		return nil, 0, false
+	}
+	a, ok := x.at[shareKey{off, width, rows, pitch}]
+	if !ok {
+		return nil, 0, false
+	}
+	return x.files[a.file], a.off, true
+}

@@ -128,6 +128,7 @@ type clientServer struct {
 	fillPaths                                                         labeledCounts // GPU fills by I/O path (metrics.go)
 	fillFailures                                                      labeledCounts // failed GPU fills by the chunk failure met (metrics.go)
 	procs                                                             fillProcs
+	layouts                                                           layoutIndexes // rank layouts of files filled (fill.go)
 }
 
 // listenClient makes the client socket at path: its directory is made

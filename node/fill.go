@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -277,7 +278,7 @@ func (c *clientServer) opFill(sf *chunkstore.File, fd int, body []byte, p peer) 
 	}
 	start := time.Now()
 	defer c.fill.startReading(sf.ID, d.ord)()
-	res, err := c.fillSlices(d, sf, dst, ranges, uint64(p.pid), req.Flags&clientproto.FillVerify != 0)
+	res, err := c.fillSlices(d, c.fillParts(sf, ranges), dst, uint64(p.pid), req.Flags&clientproto.FillVerify != 0)
 	if err != nil {
 		c.fillFailures.add(chunkstore.FailureKind(err), 0)
 		return refuse(fmt.Errorf("fill: %w", errnoOr(err, syscall.EIO)))
@@ -318,7 +319,7 @@ func errnoOr(err error, def syscall.Errno) error {
 // of the request at once (the slots bound them). Packing matters: with one
 // run per small range, only as many of the loader's buffers were busy as
 // there were slots (docs/bench.md, issue 11).
-func (c *clientServer) fillSlices(d *fillDev, sf *chunkstore.File, dst gpuio.DeviceMem, ranges []clientproto.Range, client uint64, verifyEach bool) (gpuio.Result, error) {
+func (c *clientServer) fillSlices(d *fillDev, parts []fillPart, dst gpuio.DeviceMem, client uint64, verifyEach bool) (gpuio.Result, error) {
 	ctx, cancel := context.WithCancel(c.ctx)
 	defer cancel()
 	var (
@@ -328,7 +329,19 @@ func (c *clientServer) fillSlices(d *fillDev, sf *chunkstore.File, dst gpuio.Dev
 		wg    sync.WaitGroup
 	)
 	total.Verified = true
-	for _, batch := range fillBatches(ranges, fillSlice) {
+	for _, part := range parts {
+		if part.layout {
+			total.IO = "rank layout"
+		}
+	}
+	for i := range parts {
+		var err error
+		if parts[i].f, err = parts[i].f.Fresh(); err != nil { // chunks moved by kylix gc since it was opened
+			return total, err
+		}
+	}
+	for part, batch := range allBatches(parts) {
+		sf := part.f
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -361,6 +374,107 @@ func (c *clientServer) fillSlices(d *fillDev, sf *chunkstore.File, dst gpuio.Dev
 	}
 	wg.Wait()
 	return total, first
+}
+
+// fillPart is what a fill reads from one file: the file the client opened,
+// or a rank layout of it (layout).
+type fillPart struct {
+	f      *chunkstore.File
+	ranges []clientproto.Range
+	layout bool
+}
+
+// allBatches yields the batches of every part (fillBatches), with the part.
+func allBatches(parts []fillPart) func(yield func(fillPart, []gpuio.Range) bool) {
+	return func(yield func(fillPart, []gpuio.Range) bool) {
+		for _, p := range parts {
+			for _, b := range fillBatches(p.ranges, fillSlice) {
+				if !yield(p, b) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// fillParts sorts a fill's ranges by the file they are read from: a
+// strided range that is exactly a tensor's share held by a stored rank
+// layout of sf's version (kylix layout) is read from the layout as one
+// contiguous run (docs/design/ranklayout.md); the rest from sf.
+func (c *clientServer) fillParts(sf *chunkstore.File, ranges []clientproto.Range) []fillPart {
+	if !slices.ContainsFunc(ranges, func(r clientproto.Range) bool { return r.Rows > 1 }) {
+		return []fillPart{{f: sf, ranges: ranges}}
+	}
+	x := c.layouts.index(c.s, sf, c.log)
+	if x == nil {
+		return []fillPart{{f: sf, ranges: ranges}}
+	}
+	var rest []clientproto.Range
+	var parts []fillPart
+	at := map[*chunkstore.File]int{}
+	for _, r := range ranges {
+		if r.Rows > 1 {
+			if lf, off, ok := x.Find(int64(r.FileOffset), int64(r.Length), int64(r.Rows), int64(r.Pitch)); ok {
+				i, seen := at[lf]
+				if !seen {
+					i, at[lf] = len(parts), len(parts)
+					parts = append(parts, fillPart{f: lf, layout: true})
+				}
+				parts[i].ranges = append(parts[i].ranges, clientproto.Range{FileOffset: uint64(off), Length: r.Length * r.Rows, DstOffset: r.DstOffset})
+				continue
+			}
+		}
+		rest = append(rest, r)
+	}
+	if len(rest) > 0 {
+		parts = append(parts, fillPart{f: sf, ranges: rest})
+	}
+	return parts
+}
+
+// layoutIndexes caches the rank layout index of the file versions fills
+// read strided ranges of, keyed by the layouts stored (a layout made or
+// dropped since is seen at the next fill).
+type layoutIndexes struct {
+	mu sync.Mutex
+	m  map[chunkstore.ID]cachedIndex
+}
+
+type cachedIndex struct {
+	stored string
+	x      *gpuio.RankLayoutIndex
+}
+
+// maxLayoutIndexes bounds the cache: past it, it starts over.
+const maxLayoutIndexes = 256
+
+func (li *layoutIndexes) index(s *chunkstore.Store, sf *chunkstore.File, log *slog.Logger) *gpuio.RankLayoutIndex {
+	ls, err := s.RankLayouts(sf.ID)
+	if err != nil || len(ls) == 0 {
+		return nil
+	}
+	var key strings.Builder
+	for _, l := range ls {
+		key.WriteString(l.ID.String())
+	}
+	li.mu.Lock()
+	defer li.mu.Unlock()
+	if c, ok := li.m[sf.ID]; ok && c.stored == key.String() {
+		return c.x
+	}
+	x, skipped, err := gpuio.NewRankLayoutIndex(s, sf)
+	if err != nil {
+		log.Warn("rank layouts not used for fills", "file", sf.ID.Short(), "err", err)
+		return nil
+	}
+	for _, why := range skipped {
+		log.Warn("a rank layout not used for fills", "file", sf.ID.Short(), "why", why)
+	}
+	if li.m == nil || len(li.m) >= maxLayoutIndexes {
+		li.m = map[chunkstore.ID]cachedIndex{}
+	}
+	li.m[sf.ID] = cachedIndex{key.String(), x}
+	return x
 }
 
 // fillBatches splits ranges into batches of at most limit bytes each: ranges

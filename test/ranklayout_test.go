@@ -1,6 +1,7 @@
 package test
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -10,6 +11,10 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kylix/kylix/chunkstore/safetensors"
+	"github.com/kylix/kylix/clientproto"
+	"github.com/kylix/kylix/gpuio"
 )
 
 type rankLoad struct {
@@ -144,4 +149,64 @@ func TestRankLayoutThroughNode(t *testing.T) {
 			require.Empty(t, rl, name)
 		}
 	}
+}
+
+// TestRankLayoutFill: a client's FILL of one rank's shares (strided ranges
+// for the row-parallel tensors, as kylix.torch asks) through the client
+// socket of a node with the stub CUDA driver: with layouts stored, the
+// strided shares are read from the rank's layout (the reply's io says
+// so), and the allocation holds exactly the shares the file gives; with
+// the layouts dropped, the same bytes from the file.
+func TestRankLayoutFill(t *testing.T) {
+	requireFUSE(t)
+	data, mnt := dirs(t)
+	models := t.TempDir()
+	mustKylix(t, "/", "demo-model", "--size", "24MiB", models)
+	mustKylix(t, "/", "import", "--data", data, filepath.Join(models, "base"), "m")
+	n, sock := startStubGPUNode(t, data, mnt)
+	mustKylix(t, data, "layout", "--data", data, "--tp-size", "2", "m")
+	name := "model-00001-of-00002.safetensors"
+	src, err := os.ReadFile(filepath.Join(models, "base", name))
+	require.NoError(t, err)
+	h, err := safetensors.ParseBytes(src, int64(len(src)))
+	require.NoError(t, err)
+
+	const rank, tp = 1, 2
+	var ranges []clientproto.Range
+	var want []byte
+	strided := 0
+	for _, tn := range h.Tensors {
+		sl, err := gpuio.TPShare(tn, rank, tp).Layout(tn)
+		require.NoError(t, err)
+		if sl.Bytes == 0 {
+			continue
+		}
+		off := uint64(h.DataStart() + tn.Begin + sl.ColOff)
+		r := clientproto.Range{FileOffset: off, Length: uint64(sl.Bytes), DstOffset: uint64(len(want))}
+		if sl.Rows > 1 && sl.Width < sl.Pitch {
+			r.Length, r.Rows, r.Pitch = uint64(sl.Width), uint64(sl.Rows), uint64(sl.Pitch)
+			strided++
+		}
+		ranges = append(ranges, r)
+		for row := int64(0); row < sl.Rows; row++ {
+			at := h.DataStart() + tn.Begin + row*sl.Pitch + sl.ColOff
+			want = append(want, src[at:at+sl.Width]...)
+		}
+	}
+	require.Positive(t, strided)
+	c := dialClient(t, sock)
+	f := openRO(t, filepath.Join(mnt, "m", name))
+	fill := func() string {
+		a := newShmAlloc(t, len(want))
+		r := c.req(clientproto.OpFill, clientproto.FillRequest{IPCHandle: a.handle, Flags: clientproto.FillStrided, Ranges: ranges}.Append(nil), int(f.Fd()))
+		require.Zero(t, r.status, "FILL: %s\n%s", r.msg, n.log)
+		fr, err := clientproto.ParseFillReply(r.fields)
+		require.NoError(t, err)
+		require.Equal(t, uint64(len(want)), fr.Bytes)
+		require.True(t, bytes.Equal(want, a.bytes(t)), "the allocation holds the rank's shares")
+		return fr.IO
+	}
+	require.Contains(t, fill(), "rank layout")
+	mustKylix(t, data, "layout", "--data", data, "--drop", "m")
+	require.NotContains(t, fill(), "rank layout")
 }
