@@ -78,6 +78,7 @@ func TestRankLayoutThroughNode(t *testing.T) {
 	require.Regexp(t, `total: layouts .*; 5 files not safetensors left alone`, out)
 	layoutPacks := slices.DeleteFunc(packNames(t, data), func(p string) bool { return slices.Contains(before, p) })
 	require.Regexp(t, `m/model-00002-of-00002\.safetensors: tp2-rank1 `, mustKylix(t, data, "layout", "--data", data, "m"))
+	require.Contains(t, mustKylix(t, data, "stat", "--data", data, "m/model-00001-of-00002.safetensors"), "rank layout: tp2-rank1, ")
 	for r := range 2 {
 		got := loadRank(t, data, r)
 		require.Len(t, got, 2)

@@ -49,6 +49,9 @@ type statOut struct {
 	// WholeCopy: PassthroughPack is a whole copy the node made of this
 	// deduplicated file (docs/design/whole.md).
 	WholeCopy bool `json:"whole_copy,omitempty"`
+	// RankLayouts: the rank layouts stored for this file version (kylix
+	// layout; docs/design/ranklayout.md).
+	RankLayouts []chunkstore.RankLayout `json:"rank_layouts,omitempty"`
 	Entries   int  `json:"entries,omitempty"`
 	// Pinned: held by a pin of the running node (docs/design/pin.md);
 	// PinNote names the pin, or says why it is not held.
@@ -127,6 +130,9 @@ members hold its chunks in their packs, as the alive members answer.`).withJSON(
 		out.WholeFilePack, _ = file.WholeFilePack()
 		out.PassthroughPack, out.PassthroughCheck = passthroughCheck(e.node, s, file)
 		out.WholeCopy = file.WholeCopy()
+		if out.RankLayouts, err = s.RankLayouts(file.ID); err != nil {
+			return err
+		}
 		out.ResidentBytes = node.FileResident(file)
 		var local int64
 		var notLocal []chunkstore.ChunkRef
@@ -193,6 +199,9 @@ members hold its chunks in their packs, as the alive members answer.`).withJSON(
 	fmt.Fprintf(w, "format:   %s\nchunks:   %d\ncontiguous: %v\n", out.Format, out.NChunk, out.Contiguous)
 	fmt.Fprintf(w, "whole-file pack: %s\n", wholeFilePackLine(out))
 	fmt.Fprintf(w, "reads checked by: %s\n", out.PassthroughCheck)
+	for _, l := range out.RankLayouts {
+		fmt.Fprintf(w, "rank layout: tp%d-rank%d, %s (kylix layout)\n", l.TPSize, l.Rank, human(l.Bytes))
+	}
 	if out.Cluster != nil {
 		printReplication(w, out.Cluster)
 	}
