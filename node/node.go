@@ -294,7 +294,16 @@ func New(cfg Config) (*Node, error) {
 		}
 	}
 	wholeCtx, stopWhole := context.WithCancel(context.Background())
-	n.whole = startWhole(wholeCtx, n.s, max(0, cfg.WholeBudget), cfg.Logger)
+	wholeOff := ""
+	switch {
+	case cfg.NoPassthrough:
+		// A whole copy is made so that the mount can serve the file by
+		// passthrough: with passthrough off it would only cost disk.
+		cfg.WholeBudget, wholeOff = -1, "--no-passthrough: a whole copy is only good for passthrough opens"
+	case cfg.WholeBudget < 0:
+		wholeOff = "--whole-budget 0"
+	}
+	n.whole = startWhole(wholeCtx, n.s, max(0, cfg.WholeBudget), wholeOff, cfg.Logger)
 	n.onClose(func() { stopWhole(); n.whole.close() })
 	n.fsys, err = kfs.New(n.s, kfs.Options{Logger: cfg.Logger, NoPassthrough: cfg.NoPassthrough, ReadOnly: cfg.ReadOnly, Debug: cfg.Debug,
 		ScrubRate: cfg.ScrubRate, Reserve: cfg.Reserve, ClientSocket: sockPath, KeepLocal: keepLocal, MakeRoom: makeRoom,

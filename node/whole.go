@@ -84,6 +84,7 @@ type wholeCopies struct {
 	s      *chunkstore.Store
 	log    *slog.Logger
 	budget int64
+	off    string // why none are made (WholeStatus.Off), "" when on
 	queue  chan wholeReq
 	done   chan struct{}
 	// changed, if set, tells the mount that a file version got a whole
@@ -108,10 +109,10 @@ type wholeReq struct {
 	size int64
 }
 
-func startWhole(ctx context.Context, s *chunkstore.Store, budget int64, log *slog.Logger) *wholeCopies {
+func startWhole(ctx context.Context, s *chunkstore.Store, budget int64, off string, log *slog.Logger) *wholeCopies {
 	w := &wholeCopies{s: s, log: log, budget: budget, queue: make(chan wholeReq, 16), done: make(chan struct{}),
 		opens: map[chunkstore.ID]int{}, tried: map[chunkstore.ID]time.Time{}, queued: map[chunkstore.ID]bool{}, used: map[uint64]time.Time{},
-		packOf: map[chunkstore.ID]uint64{}}
+		packOf: map[chunkstore.ID]uint64{}, off: off}
 	if budget <= 0 {
 		close(w.done)
 		return w
@@ -286,6 +287,9 @@ func (w *wholeCopies) close() {
 // WholeStatus is what kylix node says about whole copies.
 type WholeStatus struct {
 	BudgetBytes int64 `json:"budget_bytes"`
+	// Off says why none are made: "--whole-budget 0", or
+	// "--no-passthrough" (a whole copy is only good for passthrough).
+	Off string `json:"off,omitempty"`
 	// Copies and StoredBytes: the store's whole copies and the bytes they
 	// hold a second time.
 	Copies      int   `json:"copies"`
@@ -310,7 +314,7 @@ func (w *wholeCopies) status() *WholeStatus {
 	if w == nil {
 		return nil
 	}
-	out := &WholeStatus{BudgetBytes: w.budget, Made: w.made.Load(), NotMade: w.failed.Load(), Dropped: w.drops.Load(), Recent: []WholeStatusFile{}}
+	out := &WholeStatus{BudgetBytes: w.budget, Off: w.off, Made: w.made.Load(), NotMade: w.failed.Load(), Dropped: w.drops.Load(), Recent: []WholeStatusFile{}}
 	out.Copies, out.StoredBytes, _ = w.s.WholeUsage() // a recent count (it reads the chunk index)
 	w.mu.Lock()
 	out.LastNotMade = w.last

@@ -142,22 +142,28 @@ func TestWholeCopyThroughMount(t *testing.T) {
 	require.Equal(t, hb, sha256sum(t, filepath.Join(mnt, "m", "base")))
 }
 
-// TestWholeCopyBudget: --whole-budget 0 makes none (kylix node: off); a
-// budget smaller than the file makes none and says why.
+// TestWholeCopyBudget: --whole-budget 0 makes none (kylix node: off), as
+// does --no-passthrough (saying why); a budget smaller than the file
+// makes none and says why.
 func TestWholeCopyBudget(t *testing.T) {
 	requireFUSE(t)
-	for _, c := range []struct{ budget, want string }{
-		{"0", "whole:    off (--whole-budget 0)"},
-		{"8MiB", "larger than the whole-copy budget (8.0 MiB)"},
+	for _, c := range []struct {
+		name  string
+		flags []string
+		want  string
+	}{
+		{"0", []string{"--whole-budget", "0"}, "whole:    off (--whole-budget 0)"},
+		{"no-passthrough", []string{"--no-passthrough"}, "whole:    off (--no-passthrough: a whole copy is only good for passthrough opens)"},
+		{"8MiB", []string{"--whole-budget", "8MiB"}, "larger than the whole-copy budget (8.0 MiB)"},
 	} {
-		t.Run(c.budget, func(t *testing.T) {
+		t.Run(c.name, func(t *testing.T) {
 			data, mnt := dirs(t)
 			_, hf := fineTune(t, data)
-			n := launchNode(t, data, mnt, nil, nil, "--client-socket", "none", "--whole-budget", c.budget)
+			n := launchNode(t, data, mnt, nil, nil, append([]string{"--client-socket", "none"}, c.flags...)...)
 			for range 3 {
 				require.Equal(t, hf, sha256sum(t, filepath.Join(mnt, "m", "ft")))
 			}
-			if c.budget != "0" {
+			if c.name == "8MiB" {
 				waitFor(t, 30*time.Second, "the node to decide", func() bool { return nodeWhole(t, data).Whole.NotMade > 0 })
 			}
 			require.Contains(t, mustKylix(t, data, "node", "--data", data), c.want)

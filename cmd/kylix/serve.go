@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -254,7 +255,7 @@ passthrough and by the node. Fails when no node runs.`).withJSON()
 	printPins(e.stdout, out.Pins)
 	if w := out.Whole; w != nil {
 		if w.BudgetBytes == 0 {
-			fmt.Fprintf(e.stdout, "whole:    off (--whole-budget 0)\n")
+			fmt.Fprintf(e.stdout, "whole:    off (%s)\n", cmp.Or(w.Off, "--whole-budget 0"))
 		} else {
 			fmt.Fprintf(e.stdout, "whole:    %d copies, %s stored twice of a %s budget (%d made, %d not made, %d dropped since start)\n",
 				w.Copies, human(w.StoredBytes), human(w.BudgetBytes), w.Made, w.NotMade, w.Dropped)

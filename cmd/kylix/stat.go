@@ -52,7 +52,7 @@ type statOut struct {
 	// RankLayouts: the rank layouts stored for this file version (kylix
 	// layout; docs/design/ranklayout.md).
 	RankLayouts []chunkstore.RankLayout `json:"rank_layouts,omitempty"`
-	Entries   int  `json:"entries,omitempty"`
+	Entries     int                     `json:"entries,omitempty"`
 	// Pinned: held by a pin of the running node (docs/design/pin.md);
 	// PinNote names the pin, or says why it is not held.
 	Pinned  bool   `json:"pinned"`
