@@ -340,3 +340,43 @@ func (x *RankLayoutIndex) Find(off, width, rows, pitch int64) (*chunkstore.File,
 	}
 	return x.files[a.file], a.off, true
 }
+
+// RankLayoutsFile is one file of MakeRankLayoutsBelow: its layouts, or
+// why it got none.
+type RankLayoutsFile struct {
+	Path    string             `json:"path"`
+	Made    *RankLayoutsResult `json:"made,omitempty"`
+	Skipped string             `json:"skipped,omitempty"`
+}
+
+// MakeRankLayoutsBelow is MakeRankLayouts for each file at or below path
+// (a content stored under several names once), in path order. Files that
+// are not safetensors are counted in others; a safetensors file with no
+// strided share is listed with Skipped set. progress gets each file's.
+func MakeRankLayoutsBelow(ctx context.Context, s *chunkstore.Store, path string, tp int, progress func(file string, done, total int64)) (files []RankLayoutsFile, others int, err error) {
+	below, err := s.FilesBelow(ctx, path)
+	if err != nil {
+		return nil, 0, fmt.Errorf("rank layouts of %s: %w", path, err)
+	}
+	for _, pf := range below {
+		if pf.Again {
+			continue
+		}
+		res, err := MakeRankLayouts(ctx, s, pf.Path, tp, func(done, total int64) {
+			if progress != nil {
+				progress(pf.Path, done, total)
+			}
+		})
+		switch {
+		case errors.Is(err, ErrNotSafetensors):
+			others++
+		case errors.Is(err, ErrNoRankLayout):
+			files = append(files, RankLayoutsFile{Path: pf.Path, Skipped: err.Error()})
+		case err != nil:
+			return files, others, err
+		default:
+			files = append(files, RankLayoutsFile{Path: pf.Path, Made: &res})
+		}
+	}
+	return files, others, nil
+}

@@ -33,6 +33,7 @@ import (
 
 	"github.com/kylix/kylix/chunkstore"
 	kfs "github.com/kylix/kylix/fs"
+	"github.com/kylix/kylix/gpuio"
 	"github.com/kylix/kylix/internal/unixsock"
 	"github.com/kylix/kylix/node/kvstore"
 	"github.com/kylix/kylix/peers"
@@ -225,11 +226,18 @@ type ImportRequest struct {
 	Src           string `json:"src"`
 	Dest          string `json:"dest"`
 	NoDereference bool   `json:"no_dereference,omitempty"`
+	// TPSize: after the import, store rank layouts of the safetensors
+	// files for this tensor-parallel size (kylix layout; 0: none).
+	TPSize int `json:"tp_size,omitempty"`
 }
 
 // ImportReply is the reply of OpImport.
 type ImportReply struct {
 	Result chunkstore.ImportResult `json:"result"`
+	// Layouts: with TPSize, the files' rank layouts (or why a file got
+	// none); LayoutOthers counts the files that are not safetensors.
+	Layouts      []gpuio.RankLayoutsFile `json:"layouts,omitempty"`
+	LayoutOthers int                     `json:"layout_others,omitempty"`
 	// PushError: the push to the other members failed as a whole;
 	// PushFailed names the members it could not reach (a cluster member;
 	// their placement passes copy the chunks later).

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/gpuio"
 	"github.com/kylix/kylix/peers"
 )
 
@@ -226,6 +227,15 @@ func (n *Node) Import(ctx context.Context, req ImportRequest, progress Progress)
 		return ImportReply{}, err
 	}
 	out := ImportReply{Result: res}
+	if req.TPSize > 1 {
+		if out.Layouts, out.LayoutOthers, err = gpuio.MakeRankLayoutsBelow(ctx, n.s, req.Dest, req.TPSize, func(_ string, done, total int64) {
+			if progress != nil {
+				progress("layout", done, total)
+			}
+		}); err != nil {
+			err = fmt.Errorf("imported, but the rank layouts were not made: %w", err)
+		}
+	}
 	// Wait until every owner answered the push, so that each chunk has
 	// its replicas when the import returns. A member that could not be
 	// reached is named: its own placement pass copies the chunks later.
@@ -238,5 +248,5 @@ func (n *Node) Import(ctx context.Context, req ImportRequest, progress Progress)
 			out.PushFailed = pr.Failed
 		}
 	}
-	return out, nil
+	return out, err
 }

@@ -163,9 +163,10 @@ func TestRankLayoutFill(t *testing.T) {
 	data, mnt := dirs(t)
 	models := t.TempDir()
 	mustKylix(t, "/", "demo-model", "--size", "24MiB", models)
-	mustKylix(t, "/", "import", "--data", data, filepath.Join(models, "base"), "m")
+	// Layouts at import: here, then through the node.
+	require.Regexp(t, `rank layouts: tp 2 for 2 files, .*, new bytes stored`, mustKylix(t, "/", "import", "--data", data, "--tp-size", "2", filepath.Join(models, "base"), "m"))
 	n, sock := startStubGPUNode(t, data, mnt)
-	mustKylix(t, data, "layout", "--data", data, "--tp-size", "2", "m")
+	require.Regexp(t, `rank layouts: tp 2 for 2 files, .*, new bytes stored 0 B`, mustKylix(t, data, "import", "--data", data, "--tp-size", "2", filepath.Join(models, "base"), "m2"))
 	name := "model-00001-of-00002.safetensors"
 	src, err := os.ReadFile(filepath.Join(models, "base", name))
 	require.NoError(t, err)

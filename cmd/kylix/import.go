@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/gpuio"
 	"github.com/kylix/kylix/node"
 )
 
@@ -15,7 +16,7 @@ func init() {
 }
 
 func runImport(ctx context.Context, e *env, args []string) error {
-	f := newFlags(e, "import", "[--data DIR] [--json] [--no-dereference] [--hf-cache [--hf-cache-dir DIR]] SRC DEST", `
+	f := newFlags(e, "import", "[--data DIR] [--json] [--no-dereference] [--hf-cache [--hf-cache-dir DIR]] [--tp-size N] SRC DEST", `
 Stores SRC (a file or a directory tree) in the store under the namespace path
 DEST (for example models/tiny-llama), replacing what DEST named before. DEST
 changes only when everything is stored: an interrupted import leaves it as it
@@ -36,10 +37,16 @@ file keeps its own owner and mode. --no-dereference keeps every link as a link.
 With --hf-cache, SRC is a model id as on the Hugging Face Hub,
 ORG/NAME[@REVISION] (a branch or tag, default main, or a commit hash), and
 the model is imported from the local Hugging Face cache: --hf-cache-dir, else
-$HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub.`).withJSON()
+$HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub.
+
+With --tp-size N, rank layouts of the safetensors files are stored after the
+import, as 'kylix layout --tp-size N DEST' stores them: each tensor-parallel
+rank's shares back to back, which kylix load --tp-size and GPU fills then
+read as one run (the last line says the bytes they added).`).withJSON()
 	noDeref := f.Bool("no-dereference", false, "store symlinks as links instead of the files they name")
 	hf := f.Bool("hf-cache", false, "SRC is a model id (ORG/NAME[@REVISION]) in the local Hugging Face cache")
 	hfDir := f.String("hf-cache-dir", e.defaultHFHub(), "the Hugging Face hub cache, for --hf-cache")
+	tp := f.Int("tp-size", 0, "then store rank layouts of the safetensors files for this tensor-parallel size (as kylix layout --tp-size does)")
 	if err := f.parse(args, 2, 2); err != nil {
 		return err
 	}
@@ -62,7 +69,7 @@ $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub.`).withJSON()
 	}
 	f.creates = true
 	var rep node.ImportReply
-	err = f.callProgress(ctx, node.OpImport, node.ImportRequest{Src: abs, Dest: dest, NoDereference: *noDeref}, &rep)
+	err = f.callProgress(ctx, node.OpImport, node.ImportRequest{Src: abs, Dest: dest, NoDereference: *noDeref, TPSize: *tp}, &rep)
 	if errors.Is(err, node.ErrNoNode) { // no node: import here
 		var s *chunkstore.Store
 		if s, err = f.open(); err != nil {
@@ -72,6 +79,14 @@ $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub.`).withJSON()
 		p := newProgress(e, "import")
 		rep.Result, err = s.Import(ctx, src, dest, chunkstore.ImportOptions{Progress: p.update, NoDereference: *noDeref})
 		p.finish()
+		if err == nil && *tp > 1 {
+			p = newProgress(e, "layout")
+			rep.Layouts, rep.LayoutOthers, err = gpuio.MakeRankLayoutsBelow(ctx, s, dest, *tp, func(_ string, done, total int64) { p.update(done, total) })
+			p.finish()
+			if err != nil {
+				err = fmt.Errorf("imported, but the rank layouts were not made: %w", err)
+			}
+		}
 	}
 	if err != nil {
 		return err
@@ -101,5 +116,15 @@ $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub.`).withJSON()
 		fmt.Fprintf(e.stdout, "  symlinks:     %d followed (stored as the files they name), %d kept as links\n", res.Followed, res.Symlinks)
 	}
 	fmt.Fprintf(e.stdout, "  new:          %s\n  deduplicated: %s (%.1f%%)\n  root:         %s\n", human(res.NewBytes), human(res.DedupBytes), pct, res.Root)
+	if *tp > 1 {
+		var n int
+		var bytes, extra int64
+		for _, l := range rep.Layouts {
+			if l.Made != nil {
+				n, bytes, extra = n+1, bytes+l.Made.Bytes, extra+l.Made.NewBytes
+			}
+		}
+		fmt.Fprintf(e.stdout, "  rank layouts: tp %d for %d files, %s, new bytes stored %s (kylix layout)\n", *tp, n, human(bytes), human(extra))
+	}
 	return nil
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/kylix/kylix/chunkstore"
@@ -61,6 +60,33 @@ With a running node the command is answered by the node.`).withJSON()
 	var made, newBytes int64
 	others := 0 // files not safetensors, left alone
 	for _, root := range f.Args() {
+		if *tp > 1 && !*drop {
+			var p *progress
+			files, n, err := gpuio.MakeRankLayoutsBelow(ctx, s, root, *tp, func(file string, done, total int64) {
+				if p == nil || p.label != "layout "+file {
+					if p != nil {
+						p.finish()
+					}
+					p = newProgress(e, "layout "+file)
+				}
+				p.update(done, total)
+			})
+			if p != nil {
+				p.finish()
+			}
+			if err != nil {
+				return err
+			}
+			others += n
+			for _, lf := range files {
+				outs = append(outs, layoutOut{Path: lf.Path, Made: lf.Made, Skipped: lf.Skipped})
+				if lf.Made != nil {
+					made += lf.Made.Bytes
+					newBytes += lf.Made.NewBytes
+				}
+			}
+			continue
+		}
 		files, err := s.FilesBelow(ctx, root)
 		if err != nil {
 			return fmt.Errorf("layout %s: %w", root, err)
@@ -70,37 +96,19 @@ With a running node the command is answered by the node.`).withJSON()
 				continue // the same content as a file before: its layouts are shared
 			}
 			o := layoutOut{Path: pf.Path}
-			switch {
-			case *drop:
+			if *drop {
 				if o.Dropped, err = s.DropRankLayouts(pf.Entry.ID, *tp); err != nil {
 					return fmt.Errorf("layout --drop %s: %w", pf.Path, err)
 				}
 				if o.Dropped == 0 {
 					continue
 				}
-			case *tp == 0:
+			} else {
 				if o.Stored, err = s.RankLayouts(pf.Entry.ID); err != nil {
 					return fmt.Errorf("layout %s: %w", pf.Path, err)
 				}
 				if len(o.Stored) == 0 {
 					continue
-				}
-			default:
-				p := newProgress(e, "layout "+pf.Path)
-				res, err := gpuio.MakeRankLayouts(ctx, s, pf.Path, *tp, p.update)
-				p.finish()
-				switch {
-				case errors.Is(err, gpuio.ErrNotSafetensors):
-					others++
-					continue
-				case errors.Is(err, gpuio.ErrNoRankLayout):
-					o.Skipped = err.Error()
-				case err != nil:
-					return err
-				default:
-					o.Made = &res
-					made += res.Bytes
-					newBytes += res.NewBytes
 				}
 			}
 			outs = append(outs, o)
