@@ -129,12 +129,38 @@ func (im *Importer) PutReader(ctx context.Context, f io.ReaderAt, size int64, na
 	if im.closed {
 		return PutResult{}, fmt.Errorf("put %s: importer closed", name)
 	}
-	res := PutResult{Size: size}
 	plan, err := planChunks(f, name, size)
 	if err != nil {
-		return res, fmt.Errorf("put %s: %w", name, err)
+		return PutResult{Size: size}, fmt.Errorf("put %s: %w", name, err)
 	}
-	res.Format, res.FormatNote = plan.format, plan.note
+	return im.putPlanned(ctx, f, size, name, plan, progress)
+}
+
+// PutSafetensorsSpans stores the size bytes of r, a safetensors file, cut
+// at the given spans (which must tile [0, size), none longer than
+// MaxChunkLen) instead of at TensorSpans': a file made of pieces of
+// another (a rank layout) cuts where that file's chunks are cut, so the
+// pieces share their chunks.
+func (im *Importer) PutSafetensorsSpans(ctx context.Context, f io.ReaderAt, size int64, name string, spans []chunking.Span, progress func(int64)) (PutResult, error) {
+	if im.closed {
+		return PutResult{}, fmt.Errorf("put %s: importer closed", name)
+	}
+	var at int64
+	for _, sp := range spans {
+		if sp.Off != at || sp.Len <= 0 || sp.Len > MaxChunkLen {
+			return PutResult{Size: size}, fmt.Errorf("put %s: span [%d, +%d) does not follow [0, %d) or is out of range", name, sp.Off, sp.Len, at)
+		}
+		at += sp.Len
+	}
+	if at != size {
+		return PutResult{Size: size}, fmt.Errorf("put %s: spans cover %d of %d bytes", name, at, size)
+	}
+	return im.putPlanned(ctx, f, size, name, chunkPlan{format: FormatSafetensors, spans: spans}, progress)
+}
+
+// putPlanned stores f cut as plan says.
+func (im *Importer) putPlanned(ctx context.Context, f io.ReaderAt, size int64, name string, plan chunkPlan, progress func(int64)) (PutResult, error) {
+	res := PutResult{Size: size, Format: plan.format, FormatNote: plan.note}
 
 	var w chunkSink
 	if size >= im.s.opts.LargeFileMin {
@@ -144,7 +170,7 @@ func (im *Importer) PutReader(ctx context.Context, f io.ReaderAt, size int64, na
 	}
 	m := &FileManifest{Size: size, Format: plan.format}
 	seen := map[ID]bool{}
-	err = forEachChunk(ctx, f, size, plan, progress, func(id ID, data []byte) error {
+	err := forEachChunk(ctx, f, size, plan, progress, func(id ID, data []byte) error {
 		if im.onChunk != nil {
 			im.onChunk(id, data)
 		}

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kylix/kylix/chunkstore/chunking"
 )
 
 // Rank layouts (docs/design/ranklayout.md). For one version of a
@@ -65,10 +67,10 @@ func parseRankLayoutName(name string) (tp, rank int, ok bool) {
 
 // PutRankLayout stores the n bytes of r (a safetensors file) as rank's
 // layout for tensor-parallel size tp of file version src, replacing one
-// stored before. The bytes are cut and hashed as an import cuts a
-// safetensors file, so the layout shares chunks with its source wherever
-// their bytes are the same (whole tensors every rank keeps).
-func (s *Store) PutRankLayout(ctx context.Context, src ID, tp, rank int, r io.ReaderAt, n int64, progress func(int64)) (PutResult, error) {
+// stored before. The bytes are cut at spans (nil: as an import cuts a
+// safetensors file) and hashed, so the layout shares chunks with its
+// source wherever the cuts and bytes are the same.
+func (s *Store) PutRankLayout(ctx context.Context, src ID, tp, rank int, r io.ReaderAt, n int64, spans []chunking.Span, progress func(int64)) (PutResult, error) {
 	if tp < 2 || rank < 0 || rank >= tp {
 		return PutResult{}, fmt.Errorf("rank layout: rank %d of tensor-parallel size %d: %w", rank, tp, ErrInvalidPath)
 	}
@@ -78,7 +80,13 @@ func (s *Store) PutRankLayout(ctx context.Context, src ID, tp, rank int, r io.Re
 	name := rankLayoutName(tp, rank)
 	im := s.NewImporter()
 	defer im.Abort()
-	res, err := im.PutReader(ctx, r, n, name, progress)
+	var res PutResult
+	var err error
+	if spans != nil {
+		res, err = im.PutSafetensorsSpans(ctx, r, n, name, spans, progress)
+	} else {
+		res, err = im.PutReader(ctx, r, n, name, progress)
+	}
 	if err != nil {
 		return res, fmt.Errorf("rank layout: %w", err)
 	}

@@ -27,11 +27,11 @@ func TestRankLayoutStore(t *testing.T) {
 	require.NoError(t, err)
 
 	layout := rnd(5<<20, 2)
-	_, err = s.PutRankLayout(ctx, f.ID, 2, 2, bytes.NewReader(layout), int64(len(layout)), nil)
+	_, err = s.PutRankLayout(ctx, f.ID, 2, 2, bytes.NewReader(layout), int64(len(layout)), nil, nil)
 	require.Error(t, err, "rank 2 of 2")
-	_, err = s.PutRankLayout(ctx, ID{1}, 2, 0, bytes.NewReader(layout), int64(len(layout)), nil)
+	_, err = s.PutRankLayout(ctx, ID{1}, 2, 0, bytes.NewReader(layout), int64(len(layout)), nil, nil)
 	require.ErrorIs(t, err, ErrNotFound, "a source the store does not have")
-	res, err := s.PutRankLayout(ctx, f.ID, 2, 1, bytes.NewReader(layout), int64(len(layout)), nil)
+	res, err := s.PutRankLayout(ctx, f.ID, 2, 1, bytes.NewReader(layout), int64(len(layout)), nil, nil)
 	require.NoError(t, err)
 	require.Equal(t, int64(len(layout)), res.NewBytes)
 

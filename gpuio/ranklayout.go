@@ -9,6 +9,7 @@ import (
 	"strconv"
 
 	"github.com/kylix/kylix/chunkstore"
+	"github.com/kylix/kylix/chunkstore/chunking"
 	"github.com/kylix/kylix/chunkstore/safetensors"
 )
 
@@ -162,6 +163,46 @@ func rankLayoutOf(h *safetensors.Header, src chunkstore.ID, rank, tp int) ([]byt
 	return prefix, parts, strided, nil
 }
 
+// layoutSpans cuts a rank layout where its source's chunks are cut, so
+// that the two share them: the header is one span; a contiguous share (a
+// whole tensor, or a piece along dimension 0) is cut on the source
+// tensor's chunk grid (chunking.DefaultTensorChunk from the tensor's
+// start, as TensorSpans cut it), so only its first and last pieces can be
+// new; a strided share, whose bytes the source holds nowhere in a row, is
+// cut every DefaultTensorChunk from its start.
+func layoutSpans(prefix []byte, parts []sharePart, size int64) []chunking.Span {
+	const c = chunking.DefaultTensorChunk
+	spans := []chunking.Span{{Off: 0, Len: int64(len(prefix))}}
+	at := int64(len(prefix))
+	cut := func(to int64) {
+		if to > at {
+			spans = append(spans, chunking.Span{Off: at, Len: to - at})
+			at = to
+		}
+	}
+	for _, pt := range parts {
+		end := pt.out + pt.sl.Bytes
+		if pt.sl.Bytes == 0 {
+			continue
+		}
+		cut(pt.out) // nothing between shares (EncodeHeader packs them), but keep the tiling whole
+		first := pt.out + c
+		if pt.sl.Rows == 1 || pt.sl.Width == pt.sl.Pitch {
+			// The next grid line of the source tensor after the share's start.
+			first = pt.out + (c-pt.sl.ColOff%c)%c
+			if first == pt.out {
+				first += c
+			}
+		}
+		for o := first; o < end; o += c {
+			cut(o)
+		}
+		cut(end)
+	}
+	cut(size)
+	return spans
+}
+
 // MakeRankLayouts stores a rank layout for each rank of tensor-parallel
 // size tp of the safetensors file at path (its current version), each
 // made of the bytes of the shares kylix load --tp-size places, read from
@@ -211,7 +252,7 @@ func MakeRankLayouts(ctx context.Context, s *chunkstore.Store, path string, tp i
 	var done int64
 	for rank, p := range plans {
 		r := &shareReader{ctx: ctx, src: f, prefix: p.prefix, parts: p.parts, size: p.size}
-		pr, err := s.PutRankLayout(ctx, f.ID, tp, rank, r, p.size, func(n int64) {
+		pr, err := s.PutRankLayout(ctx, f.ID, tp, rank, r, p.size, layoutSpans(p.prefix, p.parts, p.size), func(n int64) {
 			done += n
 			if progress != nil {
 				progress(done, total)

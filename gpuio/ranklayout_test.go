@@ -17,8 +17,8 @@ import (
 // rankLayoutModel stores a safetensors file whose tensors split every way
 // the rules split: row-parallel (dim 1, uneven for 3 ranks, a 3-D one),
 // column-parallel (dim 0, uneven), a vocabulary too short for 4 ranks (the
-// last rank's share is empty), replicated norms, and tensors large enough
-// to span several chunks.
+// last rank's share is empty), replicated norms, and a column-parallel
+// tensor of three chunks whose halves start off the chunk grid.
 func rankLayoutModel(t *testing.T) (*chunkstore.Store, []byte) {
 	t.Helper()
 	r := rand.New(rand.NewPCG(3, 4))
@@ -30,6 +30,7 @@ func rankLayoutModel(t *testing.T) (*chunkstore.Store, []byte) {
 		{Name: "model.layers.0.mlp.down_proj.weight", DType: safetensors.F32, Shape: []int64{2048, 2050}},
 		{Name: "model.layers.0.mlp.experts.w2.weight", DType: safetensors.F16, Shape: []int64{4, 33, 10}},
 		{Name: "model.layers.0.self_attn.o_proj.bias", DType: safetensors.BF16, Shape: []int64{700}},
+		{Name: "model.layers.0.mlp.gate_proj.weight", DType: safetensors.BF16, Shape: []int64{6000, 1024}}, // 3 chunks, halves off the grid
 	}
 	var ts []safetensors.WriteTensor
 	for _, s := range specs {
@@ -63,6 +64,13 @@ func TestRankLayoutGivesTheShares(t *testing.T) {
 		require.Len(t, res.Ranks, tp)
 		require.Equal(t, 3, res.Strided, "o_proj, down_proj and the experts' w2")
 		require.Equal(t, res.Bytes, progressed)
+		if tp == 2 {
+			// Cut on the source's grid, each rank's half of gate_proj
+			// holds one of the source's chunks whole: rank 0 the first
+			// (4 MiB), rank 1 the last ([8 MiB, 6000 x 2048)), which it
+			// would not if cut from its own start.
+			require.LessOrEqual(t, res.NewBytes, res.Bytes-4<<20-(6000*2048-8<<20), "%+v", res)
+		}
 	}
 	ls, err := st.RankLayouts(chunkstore.ID{})
 	require.NoError(t, err)
