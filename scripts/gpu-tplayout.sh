@@ -40,10 +40,11 @@ mkdir -p "$mnt"
 start_node "$mnt/models/base/config.json" --client-socket "$sock" --hot-budget 0
 for _ in $(seq 1 100); do [ -S "$sock" ] && break; sleep 0.1; done
 cat "$mnt"/models/base/*.safetensors > /dev/null # the first opens' pack checks
-nshards=$(ls "$mnt"/models/base/*.safetensors | wc -l)
-for _ in $(seq 1 1200); do # they hash in the background: not beside the timed loads
-  c=$($k node --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["pack_checks"]["verified"])')
-  [ "$c" -ge "$nshards" ] && break; sleep 0.1
+for f in $(cd "$mnt/models/base" && ls *.safetensors); do # they hash in the background: not beside the timed loads
+  for _ in $(seq 1 1200); do
+    $k stat --json "models/base/$f" | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["passthrough_check"].startswith("passthrough, verified") else 1)' && break
+    sleep 0.1
+  done
 done
 
 secs() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["seconds"])' "$1"; }
