@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -211,4 +213,40 @@ func TestRankLayoutFill(t *testing.T) {
 	require.Contains(t, fill(), "rank layout")
 	mustKylix(t, data, "layout", "--data", data, "--drop", "m")
 	require.NotContains(t, fill(), "rank layout")
+}
+
+// TestRankLayoutKilled: the node killed with SIGKILL while kylix layout
+// writes the layouts: the store verifies, holds no pack file its index
+// does not know, and after a restart the layouts are made again and read.
+func TestRankLayoutKilled(t *testing.T) {
+	requireFUSE(t)
+	data, mnt := dirs(t)
+	models := t.TempDir()
+	mustKylix(t, "/", "demo-model", "--size", "256MiB", models)
+	mustKylix(t, "/", "import", "--data", data, filepath.Join(models, "base"), "m")
+	before := len(packNames(t, data))
+	n := launchNode(t, data, mnt, nil, nil, "--client-socket", "none")
+	cmd := exec.Command(kylixBin, "layout", "--data", data, "--tp-size", "2", "m")
+	require.NoError(t, cmd.Start())
+	waitFor(t, 30*time.Second, "a layout pack being written", func() bool { return len(packNames(t, data)) > before })
+	n.kill9()
+	_ = cmd.Wait() // its node is gone: it fails, or it finished first
+	clearStaleMount(t, mnt)
+	out := mustKylix(t, data, "verify", "--data", data)
+	t.Logf("kylix verify after SIGKILL: %s", out)
+	var d struct {
+		Packs int `json:"packs"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(mustKylix(t, data, "df", "--json", "--data", data)), &d))
+	require.Equal(t, d.Packs, len(packNames(t, data)), "a pack file the index does not know was left")
+
+	launchNode(t, data, mnt, nil, nil, "--client-socket", "none")
+	mustKylix(t, data, "layout", "--data", data, "--tp-size", "2", "m")
+	for r := range 2 {
+		for name, rl := range loadRank(t, data, r) {
+			require.Contains(t, rl, "tp2-rank"+strconv.Itoa(r), name)
+		}
+	}
+	mustKylix(t, data, "gc", "--data", data)
+	require.Regexp(t, `verified 11 files, .*\nok`, mustKylix(t, data, "verify", "--data", data), "the 7 files and their 4 layouts")
 }
