@@ -186,4 +186,5 @@ bin/kylix stat --data $T/b models/llama/model-00001-of-00002.safetensors
 tour_needs gpu || exit 0
 bin/kylix load --device cuda:0 models/llama
 bin/kylix load --device cuda:0 --tp-size 2 --tp-rank 1 models/llama
+bin/kylix layout --tp-size 2 models/llama
 # END TOUR
