@@ -250,3 +250,41 @@ func TestRankLayoutKilled(t *testing.T) {
 	mustKylix(t, data, "gc", "--data", data)
 	require.Regexp(t, `verified 11 files, .*\nok`, mustKylix(t, data, "verify", "--data", data), "the 7 files and their 4 layouts")
 }
+
+// TestRankLayoutAcrossMembers: layouts made on member A at import reach
+// member B with the namespace merge (hidden in both mounts), and B, a
+// reader that stores nothing of its own, loads each rank's shares from
+// them, fetching their chunks from A; every byte placed is compared with
+// the file's shares.
+func TestRankLayoutAcrossMembers(t *testing.T) {
+	requireFUSE(t)
+	key := clusterKey(t)
+	a := startMember(t, "127.0.0.92", key, nil)
+	b := startMemberArgs(t, "127.0.0.93", key, nil, []string{"--role", "reader"}, a.addr)
+	waitFor(t, membershipWait, "two alive members seen by B", func() bool { return aliveCount(t, b) == 2 })
+	models := t.TempDir()
+	mustKylix(t, "/", "demo-model", "--size", "24MiB", models)
+	mustKylix(t, "/", "import", "--data", a.data, "--tp-size", "2", filepath.Join(models, "base"), "m")
+	waitFor(t, nsWait, "the model in B's mount", visible(filepath.Join(b.mnt, "m", "model-00002-of-00002.safetensors")))
+	waitFor(t, nsWait, "the layouts on B", func() bool {
+		out, _, code := kylix(t, "/", "layout", "--data", b.data, "m")
+		return code == 0 && strings.Count(out, "tp2-rank") == 4
+	})
+	_, err := os.Stat(filepath.Join(b.mnt, ".kylix-layouts"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+	for r := range 2 {
+		var rep struct {
+			FetchedChunks int `json:"fetched_chunks"`
+			rankLoad
+		}
+		out := mustKylix(t, "/", "load", "--data", b.data, "--device", "host", "--tp-size", "2", "--tp-rank", strconv.Itoa(r), "--check", "--json", "m")
+		require.NoError(t, json.Unmarshal([]byte(out), &rep))
+		require.Positive(t, rep.FetchedChunks, "B stores nothing: the layouts' chunks came from A")
+		for _, f := range rep.Files {
+			require.True(t, f.Checked, f.Path)
+			if strings.HasSuffix(f.Path, ".safetensors") {
+				require.Contains(t, f.RankLayout, "tp2-rank"+strconv.Itoa(r), f.Path)
+			}
+		}
+	}
+}
