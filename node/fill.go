@@ -55,6 +55,9 @@ type fillService struct {
 	// namespace path, "" if unknown, asked only when needed; its size):
 	// hot files (hot.go).
 	loaded func(path func() string, id chunkstore.ID, size int64)
+	// inMemory says which file versions the node holds locked in memory
+	// (pins, hot files): a fill prefers such a file to its rank layout.
+	inMemory func(chunkstore.ID) bool
 	// allIdle, if set, is called when the last device's context was given
 	// back after the idle time (hot files go with their registration).
 	allIdle func()
@@ -412,9 +415,10 @@ func (c *clientServer) fillParts(sf *chunkstore.File, ranges []clientproto.Range
 	var rest []clientproto.Range
 	var parts []fillPart
 	at := map[*chunkstore.File]int{}
+	held := c.fill.inMemory != nil && c.fill.inMemory(sf.ID)
 	for _, r := range ranges {
 		if r.Rows > 1 {
-			if lf, off, ok := x.Find(int64(r.FileOffset), int64(r.Length), int64(r.Rows), int64(r.Pitch)); ok {
+			if lf, off, ok := x.Find(int64(r.FileOffset), int64(r.Length), int64(r.Rows), int64(r.Pitch)); ok && preferLayout(held, c.fill.inMemory, lf.ID) {
 				i, seen := at[lf]
 				if !seen {
 					i, at[lf] = len(parts), len(parts)
@@ -430,6 +434,15 @@ func (c *clientServer) fillParts(sf *chunkstore.File, ranges []clientproto.Range
 		parts = append(parts, fillPart{f: sf, ranges: rest})
 	}
 	return parts
+}
+
+// preferLayout is the one rule of whether a rank's share is read from its
+// layout rather than from the file (kylix load and GPU fills): yes, unless
+// the file is held locked in memory (fileHeld: a pin, a hot file) and the
+// layout is not, since copying the strided rows from registered pages
+// costs less than reading the layout's unlocked ones.
+func preferLayout(fileHeld bool, inMemory func(chunkstore.ID) bool, layout chunkstore.ID) bool {
+	return !fileHeld || (inMemory != nil && inMemory(layout))
 }
 
 // layoutIndexes caches the rank layout index of the file versions fills

@@ -261,6 +261,24 @@ func (np *nodePins) makeHot(ctx context.Context, r hotReq) {
 	np.log.Debug("made hot", "file", name, "bytes", need)
 }
 
+// inMemory reports whether file version id is locked in the node's memory
+// now: held by a pin, or a hot file.
+func (np *nodePins) inMemory(id chunkstore.ID) bool {
+	if np == nil {
+		return false
+	}
+	np.mu.Lock()
+	defer np.mu.Unlock()
+	if np.pinnedLocked(id) {
+		return true
+	}
+	if np.hot == nil {
+		return false
+	}
+	_, hot := np.hot.files[id]
+	return hot
+}
+
 // hotFiles is the hot file versions.
 func (np *nodePins) hotFiles() []chunkstore.ID {
 	np.mu.Lock()

@@ -164,17 +164,19 @@ func (n *Node) Load(ctx context.Context, req LoadRequest, onPass func(LoadPass))
 			inner(p)
 		}
 	}
-	return load(ctx, n.s, pinned, req, onPass)
+	return load(ctx, n.s, pinned, n.pins.inMemory, req, onPass)
 }
 
 // Load loads req.Paths of s into a device, req.Repeat times, and gives each
 // pass's report to onPass.
 func Load(ctx context.Context, s *chunkstore.Store, req LoadRequest, onPass func(LoadPass)) error {
-	return load(ctx, s, nil, req, onPass)
+	return load(ctx, s, nil, nil, req, onPass)
 }
 
-// load is Load, copying pinned packs from pinned (nil: none).
-func load(ctx context.Context, s *chunkstore.Store, pinned *gpuio.PinnedHost, req LoadRequest, onPass func(LoadPass)) error {
+// load is Load, copying pinned packs from pinned (nil: none); inMemory
+// (nil: none is) says which file versions the node holds locked in
+// memory (pins, hot files).
+func load(ctx context.Context, s *chunkstore.Store, pinned *gpuio.PinnedHost, inMemory func(chunkstore.ID) bool, req LoadRequest, onPass func(LoadPass)) error {
 	if req.TPSize < 1 || req.TPRank < 0 || req.TPRank >= req.TPSize {
 		return fmt.Errorf("load: --tp-rank %d must be in [0, --tp-size %d)", req.TPRank, req.TPSize)
 	}
@@ -229,7 +231,7 @@ func load(ctx context.Context, s *chunkstore.Store, pinned *gpuio.PinnedHost, re
 	}
 	defer l.Close()
 	for pass := 0; pass < max(1, req.Repeat); pass++ {
-		rep, err := loadOnce(ctx, s, l, dev, files, req)
+		rep, err := loadOnce(ctx, s, l, dev, files, req, inMemory)
 		if err != nil {
 			return err
 		}
@@ -277,7 +279,7 @@ func openDevice(name string) (gpuio.Device, error) {
 	return d, nil
 }
 
-func loadOnce(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpuio.Device, files []string, req LoadRequest) (*LoadReport, error) {
+func loadOnce(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpuio.Device, files []string, req LoadRequest, inMemory func(chunkstore.ID) bool) (*LoadReport, error) {
 	rep := &LoadReport{TPRank: req.TPRank, TPSize: req.TPSize}
 	var mems []gpuio.DeviceMem
 	defer func() {
@@ -311,7 +313,7 @@ func loadOnce(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpu
 				if i >= len(files) {
 					return
 				}
-				outs[i], errs[i] = loadOne(ctx, s, l, dev, files[i], req, keep)
+				outs[i], errs[i] = loadOne(ctx, s, l, dev, files[i], req, keep, inMemory)
 				if errs[i] != nil {
 					cancel()
 					return
@@ -358,7 +360,7 @@ func loadOnce(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpu
 }
 
 // loadOne loads one stored file; keep takes ownership of device memory.
-func loadOne(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpuio.Device, p string, req LoadRequest, keep func(gpuio.DeviceMem)) (*LoadFile, error) {
+func loadOne(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpuio.Device, p string, req LoadRequest, keep func(gpuio.DeviceMem), inMemory func(chunkstore.ID) bool) (*LoadFile, error) {
 	rank, size := req.TPRank, req.TPSize
 	note := &chunkstore.FetchNote{NoKeep: req.NoKeep}
 	ctx = chunkstore.WithFetchNote(ctx, note)
@@ -406,6 +408,8 @@ func loadOne(ctx context.Context, s *chunkstore.Store, l *gpuio.Loader, dev gpui
 			switch {
 			case err != nil:
 				lf.RankLayout = "not used: " + err.Error()
+			case rl != nil && !preferLayout(inMemory != nil && inMemory(file.ID), inMemory, rl.ID):
+				lf.RankLayout = fmt.Sprintf("not used: the file is held in memory (pinned or hot), its layout tp%d-rank%d is not", size, rank)
 			case rl != nil:
 				from, fromH = rl, rlh
 				for i := range targets {

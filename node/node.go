@@ -449,6 +449,7 @@ func (n *Node) Run(ctx context.Context, onReady func(Ready)) error {
 		}
 		n.fill = newFillService(n.s, n.pins.hostOrNil(), n.cfg.GPUIdle, n.log)
 		n.fill.loaded = n.pins.noteLoaded
+		n.fill.inMemory = n.pins.inMemory
 		n.fill.allIdle = n.pins.releaseAllHot
 		// The connections end first: no FILL runs when the loaders close.
 		n.onClose(func() { n.client.close(); n.fill.close() })

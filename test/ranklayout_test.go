@@ -92,6 +92,17 @@ func TestRankLayoutThroughNode(t *testing.T) {
 		}
 	}
 
+	// Pinned, the file's registered pages are read rather than the layout
+	// (preferLayout); unpinned, the layout again.
+	mustKylix(t, data, "pin", "--data", data, "m")
+	for name, rl := range loadRank(t, data, 1) {
+		require.Contains(t, rl, "not used: the file is held in memory", name)
+	}
+	mustKylix(t, data, "unpin", "--data", data, "m")
+	for name, rl := range loadRank(t, data, 1) {
+		require.Contains(t, rl, "tp2-rank1", name)
+	}
+
 	ents, err := os.ReadDir(mnt)
 	require.NoError(t, err)
 	for _, e := range ents {
