@@ -57,15 +57,14 @@ load() { # label, kylix load flags...: REPS warm loads, seconds each into $out/l
     secs "$out/$label-$i.json" >> "$out/$label.txt"
   done
 }
-both() { # label, extra flags: both ranks at once into cuda:0, wall seconds
+both() { # label, extra flags: both ranks at once into the device; the slower rank's own seconds
   local label=$1; shift
   : > "$out/$label.txt"
   for i in $(seq 1 "$reps"); do
-    t0=$(date +%s.%N)
     $k load --device "$dev" --json --tp-size 2 --tp-rank 0 "$@" models/base > "$out/$label-0-$i.json" & p0=$!
     $k load --device "$dev" --json --tp-size 2 --tp-rank 1 "$@" models/base > "$out/$label-1-$i.json" & p1=$!
     wait $p0 || die "rank 0 ($label)"; wait $p1 || die "rank 1 ($label)"
-    python3 -c "import sys; print(float(sys.argv[2]) - float(sys.argv[1]))" "$t0" "$(date +%s.%N)" >> "$out/$label.txt"
+    python3 -c 'import json,sys; print(max(json.load(open(f))["seconds"] for f in sys.argv[1:]))' "$out/$label-0-$i.json" "$out/$label-1-$i.json" >> "$out/$label.txt"
   done
 }
 torch_rank() { # label rank: REPS fresh processes, seconds of kylix.torch.load_file of every shard
@@ -159,13 +158,13 @@ line("whole model", "whole", "whole")
 for r in (0, 1):
     line(f"rank {r} of 2, from the file (strided rows)", f"r{r}-file", "whole")
     line(f"rank {r} of 2, from its layout", f"r{r}-layout", "whole")
-line("both ranks at once into the one GPU, file", "both-file", "whole")
-line("both ranks at once into the one GPU, layouts", "both-layout", "whole")
-print("warm, kylix.torch.load_file in a fresh process (GPU fills):")
-line("whole model", "torch-whole", "torch-whole")
+line("both ranks at once into the one GPU, file (the slower)", "both-file", "whole")
+line("both ranks at once into the one GPU, layouts (the slower)", "both-layout", "whole")
+print("warm, kylix.torch.load_file in a fresh process (GPU fills; ratios to rank 0 from the file):")
+line("whole model", "torch-whole", "torch-r0-file")
 for r in (0, 1):
-    line(f"rank {r} of 2, from the file", f"torch-r{r}-file", "torch-whole")
-    line(f"rank {r} of 2, from its layout", f"torch-r{r}-layout", "torch-whole")
+    line(f"rank {r} of 2, from the file", f"torch-r{r}-file", "torch-r0-file")
+    line(f"rank {r} of 2, from its layout", f"torch-r{r}-layout", "torch-r0-file")
 print("cold (page cache dropped), kylix load:")
 line("whole model", "cold-whole", "cold-whole")
 line("rank 0 of 2, from the file", "cold-r0-file", "cold-whole")
