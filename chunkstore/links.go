@@ -56,15 +56,22 @@ func resolveLink(e Entry, table *DirManifest) (Entry, error) {
 // tableOf returns the link table named in the root manifest root, nil if
 // there is none.
 func (s *Store) tableOf(root *DirManifest) (*DirManifest, error) {
-	i, ok := root.Find(LinkTable)
+	return s.reservedOf(root, LinkTable)
+}
+
+// reservedOf returns the reserved directory name (ReservedRoot) of the
+// root manifest root, nil if there is none.
+func (s *Store) reservedOf(root *DirManifest, name string) (*DirManifest, error) {
+	i, ok := root.Find(name)
 	if !ok || root.Entries[i].Deleted || root.Entries[i].Kind != KindDir {
 		return nil, nil
 	}
 	return s.dirAt(root.Entries[i].ID)
 }
 
-// linkTable returns the current namespace's link table, nil if none.
-func (s *Store) linkTable() (*DirManifest, error) {
+// reservedDir returns the current namespace's reserved directory name,
+// nil if there is none.
+func (s *Store) reservedDir(name string) (*DirManifest, error) {
 	root, _, err := s.Root()
 	if err != nil {
 		return nil, err
@@ -73,8 +80,11 @@ func (s *Store) linkTable() (*DirManifest, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.tableOf(rm)
+	return s.reservedOf(rm, name)
 }
+
+// linkTable returns the current namespace's link table, nil if none.
+func (s *Store) linkTable() (*DirManifest, error) { return s.reservedDir(LinkTable) }
 
 // liveEntries returns d's live entries as lookups show them: the link
 // table left out of the root (dir ""), hard-link names resolved through

@@ -117,21 +117,7 @@ func (s *Store) PutRankLayout(ctx context.Context, src ID, tp, rank int, r io.Re
 
 // layoutDir returns the layout directory's manifest in the current
 // namespace root, nil when there is none.
-func (s *Store) layoutDir() (*DirManifest, error) {
-	root, _, err := s.Root()
-	if err != nil {
-		return nil, err
-	}
-	rm, err := s.dirAt(root)
-	if err != nil {
-		return nil, err
-	}
-	i, ok := rm.Find(LayoutDir)
-	if !ok || rm.Entries[i].Deleted || rm.Entries[i].Kind != KindDir {
-		return nil, nil
-	}
-	return s.dirAt(rm.Entries[i].ID)
-}
+func (s *Store) layoutDir() (*DirManifest, error) { return s.reservedDir(LayoutDir) }
 
 // RankLayouts lists the stored rank layouts of file version src (every
 // source's when src is zero), by source, size and rank.
