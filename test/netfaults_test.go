@@ -188,7 +188,11 @@ func TestNetnsLossyLink(t *testing.T) {
 	}
 	joinIn, joinOut := c.lossCounts(2)
 	t.Logf("n2's loss rules dropped, while it joined: %v coming in, %v going out", joinIn, joinOut)
-	require.Positive(t, joinIn.dropped+joinOut.dropped, "no packet dropped while n2 joined")
+	// The join crossed the rules; whether one of its few dozen packets
+	// was dropped is chance (none, at 5% of 46: 9%, which failed CI
+	// runs): the rate is checked below, over thousands of packets.
+	require.Positive(t, joinIn.all, "no packet of the join came in through the loss rules")
+	require.Positive(t, joinOut.all, "no packet of the join went out through the loss rules")
 	c.setFaults(2, linkFaults{})
 	for _, name := range names {
 		waitFor(t, 30*time.Second, name+" in n2's mount", visible(filepath.Join(n2.mnt, name)))
