@@ -353,7 +353,10 @@ def load_file(filename, device="cpu", *, tp_rank: Optional[int] = None, tp_size:
     """Like safetensors.torch.load_file: {name: tensor}, names sorted, each
     tensor bitwise equal. With tp_rank/tp_size, each tensor that the split
     rules (kylix.split) split is full.chunk(tp_size, dim)[tp_rank], and only
-    those bytes are read; the rest is whole."""
+    those bytes are read; the rest is whole. On a GPU through the node
+    (node-fill), a share split along a later dimension is read from the
+    rank's layout as one run when `kylix layout --tp-size N` stored one
+    (last_load_info()["node_path"]["io"] then says "rank layout")."""
     if (tp_rank is None) != (tp_size is None):
         raise ValueError("give both tp_rank and tp_size, or neither")
     if tp_size is not None:
