@@ -1,13 +1,19 @@
 package chunkstore
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kylix/kylix/chunkstore/chunking"
@@ -46,6 +52,9 @@ type RankLayout struct {
 	Rank   int   `json:"rank"`
 	ID     ID    `json:"id"` // its own manifest
 	Bytes  int64 `json:"bytes"`
+	// MadeHere: made on this member (only those are used; a layout
+	// merged from another member is not, until made here too).
+	MadeHere bool `json:"made_here"`
 }
 
 func rankLayoutName(tp, rank int) string { return fmt.Sprintf("tp%d-rank%d.safetensors", tp, rank) }
@@ -112,7 +121,90 @@ func (s *Store) PutRankLayout(ctx context.Context, src ID, tp, rank int, r io.Re
 	if err != nil {
 		return res, fmt.Errorf("rank layout: %w", err)
 	}
-	return res, im.Close()
+	if err := im.Close(); err != nil {
+		return res, err
+	}
+	s.madeHere.add(s, res.ID)
+	return res, nil
+}
+
+// Layouts made on another member reach this one with the namespace merge,
+// and a member holding the cluster key could publish a "layout" whose
+// bytes are not its source's shares: every chunk of it would check
+// against its id, and a load would still place wrong bytes. So a layout is
+// used only where it was made, from the source's verified bytes: its id is
+// then recorded in the data directory (rank-layouts.json). Making the
+// layouts again on a member (kylix layout) records them there; identical
+// layouts have the same ids, so nothing new is stored.
+type layoutsMade struct {
+	mu     sync.Mutex
+	loaded bool
+	ids    map[ID]bool
+}
+
+func layoutsMadePath(dir string) string { return filepath.Join(dir, "rank-layouts.json") }
+
+// loadLocked reads the record once. A record that cannot be read trusts
+// no layout (they are made again), which is the safe way to fail.
+func (l *layoutsMade) loadLocked(s *Store) {
+	if l.loaded {
+		return
+	}
+	l.loaded, l.ids = true, map[ID]bool{}
+	b, err := os.ReadFile(layoutsMadePath(s.dir))
+	if errors.Is(err, os.ErrNotExist) {
+		return
+	}
+	var rec struct {
+		Made []ID `json:"made"`
+	}
+	if err == nil {
+		err = json.Unmarshal(b, &rec)
+	}
+	if err != nil {
+		s.log.Warn("rank layouts: the record of layouts made here cannot be read; none is used until made again (kylix layout)", "err", err)
+		return
+	}
+	for _, id := range rec.Made {
+		l.ids[id] = true
+	}
+}
+
+// add records id as made here, and drops ids no longer stored.
+func (l *layoutsMade) add(s *Store, id ID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.loadLocked(s)
+	l.ids[id] = true
+	stored := map[ID]bool{}
+	if ls, err := s.listRankLayouts(ID{}); err == nil {
+		for _, x := range ls {
+			stored[x.ID] = true
+		}
+		maps.DeleteFunc(l.ids, func(k ID, _ bool) bool { return !stored[k] })
+	}
+	rec := struct {
+		Made []ID `json:"made"`
+	}{slices.SortedFunc(maps.Keys(l.ids), func(a, b ID) int { return bytes.Compare(a[:], b[:]) })}
+	b, err := json.Marshal(rec)
+	if err == nil {
+		tmp := layoutsMadePath(s.dir) + ".tmp"
+		if err = os.WriteFile(tmp, b, filePerm); err == nil {
+			err = os.Rename(tmp, layoutsMadePath(s.dir))
+		}
+	}
+	if err != nil {
+		s.log.Warn("rank layouts: recording a layout made here; it is used until the node restarts", "err", err)
+	}
+}
+
+// RankLayoutMadeHere reports whether layout id was made on this member
+// (from its source's verified bytes): only those are used.
+func (s *Store) RankLayoutMadeHere(id ID) bool {
+	s.madeHere.mu.Lock()
+	defer s.madeHere.mu.Unlock()
+	s.madeHere.loadLocked(s)
+	return s.madeHere.ids[id]
 }
 
 // layoutDir returns the layout directory's manifest in the current
@@ -122,6 +214,15 @@ func (s *Store) layoutDir() (*DirManifest, error) { return s.reservedDir(LayoutD
 // RankLayouts lists the stored rank layouts of file version src (every
 // source's when src is zero), by source, size and rank.
 func (s *Store) RankLayouts(src ID) ([]RankLayout, error) {
+	out, err := s.listRankLayouts(src)
+	for i := range out {
+		out[i].MadeHere = s.RankLayoutMadeHere(out[i].ID)
+	}
+	return out, err
+}
+
+// listRankLayouts is RankLayouts without MadeHere.
+func (s *Store) listRankLayouts(src ID) ([]RankLayout, error) {
 	ld, err := s.layoutDir()
 	if err != nil || ld == nil {
 		return nil, err

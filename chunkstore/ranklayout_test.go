@@ -89,3 +89,53 @@ func TestRankLayoutStore(t *testing.T) {
 	_, err = s.OpenRankLayout(f.ID, 2, 1)
 	require.ErrorIs(t, err, ErrNotFound)
 }
+
+// TestRankLayoutMadeHere: a layout entry that arrived without being made
+// here (as a namespace merge brings one from another member) is listed
+// but not made here; one made here is, across a reopen of the store; a
+// record that cannot be read trusts none.
+func TestRankLayoutMadeHere(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s, err := Open(Options{Dir: dir})
+	require.NoError(t, err)
+	src := filepath.Join(t.TempDir(), "model")
+	require.NoError(t, os.WriteFile(src, rnd(2<<20, 1), 0o644))
+	_, err = s.Import(ctx, src, "m/model", ImportOptions{})
+	require.NoError(t, err)
+	f, _, err := s.OpenPath("m/model")
+	require.NoError(t, err)
+	other := putBytes(t, s, rnd(1<<20, 5))
+	// "Merged": an entry naming content the store has, not made here.
+	require.NoError(t, s.Update(func(tx *NSTx) error {
+		d, err := tx.dir([]string{LayoutDir, f.ID.String()}, true, true)
+		if err != nil {
+			return err
+		}
+		d.m.Put(Entry{Name: rankLayoutName(2, 0), Kind: KindFile, Mode: 0o644, ID: other.ID, Size: other.Size(), HLC: tx.hlc})
+		return nil
+	}))
+	layout := rnd(1<<20, 2)
+	made, err := s.PutRankLayout(ctx, f.ID, 2, 1, bytes.NewReader(layout), int64(len(layout)), nil, nil)
+	require.NoError(t, err)
+	ls, err := s.RankLayouts(f.ID)
+	require.NoError(t, err)
+	require.Len(t, ls, 2)
+	for _, l := range ls {
+		require.Equal(t, l.Rank == 1, l.MadeHere, "%+v", l)
+	}
+	require.False(t, s.RankLayoutMadeHere(other.ID))
+	require.NoError(t, s.Close())
+
+	s, err = Open(Options{Dir: dir})
+	require.NoError(t, err)
+	require.True(t, s.RankLayoutMadeHere(made.ID), "the record survives a reopen")
+	require.False(t, s.RankLayoutMadeHere(other.ID))
+	require.NoError(t, s.Close())
+
+	require.NoError(t, os.WriteFile(layoutsMadePath(dir), []byte("{not json"), 0o600))
+	s, err = Open(Options{Dir: dir})
+	require.NoError(t, err)
+	defer s.Close()
+	require.False(t, s.RankLayoutMadeHere(made.ID), "a record that cannot be read trusts none")
+}

@@ -108,6 +108,8 @@ type Store struct {
 	gcMu sync.RWMutex
 	// wholeMu: one MakeWhole at a time (whole.go).
 	wholeMu sync.Mutex
+	// madeHere: the rank layouts made on this member (ranklayout.go).
+	madeHere layoutsMade
 	// wholeUsage: WholeUsage's last count (whole.go).
 	wholeUsage wholeUsageCache
 	// nsMu serialises namespace updates (read-modify-write of the tree).

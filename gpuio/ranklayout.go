@@ -270,7 +270,8 @@ func MakeRankLayouts(ctx context.Context, s *chunkstore.Store, path string, tp i
 
 // OpenRankLayout returns rank's stored layout of tensor-parallel size tp
 // for file f (whose header is h), with its header, checked against the
-// shares TPShare gives: the same tensors, dtypes and share shapes. No
+// shares TPShare gives: the same tensors, dtypes and share shapes; a
+// layout not made on this member is refused (chunkstore.RankLayoutMadeHere). No
 // layout stored is (nil, nil, nil); one that does not match is an error
 // saying why (the caller loads the strided shares instead).
 func OpenRankLayout(s *chunkstore.Store, f *chunkstore.File, h *safetensors.Header, rank, tp int) (*chunkstore.File, *safetensors.Header, error) {
@@ -280,6 +281,11 @@ func OpenRankLayout(s *chunkstore.Store, f *chunkstore.File, h *safetensors.Head
 	}
 	if err != nil {
 		return nil, nil, err
+	}
+	if !s.RankLayoutMadeHere(lf.ID) {
+		// Merged from another member: its bytes were not gathered from
+		// the verified source here (chunkstore: layoutsMade).
+		return nil, nil, fmt.Errorf("rank layout tp%d-rank%d was made on another member, not here: kylix layout --tp-size %d on this member makes it here (the same bytes, nothing new stored)", tp, rank, tp)
 	}
 	lh, err := safetensors.Parse(lf, lf.Size())
 	if err != nil {

@@ -263,10 +263,13 @@ func TestRankLayoutKilled(t *testing.T) {
 }
 
 // TestRankLayoutAcrossMembers: layouts made on member A at import reach
-// member B with the namespace merge (hidden in both mounts), and B, a
-// reader that stores nothing of its own, loads each rank's shares from
-// them, fetching their chunks from A; every byte placed is compared with
-// the file's shares.
+// member B with the namespace merge (hidden in both mounts). B does not
+// use a layout it did not make (a member could publish one whose bytes
+// are not the shares: chunkstore's layoutsMade): its loads read the file
+// and say why. Once B made them too (kylix layout on B: the same bytes,
+// gathered there from the source's chunks fetched from A and verified),
+// B loads each rank's shares from them; every byte placed is compared
+// with the file's shares.
 func TestRankLayoutAcrossMembers(t *testing.T) {
 	requireFUSE(t)
 	key := clusterKey(t)
@@ -283,14 +286,25 @@ func TestRankLayoutAcrossMembers(t *testing.T) {
 	})
 	_, err := os.Stat(filepath.Join(b.mnt, ".kylix-layouts"))
 	require.ErrorIs(t, err, os.ErrNotExist)
+	require.Contains(t, mustKylix(t, "/", "layout", "--data", b.data, "m"), "made on another member")
 	for r := range 2 {
-		var rep struct {
-			FetchedChunks int `json:"fetched_chunks"`
-			rankLoad
+		out := mustKylix(t, "/", "load", "--data", b.data, "--device", "host", "--tp-size", "2", "--tp-rank", strconv.Itoa(r), "--check", "--json", "m")
+		var rep rankLoad
+		require.NoError(t, json.Unmarshal([]byte(out), &rep))
+		for _, f := range rep.Files {
+			require.True(t, f.Checked, f.Path)
+			if strings.HasSuffix(f.Path, ".safetensors") {
+				require.Contains(t, f.RankLayout, "not used: rank layout tp2-rank"+strconv.Itoa(r)+" was made on another member", f.Path)
+			}
 		}
+	}
+	// Made on B from the source's chunks, fetched from A and verified.
+	require.Regexp(t, `model-00002-of-00002\.safetensors: tp 2, 2 ranks`, mustKylix(t, "/", "layout", "--data", b.data, "--tp-size", "2", "m"))
+	require.NotContains(t, mustKylix(t, "/", "layout", "--data", b.data, "m"), "made on another member")
+	for r := range 2 {
+		var rep rankLoad
 		out := mustKylix(t, "/", "load", "--data", b.data, "--device", "host", "--tp-size", "2", "--tp-rank", strconv.Itoa(r), "--check", "--json", "m")
 		require.NoError(t, json.Unmarshal([]byte(out), &rep))
-		require.Positive(t, rep.FetchedChunks, "B stores nothing: the layouts' chunks came from A")
 		for _, f := range rep.Files {
 			require.True(t, f.Checked, f.Path)
 			if strings.HasSuffix(f.Path, ".safetensors") {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strconv"
 
 	"github.com/kylix/kylix/chunkstore"
 	"github.com/kylix/kylix/gpuio"
@@ -128,7 +129,11 @@ With a running node the command is answered by the node.`).withJSON()
 				o.Path, o.Made.TPSize, len(o.Made.Ranks), o.Made.Strided, human(o.Made.Bytes), human(o.Made.NewBytes))
 		default:
 			for _, l := range o.Stored {
-				fmt.Fprintf(e.stdout, "%s: tp%d-rank%d %s %s\n", o.Path, l.TPSize, l.Rank, human(l.Bytes), l.ID.Short())
+				where := "made here"
+				if !l.MadeHere {
+					where = "made on another member, not used here until made here too (kylix layout --tp-size " + strconv.Itoa(l.TPSize) + ")"
+				}
+				fmt.Fprintf(e.stdout, "%s: tp%d-rank%d %s %s, %s\n", o.Path, l.TPSize, l.Rank, human(l.Bytes), l.ID.Short(), where)
 			}
 		}
 	}
