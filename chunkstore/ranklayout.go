@@ -208,8 +208,40 @@ func (s *Store) RankLayoutMadeHere(id ID) bool {
 }
 
 // layoutDir returns the layout directory's manifest in the current
-// namespace root, nil when there is none.
-func (s *Store) layoutDir() (*DirManifest, error) { return s.reservedDir(LayoutDir) }
+// namespace root, nil when there is none. Loads and GPU fills ask at every
+// file they read with shares, so it is kept for the root it was read in
+// (the root's manifest is decoded again only when the namespace changed).
+// Callers must not change it.
+func (s *Store) layoutDir() (*DirManifest, error) {
+	root, _, err := s.Root()
+	if err != nil {
+		return nil, err
+	}
+	c := &s.layoutDirAt
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.read && c.root == root {
+		return c.dir, nil
+	}
+	rm, err := s.dirAt(root)
+	if err != nil {
+		return nil, err
+	}
+	d, err := s.reservedOf(rm, LayoutDir)
+	if err != nil {
+		return nil, err
+	}
+	c.root, c.dir, c.read = root, d, true
+	return d, nil
+}
+
+// layoutDirCache is layoutDir's: the layout directory of one root.
+type layoutDirCache struct {
+	mu   sync.Mutex
+	read bool
+	root ID
+	dir  *DirManifest
+}
 
 // RankLayouts lists the stored rank layouts of file version src (every
 // source's when src is zero), by source, size and rank.
@@ -403,4 +435,52 @@ func (s *Store) RankLayoutUsage() (files int, bytes, extra int64, err error) {
 		}
 	}
 	return files, bytes, extra, nil
+}
+
+// PathRankLayouts is one file of RankLayoutsBelow (Stored) or
+// DropRankLayoutsBelow (Dropped).
+type PathRankLayouts struct {
+	Path    string       `json:"path"`
+	Stored  []RankLayout `json:"stored,omitempty"`
+	Dropped int          `json:"dropped,omitempty"`
+}
+
+// RankLayoutsBelow lists the layouts of the files at or below path that
+// have any (a content stored under several names, once).
+func (s *Store) RankLayoutsBelow(ctx context.Context, path string) ([]PathRankLayouts, error) {
+	return s.layoutsBelow(ctx, path, func(id ID) (PathRankLayouts, error) {
+		ls, err := s.RankLayouts(id)
+		return PathRankLayouts{Stored: ls}, err
+	})
+}
+
+// DropRankLayoutsBelow removes the layouts of size tp (every size when 0)
+// of the files at or below path, and lists the files that had some.
+func (s *Store) DropRankLayoutsBelow(ctx context.Context, path string, tp int) ([]PathRankLayouts, error) {
+	return s.layoutsBelow(ctx, path, func(id ID) (PathRankLayouts, error) {
+		n, err := s.DropRankLayouts(id, tp)
+		return PathRankLayouts{Dropped: n}, err
+	})
+}
+
+func (s *Store) layoutsBelow(ctx context.Context, path string, fn func(ID) (PathRankLayouts, error)) ([]PathRankLayouts, error) {
+	files, err := s.FilesBelow(ctx, path)
+	if err != nil {
+		return nil, fmt.Errorf("rank layouts of %s: %w", path, err)
+	}
+	var out []PathRankLayouts
+	for _, pf := range files {
+		if pf.Again {
+			continue // the same content as a file before: the same layouts
+		}
+		o, err := fn(pf.Entry.ID)
+		if err != nil {
+			return out, fmt.Errorf("rank layouts of %s: %w", pf.Path, err)
+		}
+		if len(o.Stored) > 0 || o.Dropped > 0 {
+			o.Path = pf.Path
+			out = append(out, o)
+		}
+	}
+	return out, nil
 }

@@ -19,12 +19,7 @@ func TestRankLayoutStore(t *testing.T) {
 	s, err := Open(Options{Dir: t.TempDir()})
 	require.NoError(t, err)
 	defer s.Close()
-	src := filepath.Join(t.TempDir(), "model")
-	require.NoError(t, os.WriteFile(src, rnd(6<<20, 1), 0o644))
-	_, err = s.Import(ctx, src, "m/model", ImportOptions{})
-	require.NoError(t, err)
-	f, _, err := s.OpenPath("m/model")
-	require.NoError(t, err)
+	src, f := importModel(t, s, rnd(6<<20, 1))
 
 	layout := rnd(5<<20, 2)
 	_, err = s.PutRankLayout(ctx, f.ID, 2, 2, bytes.NewReader(layout), int64(len(layout)), nil, nil)
@@ -99,12 +94,7 @@ func TestRankLayoutMadeHere(t *testing.T) {
 	dir := t.TempDir()
 	s, err := Open(Options{Dir: dir})
 	require.NoError(t, err)
-	src := filepath.Join(t.TempDir(), "model")
-	require.NoError(t, os.WriteFile(src, rnd(2<<20, 1), 0o644))
-	_, err = s.Import(ctx, src, "m/model", ImportOptions{})
-	require.NoError(t, err)
-	f, _, err := s.OpenPath("m/model")
-	require.NoError(t, err)
+	_, f := importModel(t, s, rnd(2<<20, 1))
 	other := putBytes(t, s, rnd(1<<20, 5))
 	// "Merged": an entry naming content the store has, not made here.
 	require.NoError(t, s.Update(func(tx *NSTx) error {
@@ -138,4 +128,17 @@ func TestRankLayoutMadeHere(t *testing.T) {
 	require.NoError(t, err)
 	defer s.Close()
 	require.False(t, s.RankLayoutMadeHere(made.ID), "a record that cannot be read trusts none")
+}
+
+// importModel imports b as m/model and returns the source file's path and
+// the stored file.
+func importModel(t *testing.T, s *Store, b []byte) (string, *File) {
+	t.Helper()
+	src := filepath.Join(t.TempDir(), "model")
+	require.NoError(t, os.WriteFile(src, b, 0o644))
+	_, err := s.Import(context.Background(), src, "m/model", ImportOptions{})
+	require.NoError(t, err)
+	f, _, err := s.OpenPath("m/model")
+	require.NoError(t, err)
+	return src, f
 }

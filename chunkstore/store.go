@@ -110,6 +110,8 @@ type Store struct {
 	wholeMu sync.Mutex
 	// madeHere: the rank layouts made on this member (ranklayout.go).
 	madeHere layoutsMade
+	// layoutDirAt: the rank layout directory of the current root.
+	layoutDirAt layoutDirCache
 	// wholeUsage: WholeUsage's last count (whole.go).
 	wholeUsage wholeUsageCache
 	// nsMu serialises namespace updates (read-modify-write of the tree).

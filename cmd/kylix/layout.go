@@ -88,31 +88,17 @@ With a running node the command is answered by the node.`).withJSON()
 			}
 			continue
 		}
-		files, err := s.FilesBelow(ctx, root)
+		var files []chunkstore.PathRankLayouts
+		if *drop {
+			files, err = s.DropRankLayoutsBelow(ctx, root, *tp)
+		} else {
+			files, err = s.RankLayoutsBelow(ctx, root)
+		}
 		if err != nil {
-			return fmt.Errorf("layout %s: %w", root, err)
+			return err
 		}
 		for _, pf := range files {
-			if pf.Again {
-				continue // the same content as a file before: its layouts are shared
-			}
-			o := layoutOut{Path: pf.Path}
-			if *drop {
-				if o.Dropped, err = s.DropRankLayouts(pf.Entry.ID, *tp); err != nil {
-					return fmt.Errorf("layout --drop %s: %w", pf.Path, err)
-				}
-				if o.Dropped == 0 {
-					continue
-				}
-			} else {
-				if o.Stored, err = s.RankLayouts(pf.Entry.ID); err != nil {
-					return fmt.Errorf("layout %s: %w", pf.Path, err)
-				}
-				if len(o.Stored) == 0 {
-					continue
-				}
-			}
-			outs = append(outs, o)
+			outs = append(outs, layoutOut{Path: pf.Path, Dropped: pf.Dropped, Stored: pf.Stored})
 		}
 	}
 	if f.jsonOut {
