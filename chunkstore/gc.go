@@ -25,13 +25,25 @@ type GCResult struct {
 	// packs under the threshold, in whole-file packs, and past --max-bytes.
 	DeadBytes int64 `json:"dead_bytes_in_live_packs"`
 	// ReceivedKept: chunks no head names, kept because they were received
-	// from another member within ReceivedGrace (the namespace merge that
+	// from another member within the grace (Options.ReceivedGrace) (the namespace merge that
 	// names them may not have arrived yet).
 	ReceivedKept int `json:"received_kept"`
 	// RankLayoutsRemoved: rank layouts removed because no head reaches
 	// the file version they were made from (ranklayout.go).
 	RankLayoutsRemoved int `json:"rank_layouts_removed,omitempty"`
 	Compaction
+}
+
+// SetBeforeGC installs what a GC runs before it marks, without the
+// store's locks (nil: nothing): a cluster member merges every member's
+// namespace there, and its error stops the GC (docs/design/gc.md,
+// "Leases").
+func (s *Store) SetBeforeGC(h func(context.Context) error) {
+	if h == nil {
+		s.beforeGC.Store(nil)
+		return
+	}
+	s.beforeGC.Store(&h)
 }
 
 // GC removes every chunk and object that no head reaches, and deletes packs
@@ -44,6 +56,11 @@ func (s *Store) GC(ctx context.Context) (GCResult, error) {
 // Collect is GC with options: with Compact set it also rewrites the packs
 // whose dead share passes the threshold (compact.go, docs/design/gc.md).
 func (s *Store) Collect(ctx context.Context, opts GCOptions) (GCResult, error) {
+	if h := s.beforeGC.Load(); h != nil {
+		if err := (*h)(ctx); err != nil {
+			return GCResult{}, fmt.Errorf("gc: %w", err)
+		}
+	}
 	s.gcMu.Lock()
 	defer s.gcMu.Unlock()
 	s.nsMu.Lock()
@@ -109,9 +126,10 @@ func (s *Store) Collect(ctx context.Context, opts GCOptions) (GCResult, error) {
 			return res, fmt.Errorf("gc: mark from head %q: %w (run kylix verify)", h.Name, err)
 		}
 	}
-	// Chunks received from members within the grace count as live: the
-	// namespace merge that names them may not have arrived (received.go).
-	cutoff := s.clock.now().Add(-ReceivedGrace).UnixNano()
+	// Chunks received from members within the grace, or while a member's
+	// lease holds, count as live: the namespace merge that names them may
+	// not have arrived (received.go).
+	cutoff := s.receivedCutoff()
 	livePack := map[uint64]bool{}
 	liveBytes := map[uint64]int64{}
 	packSize := map[uint64]int64{}

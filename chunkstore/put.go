@@ -900,8 +900,9 @@ func (im *Importer) PutChunk(id ID, data []byte) error {
 }
 
 // PutReceived is PutChunk for a chunk another member pushed here before
-// any namespace here names it: GC keeps it for ReceivedGrace after its
-// commit even while no head names it (received.go).
+// any namespace here names it: GC keeps it for the grace
+// (Options.ReceivedGrace) after its commit, or while a member's lease
+// holds it, even while no head names it (received.go).
 func (im *Importer) PutReceived(id ID, data []byte) error {
 	stored, err := im.putChunk(id, data)
 	if stored {

@@ -21,13 +21,40 @@ import (
 // keeps an unnamed chunk received within ReceivedGrace as if it were named.
 // (Placement's pulls and make-local store chunks the namespace here names
 // already, through PutChunk: they are not recorded.)
+//
+// An import or a conversion can take longer than the grace: a member that
+// pushes announces a GC lease for as long as it runs (peers' lease.go), and
+// the cluster member gives the store a ReceivedHold, so that GC keeps what
+// arrived after the oldest lease it knows of started, however long ago.
 
-// ReceivedGrace is how long GC keeps a chunk received from another member
+// DefaultReceivedGrace is how long GC keeps a chunk received from another member
 // (Importer.PutReceived) that no head names yet: long past the second the
 // namespace merge takes, short enough that the copies of an import that
 // never committed on its member (it failed, or was interrupted, after
 // streaming some chunks) are collected within the hour.
-const ReceivedGrace = time.Hour
+const DefaultReceivedGrace = time.Hour
+
+// Now returns the store's wall clock (Options.Now): the clock received
+// chunks' times are in.
+func (s *Store) Now() time.Time { return s.clock.now() }
+
+// ReceivedGrace returns the store's grace for received chunks
+// (Options.ReceivedGrace).
+func (s *Store) ReceivedGrace() time.Duration { return s.recvGrace }
+
+// ReceivedHold tells GC which received chunks the cluster still needs past
+// their grace: those received after since (Unix nanoseconds, this
+// member's clock; 0 when no lease holds anything). known is false while
+// the holder cannot tell yet (the member has not seen the membership since
+// it started): GC then keeps every received chunk it has a record of.
+type ReceivedHold func() (since int64, known bool)
+
+// SetReceivedHold installs the cluster's hold (nil: none, the grace alone).
+func (s *Store) SetReceivedHold(h ReceivedHold) {
+	s.recv.mu.Lock()
+	s.recv.hold = h
+	s.recv.mu.Unlock()
+}
 
 // receivedFile, in the data directory, holds one 40-byte record per
 // received chunk: its id and the commit time (Unix nanoseconds, big
@@ -45,6 +72,32 @@ type receivedSet struct {
 	mu     sync.Mutex
 	at     map[ID]int64 // commit time, Unix nanoseconds
 	pruned int          // len(at) after the last prune
+	hold   ReceivedHold // the cluster's leases (SetReceivedHold); nil: none
+}
+
+// receivedCutoff returns the time (Unix nanoseconds) at or before which a
+// received chunk no head names may be collected: the grace's start, or
+// earlier while a lease holds (ReceivedHold). Caller holds recv.mu.
+func (s *Store) receivedCutoffLocked() int64 {
+	cutoff := s.clock.now().Add(-s.recvGrace).UnixNano()
+	if s.recv.hold == nil {
+		return cutoff
+	}
+	since, known := s.recv.hold()
+	switch {
+	case !known:
+		return 0
+	case since > 0 && since-1 < cutoff:
+		return since - 1
+	}
+	return cutoff
+}
+
+// receivedCutoff is receivedCutoffLocked taking recv.mu.
+func (s *Store) receivedCutoff() int64 {
+	s.recv.mu.Lock()
+	defer s.recv.mu.Unlock()
+	return s.receivedCutoffLocked()
 }
 
 // receivedPruneMin: noteReceived drops the expired records itself once
@@ -54,8 +107,10 @@ const receivedPruneMin = 1 << 16
 
 func (s *Store) receivedPath() string { return filepath.Join(s.dir, receivedFile) }
 
-// loadReceived reads receivedFile (at Open). A cut last record (a crash
-// while appending) is ignored; an unreadable file is logged and treated as
+// loadReceived reads receivedFile (at Open), every record in it: a lease
+// (ReceivedHold) may still need those past the grace, and the next GC or
+// prune drops what nothing needs. A cut last record (a crash while
+// appending) is ignored; an unreadable file is logged and treated as
 // empty, since it only ever delays collection.
 func (s *Store) loadReceived() {
 	s.recv.at = map[ID]int64{}
@@ -66,13 +121,10 @@ func (s *Store) loadReceived() {
 		}
 		return
 	}
-	cutoff := s.clock.now().Add(-ReceivedGrace).UnixNano()
 	for ; len(b) >= receivedRec; b = b[receivedRec:] {
 		var id ID
 		copy(id[:], b)
-		if t := int64(binary.BigEndian.Uint64(b[32:40])); t > cutoff {
-			s.recv.at[id] = t
-		}
+		s.recv.at[id] = int64(binary.BigEndian.Uint64(b[32:40]))
 	}
 	s.recv.pruned = len(s.recv.at)
 }
@@ -102,7 +154,7 @@ func (s *Store) noteReceived(ids []ID) {
 		s.log.Warn("recording chunks received from members; they keep their gc grace until this node restarts", "file", s.receivedPath(), "err", err)
 	}
 	if len(s.recv.at) >= max(2*s.recv.pruned, receivedPruneMin) {
-		if err := s.rewriteReceived(s.clock.now().Add(-ReceivedGrace).UnixNano(), nil); err != nil {
+		if err := s.rewriteReceived(s.receivedCutoffLocked(), nil); err != nil {
 			s.log.Warn("pruning the list of chunks received from members", "err", err)
 		}
 	}

@@ -13,7 +13,7 @@ import (
 )
 
 // TestGCKeepsReceivedChunks: a chunk stored by PutReceived (pushed by
-// another member) that no head names survives GC within ReceivedGrace, across a
+// another member) that no head names survives GC within DefaultReceivedGrace, across a
 // restart too, and is collected once the grace has passed. A chunk that was
 // imported here and then removed from the namespace, or stored by PutChunk
 // (placement's pulls), gets no grace. A
@@ -70,7 +70,7 @@ func TestGCKeepsReceivedChunks(t *testing.T) {
 	require.Equal(t, pushed, got)
 
 	// Past the grace it goes.
-	now.Add(int64(ReceivedGrace))
+	now.Add(int64(DefaultReceivedGrace))
 	res, err = s.GC(ctx)
 	require.NoError(t, err)
 	require.Zero(t, res.ReceivedKept)
@@ -94,6 +94,69 @@ func TestGCKeepsReceivedChunks(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, res.ReceivedKept)
 	require.False(t, s.HasChunk(oid), "a chunk once named and then removed kept a grace")
+}
+
+// TestReceivedHold: a cluster member's hold (peers' GC leases) keeps
+// received chunks past the grace: those received after its since, and,
+// while the member cannot tell yet (known false, before it joined), every
+// recorded one, across a restart too (records past the grace are read
+// back: a lease may still need them). With the hold at none the grace
+// alone decides. A shorter Options.ReceivedGrace is the grace.
+func TestReceivedHold(t *testing.T) {
+	dir := t.TempDir()
+	var now atomic.Int64
+	now.Store(time.Unix(3_000_000, 0).UnixNano())
+	clock := func() time.Time { return time.Unix(0, now.Load()) }
+	const grace = 10 * time.Minute
+	open := func() *Store {
+		s, err := Open(Options{Dir: dir, IO: "pread", Now: clock, ReceivedGrace: grace})
+		require.NoError(t, err)
+		return s
+	}
+	s := open()
+	defer func() { s.Close() }()
+	require.Equal(t, grace, s.ReceivedGrace())
+	ctx := context.Background()
+	r := rand.New(rand.NewPCG(8, 1))
+	put := func() ID {
+		b := randBytes(r, 40<<10)
+		im := s.NewImporter()
+		require.NoError(t, im.PutReceived(Sum(b), b))
+		require.NoError(t, im.Close())
+		return Sum(b)
+	}
+	early := put()
+	leaseStart := now.Load()
+	now.Add(int64(time.Minute))
+	late := put()
+	now.Add(int64(2 * grace))
+	gc := func() GCResult {
+		t.Helper()
+		res, err := s.GC(ctx)
+		require.NoError(t, err)
+		return res
+	}
+
+	// Not known yet: everything recorded is kept.
+	s.SetReceivedHold(func() (int64, bool) { return 0, false })
+	require.Equal(t, 2, gc().ReceivedKept)
+	// Across a restart, still unknown: the records past the grace are back.
+	require.NoError(t, s.Close())
+	s = open()
+	s.SetReceivedHold(func() (int64, bool) { return 0, false })
+	require.Equal(t, 2, gc().ReceivedKept)
+	require.True(t, s.HasChunk(early) && s.HasChunk(late))
+	// A lease that started after the first chunk arrived keeps the second.
+	s.SetReceivedHold(func() (int64, bool) { return leaseStart + 1, true })
+	res := gc()
+	require.Equal(t, 1, res.ReceivedKept)
+	require.False(t, s.HasChunk(early), "a chunk received before the lease outlived the grace")
+	require.True(t, s.HasChunk(late), "a chunk received under a running lease was collected")
+	// No lease: the grace alone.
+	s.SetReceivedHold(func() (int64, bool) { return 0, true })
+	res = gc()
+	require.Zero(t, res.ReceivedKept)
+	require.False(t, s.HasChunk(late))
 }
 
 // TestImportOnChunk: OnChunk sees every chunk of the import in file order,

@@ -1,6 +1,7 @@
 package chunkstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -68,6 +69,10 @@ type Options struct {
 	ReadAheadChunks int
 	// Now is the wall clock (tests use a fake). Default time.Now.
 	Now func() time.Time
+	// ReceivedGrace is how long GC keeps a chunk received from another
+	// member that no head names yet (received.go). Default
+	// DefaultReceivedGrace; tests shorten it.
+	ReceivedGrace time.Duration
 	// FS is the file system under pack writes and the metadata log
 	// (internal/vfs). Tests set an error injector here; nil means the
 	// operating system.
@@ -133,8 +138,11 @@ type Store struct {
 	relocs atomic.Uint64
 
 	// recv: chunks received from members, kept by GC within
-	// ReceivedGrace (received.go).
-	recv receivedSet
+	// the grace (received.go).
+	recv      receivedSet
+	recvGrace time.Duration // Options.ReceivedGrace
+	// beforeGC: what Collect runs first (SetBeforeGC).
+	beforeGC atomic.Pointer[func(context.Context) error]
 	// raReaders: the files being read, sharing the read-ahead budget
 	// (readahead.go).
 	raReaders raReaders
@@ -199,8 +207,9 @@ func Open(opts Options) (*Store, error) {
 		cache: newChunkCache(opts.CacheBytes, opts.Now),
 		// A prefetch reads a window of chunks in one batch on all
 		// cores; a few windows ahead keep the disk and the hashing busy.
-		prefetch: make(chan struct{}, prefetchInFlight),
-		fetcher:  opts.Fetcher,
+		prefetch:  make(chan struct{}, prefetchInFlight),
+		fetcher:   opts.Fetcher,
+		recvGrace: cmp.Or(opts.ReceivedGrace, DefaultReceivedGrace),
 	}
 	s.packs = newPackTable(s)
 	if err := s.takeLock(); err != nil {

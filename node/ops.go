@@ -213,6 +213,7 @@ func (n *Node) Import(ctx context.Context, req ImportRequest, progress Progress)
 	var push *peers.PushStream
 	if n.peers != nil {
 		push = n.peers.NewPushStream(ctx)
+		defer push.Abort() // after Close: nothing; else the stream and its lease end
 		opts.OnChunk = push.Add
 	}
 	if err := n.Sync(); err != nil {

@@ -71,11 +71,26 @@ func (n *Node) updateTag() {
 			n.indexStripes(recs)
 		}
 	}
-	tags := maps.Clone(n.serf.LocalMember().Tags)
-	tags[tagNS] = root.String()
-	if err := n.serf.SetTags(tags); err != nil {
+	if err := n.setTag(tagNS, root.String()); err != nil {
 		n.log.Warn("cluster: could not announce the namespace root", "err", err)
 	}
+}
+
+// setTag sets (value "": removes) one of this member's serf tags, leaving
+// the others; one at a time, so that two changes do not undo each other.
+func (n *Node) setTag(key, value string) error {
+	n.tagMu.Lock()
+	defer n.tagMu.Unlock()
+	tags := maps.Clone(n.serf.LocalMember().Tags)
+	if tags[key] == value {
+		return nil
+	}
+	if value == "" {
+		delete(tags, key)
+	} else {
+		tags[key] = value
+	}
+	return n.serf.SetTags(tags)
 }
 
 // nsLoop merges members' namespaces when kicked (a member event) and every
@@ -91,45 +106,70 @@ func (n *Node) nsLoop() {
 		case <-t.C:
 		case <-n.nsKick:
 		}
+		n.watchLeases()
 		n.mergeAll()
 	}
 }
 
 func (n *Node) mergeAll() {
 	for _, m := range n.serf.Members() {
-		if m.Name == n.self || m.Status != serf.StatusAlive {
-			continue
-		}
-		tag := m.Tags[tagNS]
-		remote, err := chunkstore.ParseID(tag)
-		if err != nil {
-			continue
-		}
-		n.mu.Lock()
-		done := n.nsMerged[m.Name] == tag || n.nsTag == tag
-		n.mu.Unlock()
-		if done {
-			continue
-		}
-		p := peer{name: m.Name, addr: dataAddr(m)}
-		ctx, cancel := context.WithTimeout(n.ctx, time.Minute)
-		changed, err := n.mergeFrom(ctx, p, remote)
-		cancel()
-		if err != nil {
-			n.log.Warn("namespace: merge failed; will retry", "member", m.Name, "root", tag, "err", err)
-			continue
-		}
-		n.mu.Lock()
-		n.nsMerged[m.Name] = tag
-		n.mu.Unlock()
-		if changed {
-			n.log.Info("namespace: merged", "member", m.Name, "root", tag)
-			n.updateTag()
-			if n.onNS != nil {
-				n.onNS()
-			}
+		if err := n.mergeMember(n.ctx, m); err != nil {
+			n.log.Warn("namespace: merge failed; will retry", "member", m.Name, "root", m.Tags[tagNS], "err", err)
 		}
 	}
+}
+
+// mergeMember merges alive member m's announced namespace root into this
+// member's, unless it is this member, not alive, or merged already.
+func (n *Node) mergeMember(ctx context.Context, m serf.Member) error {
+	if m.Name == n.self || m.Status != serf.StatusAlive {
+		return nil
+	}
+	tag := m.Tags[tagNS]
+	remote, err := chunkstore.ParseID(tag)
+	if err != nil {
+		return nil
+	}
+	n.mu.Lock()
+	done := n.nsMerged[m.Name] == tag || n.nsTag == tag
+	n.mu.Unlock()
+	if done {
+		return nil
+	}
+	p := peer{name: m.Name, addr: dataAddr(m)}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	changed, err := n.mergeFrom(ctx, p, remote)
+	cancel()
+	if err != nil {
+		return err
+	}
+	n.mu.Lock()
+	n.nsMerged[m.Name] = tag
+	n.mu.Unlock()
+	if changed {
+		n.log.Info("namespace: merged", "member", m.Name, "root", tag)
+		n.updateTag()
+		if n.onNS != nil {
+			n.onNS()
+		}
+	}
+	return nil
+}
+
+// mergeBeforeGC is the store's hook before a GC marks (chunkstore's
+// SetBeforeGC): every alive member's announced namespace is merged here
+// first, so that a file another member made from chunks this one no
+// longer names (a rename or copy there, a removal here) keeps them. A
+// member that cannot be merged stops the GC: collecting without its
+// namespace could remove chunks its files still use
+// (docs/design/gc.md, "Leases").
+func (n *Node) mergeBeforeGC(ctx context.Context) error {
+	for _, m := range n.serf.Members() {
+		if err := n.mergeMember(ctx, m); err != nil {
+			return fmt.Errorf("the namespace of member %s is not merged here yet (%w): a gc now could remove chunks its files use; run it again once the member answers", m.Name, err)
+		}
+	}
+	return nil
 }
 
 // mergeFrom fetches the tree at remote from p and merges it into the local

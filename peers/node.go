@@ -174,6 +174,8 @@ type Node struct {
 	seen     map[string]time.Time
 	nsMerged map[string]string // member -> the root of theirs merged last
 	nsTag    string
+	tagMu    sync.Mutex // setTag
+	lease    leases     // GC leases, here and seen (lease.go)
 	// memberChanged is when a member last joined, left or failed here.
 	memberChanged time.Time
 
@@ -364,6 +366,13 @@ func (n *Node) Start(s *chunkstore.Store, onNamespaceChange func()) error {
 			return fmt.Errorf("cluster: join %s: %w (every member must use the same cluster key and --data-plane)", strings.Join(n.cfg.Join, ","), err)
 		}
 	}
+	// The join brought the members' tags: from now on GC knows the leases.
+	n.watchLeases()
+	n.lease.mu.Lock()
+	n.lease.watched = true
+	n.lease.mu.Unlock()
+	s.SetReceivedHold(n.receivedHold)
+	s.SetBeforeGC(n.mergeBeforeGC)
 	n.log.Info("cluster: member", "name", n.self, "gossip", n.cfg.Listen, "data_plane", ln.Addr().String(),
 		"members", n.serf.NumNodes(), "replicas", n.cfg.Replicas)
 	return nil
@@ -422,6 +431,8 @@ func (n *Node) close(leave bool) error {
 	if leave {
 		n.serf.Leave()
 	}
+	n.s.SetReceivedHold(nil) // the grace alone, as on a single node
+	n.s.SetBeforeGC(nil)
 	n.serf.Shutdown()
 	n.cancel()
 	n.srv.close()

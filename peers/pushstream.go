@@ -45,6 +45,7 @@ type PushStream struct {
 	owners  map[string]*ownerStream // alive owners other than this member
 	seen    map[chunkstore.ID]bool
 	closed  bool
+	release func() // the GC lease held while the stream is open (lease.go)
 }
 
 // ownerStream is what one owner is sent.
@@ -67,7 +68,7 @@ type ownerStream struct {
 func (n *Node) NewPushStream(ctx context.Context) *PushStream {
 	ctx, cancel := context.WithCancel(ctx)
 	ps := &PushStream{n: n, ctx: ctx, cancel: cancel, members: n.placementMembers(),
-		owners: map[string]*ownerStream{}, seen: map[chunkstore.ID]bool{}}
+		owners: map[string]*ownerStream{}, seen: map[chunkstore.ID]bool{}, release: n.holdGC()}
 	for _, p := range n.livePeers() {
 		ps.owners[p.name] = &ownerStream{p: p, sem: make(chan struct{}, streamInFlight)}
 	}
@@ -192,6 +193,7 @@ func (ps *PushStream) Close() (PushResult, error) {
 	}
 	ps.closed = true
 	defer ps.cancel()
+	defer ps.release()
 	for _, ow := range ps.owners {
 		if len(ow.cur) > 0 && !ow.failed() {
 			ps.send(ow)
@@ -218,7 +220,7 @@ func (ps *PushStream) Close() (PushResult, error) {
 
 // Abort stops the stream (the import failed): batches in flight are
 // cancelled; what owners already stored is collected by their GC once
-// its grace has passed (chunkstore.ReceivedGrace).
+// the grace after the lease's end has passed (lease.go).
 func (ps *PushStream) Abort() {
 	if ps.closed {
 		return
@@ -228,4 +230,5 @@ func (ps *PushStream) Abort() {
 	for _, ow := range ps.owners {
 		ow.wg.Wait()
 	}
+	ps.release()
 }

@@ -14,7 +14,7 @@ import (
 )
 
 // startNodeClock is startNodeCfg with the store's wall clock read from now
-// (Unix nanoseconds), so a test can move it past chunkstore.ReceivedGrace.
+// (Unix nanoseconds), so a test can move it past chunkstore.DefaultReceivedGrace.
 func startNodeClock(t *testing.T, cfg Config, now *atomic.Int64) *testNode {
 	t.Helper()
 	cfg.Listen, cfg.Capacity, cfg.FetchTimeout = freeAddr(t), 1<<30, 5*time.Second
@@ -129,7 +129,7 @@ func TestPushStreamOwnerDown(t *testing.T) {
 // TestPushedChunksSurviveGC: chunks pushed to owners that no namespace
 // names (an import that never committed on its member: the namespace
 // merge will never name them) survive a GC on the owners within
-// chunkstore.ReceivedGrace, and are collected by the first GC after it.
+// chunkstore.DefaultReceivedGrace, and are collected by the first GC after it.
 func TestPushedChunksSurviveGC(t *testing.T) {
 	key, _ := NewKey()
 	var now atomic.Int64
@@ -171,11 +171,151 @@ func TestPushedChunksSurviveGC(t *testing.T) {
 		require.Zero(t, g.ChunksRemoved)
 	}
 	check(true)
-	now.Add(int64(chunkstore.ReceivedGrace + time.Minute))
+	// The stream's lease ended at Close: once the owners saw it go, the
+	// grace runs from then.
+	eventually(t, "the owners saw the lease end", func() bool {
+		return !leaseRunning(b, "a") && !leaseRunning(c, "a")
+	})
+	now.Add(int64(chunkstore.DefaultReceivedGrace + time.Minute))
 	for _, x := range on {
 		g, err := x.s.GC(ctx)
 		require.NoError(t, err)
 		require.Zero(t, g.ReceivedKept)
 	}
 	check(false)
+}
+
+// leaseRunning reports whether x sees member's GC lease running.
+func leaseRunning(x *testNode, member string) bool {
+	x.watchLeases()
+	x.lease.mu.Lock()
+	defer x.lease.mu.Unlock()
+	for _, l := range x.lease.seen {
+		if l.member == member && l.ended.IsZero() {
+			return true
+		}
+	}
+	return false
+}
+
+// TestLeaseKeepsPushedChunks: an import that runs longer than the grace.
+// A's push stream delivers chunks to B and C, whose clocks then move past
+// the grace while the stream is still open: their GC keeps the chunks,
+// because A's lease (its gcl tag) still runs. The import fails (Abort):
+// the lease ends, the chunks are kept for the grace after that, then
+// collected; a received chunk a head names meanwhile is kept after it.
+func TestLeaseKeepsPushedChunks(t *testing.T) {
+	key, _ := NewKey()
+	var now atomic.Int64
+	now.Store(time.Now().UnixNano())
+	a, err := startNodeCfg(t, Config{Name: "a", Key: key, NoPlacement: true})
+	require.NoError(t, err)
+	b := startNodeClock(t, Config{Name: "b", Key: key, NoPlacement: true, Join: []string{a.cfg.Listen}}, &now)
+	c := startNodeClock(t, Config{Name: "c", Key: key, NoPlacement: true, Join: []string{a.cfg.Listen}}, &now)
+	eventually(t, "three alive members", func() bool { return len(a.livePeers()) == 2 })
+	ctx := context.Background()
+	on := map[string]*testNode{"b": b, "c": c}
+	ps := a.NewPushStream(ctx)
+	defer ps.Abort()
+	eventually(t, "B and C see A's lease", func() bool { return leaseRunning(b, "a") && leaseRunning(c, "a") })
+	// Three full batches per owner: each owner is sent two while the
+	// stream stays open.
+	var ids []chunkstore.ID
+	for range 3 * 3 * streamBatch / (1 << 20) {
+		d := randBytes(1 << 20)
+		id := chunkstore.Sum(d)
+		ids = append(ids, id)
+		ps.Add(id, d)
+	}
+	delivered := func() map[string][]chunkstore.ID {
+		got := map[string][]chunkstore.ID{}
+		for _, id := range ids {
+			for name, x := range on {
+				if x.s.HasChunk(id) {
+					got[name] = append(got[name], id)
+				}
+			}
+		}
+		return got
+	}
+	eventually(t, "B and C received chunks of the open stream", func() bool {
+		d := delivered()
+		return len(d["b"]) > 0 && len(d["c"]) > 0
+	})
+	held := delivered()
+
+	gc := func(x *testNode) chunkstore.GCResult {
+		t.Helper()
+		g, err := x.s.GC(ctx)
+		require.NoError(t, err)
+		return g
+	}
+	now.Add(int64(chunkstore.DefaultReceivedGrace + time.Minute))
+	for name, x := range on {
+		g := gc(x)
+		require.Zero(t, g.ChunksRemoved, "%s: gc under a running lease", name)
+		require.GreaterOrEqual(t, g.ReceivedKept, len(held[name]), "%s: every chunk received kept", name)
+		for _, id := range held[name] {
+			require.True(t, x.s.HasChunk(id), "%s: chunk %s kept under the lease", name, id.Short())
+		}
+	}
+
+	ps.Abort()
+	eventually(t, "B and C see the lease end", func() bool { return !leaseRunning(b, "a") && !leaseRunning(c, "a") })
+	now.Add(int64(chunkstore.DefaultReceivedGrace / 2))
+	for name, x := range on {
+		g := gc(x)
+		require.Zero(t, g.ChunksRemoved, "%s: gc within the grace after the lease ended", name)
+		require.NotZero(t, g.ReceivedKept, name)
+	}
+	now.Add(int64(chunkstore.DefaultReceivedGrace))
+	for name, x := range on {
+		g := gc(x)
+		require.Zero(t, g.ReceivedKept, name)
+		require.NotZero(t, g.ChunksRemoved, "%s: the failed import's chunks collected after the grace", name)
+		for _, id := range held[name] {
+			require.False(t, x.s.HasChunk(id), "%s: chunk %s of the failed import still stored", name, id.Short())
+		}
+	}
+}
+
+// TestGCMergesMembersFirst: a GC on a cluster member first merges every
+// alive member's announced namespace. B imports a file, A has merged it;
+// A then renames it while B removes it. B's GC cannot reach A's data
+// plane to merge the rename, so it refuses, naming A, and B keeps the
+// chunks A's renamed file uses.
+func TestGCMergesMembersFirst(t *testing.T) {
+	key, _ := NewKey()
+	a, err := startNodeCfg(t, Config{Name: "a", Key: key, NoPlacement: true})
+	require.NoError(t, err)
+	b, err := startNodeCfg(t, Config{Name: "b", Key: key, NoPlacement: true, Join: []string{a.cfg.Listen}})
+	require.NoError(t, err)
+	eventually(t, "two alive members", func() bool { return len(a.livePeers()) == 1 })
+	ctx := context.Background()
+	src := t.TempDir()
+	data := randBytes(3 << 20)
+	require.NoError(t, os.WriteFile(filepath.Join(src, "f"), data, 0o644))
+	_, err = b.s.Import(ctx, src, "m", chunkstore.ImportOptions{})
+	require.NoError(t, err)
+	eventually(t, "A merged B's file", func() bool { _, _, err := a.s.OpenPath("m/f"); return err == nil })
+	f, _, err := b.s.OpenPath("m/f")
+	require.NoError(t, err)
+	chunk := f.M.Chunks[0].ID
+
+	a.srv.close() // A stays a member; its namespace cannot be fetched
+	require.NoError(t, a.s.Update(func(tx *chunkstore.NSTx) error { return tx.Rename("m/f", "m/g") }))
+	aRoot, _, err := a.s.Root()
+	require.NoError(t, err)
+	require.NoError(t, b.s.Update(func(tx *chunkstore.NSTx) error { return tx.Remove("m/f", false) }))
+	eventually(t, "B sees A's new namespace root", func() bool {
+		for _, m := range b.serf.Members() {
+			if m.Name == "a" {
+				return m.Tags[tagNS] == aRoot.String()
+			}
+		}
+		return false
+	})
+	_, err = b.s.GC(ctx)
+	require.ErrorContains(t, err, "member a is not merged")
+	require.True(t, b.s.HasChunk(chunk), "B's gc removed a chunk A's renamed file uses")
 }

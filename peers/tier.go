@@ -342,6 +342,9 @@ func (n *Node) lastReadEverywhere(ctx context.Context, files []tierFile) ([]time
 
 // makeCold is MakeCold's work on files.
 func (n *Node) makeCold(ctx context.Context, files []tierFile, sh StripeShape, progress TierProgress) (TierResult, error) {
+	// Shards stored on their holders before the manifests name them are
+	// kept by their GC while this runs (lease.go).
+	defer n.holdGC()()
 	res := TierResult{Shape: sh.String()}
 	// The chunks to code: those no stripe this node knows holds.
 	seen := map[chunkstore.ID]bool{}
@@ -525,6 +528,7 @@ func (n *Node) storeShardRetry(ctx context.Context, p peer, id chunkstore.ID, b 
 // chunk that is also in the stripe of a file that stays cold keeps that
 // stripe's home. The parity no manifest names any more is garbage.
 func (n *Node) MakeWarm(ctx context.Context, p string, progress TierProgress) (TierResult, error) {
+	defer n.holdGC()() // replicas pushed before the manifests change (lease.go)
 	var res TierResult
 	files, pinned, err := n.tierFiles(ctx, p)
 	if err != nil {

@@ -71,7 +71,7 @@ verify). bytes_freed is the disk space given back, as du counts it.`).withJSON()
 		fmt.Fprintf(e.stdout, "kept whole: %d packs holding one file each (FUSE passthrough)\n", res.WholeFileKept)
 	}
 	if res.ReceivedKept > 0 {
-		fmt.Fprintf(e.stdout, "kept: %d chunks received from members in the last hour that no path names yet (the namespace merge names them)\n", res.ReceivedKept)
+		fmt.Fprintf(e.stdout, "kept: %d chunks received from members that no path names yet: in the last hour, or while an import or conversion that sent them runs on a member (the namespace merge names them)\n", res.ReceivedKept)
 	}
 	if res.Deferred > 0 {
 		fmt.Fprintf(e.stdout, "left for a later run (--max-bytes): %d packs\n", res.Deferred)
