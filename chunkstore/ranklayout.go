@@ -41,9 +41,11 @@ import (
 const LayoutDir = ".kylix-layouts"
 
 // ReservedRoot reports whether name is reserved in the namespace root
-// (the link table, the rank layouts): hidden from lookups, listings and
-// the mount, refused by Put.
-func ReservedRoot(name string) bool { return name == LinkTable || name == LayoutDir }
+// (the link table, the rank layouts, the policies): hidden from lookups,
+// listings and the mount, refused by Put.
+func ReservedRoot(name string) bool {
+	return name == LinkTable || name == LayoutDir || name == PolicyDir
+}
 
 // RankLayout is one stored rank layout.
 type RankLayout struct {

@@ -276,6 +276,12 @@ func (n *Node) dispatch(ctx context.Context, req Request, c *adminConn) (any, er
 			return nil, err
 		}
 		return n.Tier(ctx, r, c.progress())
+	case OpTierShards:
+		var r TierShardsRequest
+		if err := decode(req.Body, &r); err != nil {
+			return nil, err
+		}
+		return n.TierShards(r)
 	case OpKVStats:
 		return n.KVStats(), nil
 	case OpKVClear:

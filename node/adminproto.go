@@ -64,6 +64,9 @@ const (
 	OpKVClear = "kv-clear"
 	// OpTier moves a path between tiers (tier.go: TierRequest, TierReply).
 	OpTier = "tier"
+	// OpTierShards sets, clears or lists the cluster's rules of k by
+	// path (tier.go: TierShardsRequest, TierShardsReply).
+	OpTierShards = "tier-shards"
 )
 
 // Request is one admin request.

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -137,9 +136,9 @@ func (n *Node) MakeColdK(ctx context.Context, p string, k int, progress TierProg
 
 // ShardPolicy is k of the stripes by namespace path (serve --cold-shards
 // PATH=K): the longest path at or above a file decides; a file under none
-// gets the cluster's default (StripeShape). The member that converts
-// applies its own policy: give every member that runs --cold-after the
-// same one.
+// gets the cluster's default (StripeShape). A conversion applies the
+// member's own policy over the cluster's, kept in the namespace (kylix
+// tier shards; shardRules in shardpolicy.go).
 type ShardPolicy map[string]int
 
 // ParseShardPolicy parses PATH=K specs (K data shards for the files at
@@ -156,11 +155,8 @@ func ParseShardPolicy(specs []string) (ShardPolicy, error) {
 		if !ok {
 			return nil, fmt.Errorf("%q: want PATH=K (K data shards for the files at and below PATH)", spec)
 		}
-		k, err := strconv.Atoi(strings.TrimSpace(kText))
+		k, err := parseShards(kText)
 		if err != nil {
-			return nil, fmt.Errorf("%q: K %q is not a number", spec, kText)
-		}
-		if _, err := shapeOf(k); err != nil {
 			return nil, fmt.Errorf("%q: %w", spec, err)
 		}
 		key := policyPath(p)
@@ -182,13 +178,20 @@ func policyPath(p string) string {
 // For returns k for the file at namespace path p: that of the longest
 // policy path at or above it, 0 (the default) when none is.
 func (sp ShardPolicy) For(p string) int {
+	key, _ := sp.longest(p)
+	return sp[key]
+}
+
+// longest returns the longest policy path at or above namespace path p,
+// false when none is.
+func (sp ShardPolicy) longest(p string) (string, bool) {
 	p = policyPath(p)
 	for {
-		if k, ok := sp[p]; ok {
-			return k
+		if _, ok := sp[p]; ok {
+			return p, true
 		}
 		if p == "" {
-			return 0
+			return "", false
 		}
 		if i := strings.LastIndexByte(p, '/'); i >= 0 {
 			p = p[:i]
@@ -199,22 +202,42 @@ func (sp ShardPolicy) For(p string) int {
 }
 
 // makeColdBy makes files cold in stripes of k data shards, or, with k 0,
-// of the k this member's policy (Config.ColdShards) gives each file's
-// path, one conversion per k; a k the members alive now cannot hold
-// leaves its files warm and is named in the error, after the others
-// were converted.
+// of the k the rules by path give each file's path (shardRules: the
+// cluster's, this member's own over them), one conversion per k. A k the
+// members alive now cannot hold, or a cluster rule whose K is not allowed,
+// leaves its files warm and is named in the error, after the others were
+// converted.
 func (n *Node) makeColdBy(ctx context.Context, files []tierFile, k int, progress TierProgress) (TierResult, error) {
+	var rules shardRules
+	if k == 0 {
+		var err error
+		if rules, err = n.shardRules(); err != nil {
+			return TierResult{}, err
+		}
+	}
 	groups := map[int][]tierFile{}
+	var errs []error
+	var badRules []error
+	leftWarm := map[error]int{}
 	for _, f := range files {
 		fk := k
 		if fk == 0 {
-			fk = n.cfg.ColdShards.For(f.path)
+			var err error
+			if fk, err = rules.forFile(f.path); err != nil {
+				if leftWarm[err] == 0 {
+					badRules = append(badRules, err)
+				}
+				leftWarm[err]++
+				continue
+			}
 		}
 		groups[fk] = append(groups[fk], f)
 	}
+	for _, err := range badRules {
+		errs = append(errs, fmt.Errorf("%d files left warm: %w", leftWarm[err], err))
+	}
 	ks := slices.Sorted(maps.Keys(groups))
 	var res TierResult
-	var errs []error
 	var shapes []string
 	for _, gk := range ks {
 		sh, err := n.StripeShapeK(gk)

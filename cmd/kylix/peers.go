@@ -56,7 +56,7 @@ func addPeerFlags(f *flags) *peerFlags {
 			"as kylix tier cold does (0: never; a read counts until the end of its day, UTC; pinned files never move; needs 7 members)"),
 		coldShards: f.StringSlice("cold-shards", nil, "PATH=K[,PATH=K...]: stripes of K data shards and 2 parity for the files at and below the namespace path PATH "+
 			"(5 to 10; the longest PATH above a file decides; repeat the flag or separate with commas; in the config file a list), for --cold-after and for kylix tier cold without --data-shards "+
-			"(default: the widest the cluster allows, up to 10). Give every member that runs --cold-after the same"),
+			"(default: the widest the cluster allows, up to 10). This member's own: the cluster's rules (kylix tier shards) apply on every member, and this flag wins over them here for the same PATH"),
 		role:      f.String("role", "node", "node (stores its share of the cluster's chunks) or reader (owns none: reads from the others, keeps what it fetched in its peer cache and what it pins; for GPU nodes that load models)"),
 		logGossip: f.Bool("log-gossip", false, "log every line of the gossip layer (serf, memberlist), not only its warnings and errors: joins, state exchanges, probes (diagnosis)"),
 	}
