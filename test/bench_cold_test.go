@@ -40,7 +40,12 @@ import (
 // (its connections set up). Medians of KYLIX_BENCH_REPS rounds (default
 // 5, at most 5: the readers are members 1 to 5). Root (FUSE); behind
 // KYLIX_BENCH=1. Each read logs what the reader fetched from whom. With KYLIX_BENCH_JSONL=FILE
-// each read is appended to FILE as a JSON line.
+// each read is appended to FILE as a JSON line. With KYLIX_BENCH_NETNS=RATE
+// (tc's units: "10gbit") each member runs in its own network namespace
+// behind a link of that rate each way (netns_test.go, netfaults_test.go),
+// and KYLIX_BENCH_NETNS_DELAY (a netem delay: "100us") adds latency where
+// the kernel has netem: the members then talk over veths and a bridge, not
+// loopback.
 func TestBenchColdRead(t *testing.T) {
 	benchGate(t)
 	requireFUSE(t)
@@ -49,7 +54,19 @@ func TestBenchColdRead(t *testing.T) {
 	key := clusterKey(t)
 	grace := []string{"--failure-grace", "5m"}
 	var ms []*member
-	for i := range 8 {
+	if rate := os.Getenv("KYLIX_BENCH_NETNS"); rate != "" {
+		c := newNetnsCluster(t, 8)
+		for i := range 8 {
+			c.setFaults(i, linkFaults{rate: rate, delay: os.Getenv("KYLIX_BENCH_NETNS_DELAY"), burst: "8mb"})
+			var join []int
+			if i > 0 {
+				join = []int{0}
+			}
+			ms = append(ms, c.start(i, key, grace, join...))
+		}
+		t.Logf("members in network namespaces, links of %s each way, delay %q", rate, os.Getenv("KYLIX_BENCH_NETNS_DELAY"))
+	}
+	for i := len(ms); i < 8; i++ {
 		var join []string
 		if i > 0 {
 			join = []string{ms[0].addr}
