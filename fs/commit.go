@@ -168,7 +168,7 @@ func (c *committer) commit(batch []*fileNode) {
 	f.nsMu.RUnlock()
 	for _, it := range items {
 		it.n.mu.Lock()
-		if st := it.n.st; st != nil && st.committing != nil {
+		if st := it.n.state(); st != nil && st.committing != nil {
 			it.tf = st.committing
 			it.tf.ref()
 		}
@@ -194,9 +194,9 @@ func (c *committer) commit(batch []*fileNode) {
 				}
 				n := it.n
 				n.mu.Lock()
-				ent := chunkstore.Entry{Mode: n.mode, UID: n.uid, GID: n.gid, MTime: n.mtime, CTime: n.ctime, ATime: n.atime, ID: n.id, Size: n.size}
+				ent := chunkstore.Entry{Mode: n.mode, UID: n.uid, GID: n.gid, MTime: n.mtime, CTime: n.ctimeLocked(), ATime: n.atimeLocked(), ID: n.id, Size: n.size}
 				inStore := n.inStore
-				it.metaSeq = n.metaSeq
+				it.metaSeq = n.metaSeqLocked()
 				n.mu.Unlock()
 				if it.tf == nil && !inStore {
 					it.nothg = true
@@ -240,7 +240,7 @@ func (c *committer) commit(batch []*fileNode) {
 			err = upErr
 		}
 		n.mu.Lock()
-		st := n.st
+		st := n.state()
 		switch {
 		case err != nil:
 			err = fmt.Errorf("commit %s: %w", it.name, err)
@@ -267,7 +267,9 @@ func (c *committer) commit(batch []*fileNode) {
 		case it.put:
 			f.stats.commits.Add(1)
 			n.id, n.size, n.inStore, n.notPT = it.ent.ID, it.ent.Size, true, false
-			n.metaDone = max(n.metaDone, it.metaSeq)
+			if x := n.x; x != nil { // kept while metaSeq is not 0
+				x.metaDone = max(x.metaDone, it.metaSeq)
+			}
 			if st != nil {
 				st.commitErr = nil
 				st.cmtime = 0

@@ -491,7 +491,7 @@ func (d *dirNode) Create(ctx context.Context, name string, flags uint32, mode ui
 	d.forget(name)
 	uid, gid, m := f.newOwner(ctx, pe, mode, false)
 	n := newFileNode(f, d, name, chunkstore.Entry{Mode: m, UID: uid, GID: gid, MTime: time.Now().UnixNano()}, false)
-	n.st = &fileState{tmp: tf}
+	n.stateLocked().tmp = tf
 	f.markDirty(n, true)
 	h := n.openLocked(true)
 	h.read = flags&syscall.O_ACCMODE != syscall.O_WRONLY

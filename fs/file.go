@@ -20,9 +20,9 @@ import (
 )
 
 // fileNode is a regular file. Its committed content is the store version
-// id. The node stays small (a mount may know millions of files): everything
-// about open handles and writes lives in st, allocated while the file is
-// open or has a working copy.
+// id. The node stays small (a mount may know millions of files: 256 bytes,
+// a size class, with go-fuse's Inode of 128; TestFileNodeSize): what only
+// some files have lives in x, allocated when needed (fileExtra).
 type fileNode struct {
 	gofs.Inode
 	base
@@ -35,20 +35,34 @@ type fileNode struct {
 	// (not passthrough-eligible), so opens skip the check (until
 	// FS.PassthroughChanged: a whole copy was made).
 	notPT bool
-	mode  iofs.FileMode // permission and special bits (chunkstore.EntryModeMask)
-	uid   uint32
-	gid   uint32
-	size  int64 // committed size
-	mtime int64
-	ctime int64         // 0: none recorded (stat shows mtime)
-	atime int64         // 0: none recorded (stat shows mtime)
-	id    chunkstore.ID // committed version (zero until the first commit)
+	// ctimeM: the change time is mtime (a write sets both), so that a
+	// file written here needs no x for it (setTimesLocked).
+	ctimeM bool
+	mode   iofs.FileMode // permission and special bits (chunkstore.EntryModeMask)
+	uid    uint32
+	gid    uint32
+	size   int64 // committed size
+	mtime  int64
+	id     chunkstore.ID // committed version (zero until the first commit)
+	// x: nil for a file the kernel merely knows (trimLocked).
+	x *fileExtra
+}
+
+// fileExtra is what only some files have: a change time that is not the
+// mtime (a rename, chmod or link here or in the store), an access time,
+// metadata changed here, open and write state.
+type fileExtra struct {
+	ctime int64 // 0: none recorded (stat shows mtime), unless fileNode.ctimeM
+	atime int64 // 0: none recorded (stat shows mtime)
 	// metaSeq counts changes of mode, owner and times made here;
 	// metaDone is the last one the committer wrote. While they differ
 	// the node's metadata is newer than the store's, and a lookup that
-	// reads the store's entry must not take it back.
+	// reads the store's entry must not take it back. Once metaSeq is
+	// not 0 the node keeps x, so the count never starts again under a
+	// commit in flight.
 	metaSeq, metaDone uint64
-	st                *fileState
+	// st: allocated while the file is open or has a working copy.
+	st *fileState
 }
 
 // fileState is a file's open and write state. While it is being written, a
@@ -100,28 +114,106 @@ var (
 )
 
 func newFileNode(f *FS, parent *dirNode, name string, e chunkstore.Entry, inStore bool) *fileNode {
-	n := &fileNode{inStore: inStore, mode: e.Mode & chunkstore.EntryModeMask, uid: e.UID, gid: e.GID, size: e.Size, mtime: e.MTime, ctime: e.CTime, atime: e.ATime, id: e.ID}
+	n := &fileNode{inStore: inStore, mode: e.Mode & chunkstore.EntryModeMask, uid: e.UID, gid: e.GID, size: e.Size, id: e.ID}
+	n.setTimesLocked(e.MTime, e.CTime, e.ATime)
 	n.place(f, parent, name)
 	n.setLinks(e)
 	return n
 }
 
+// state returns the file's open and write state, nil when it has none.
+// Callers hold mu.
+func (n *fileNode) state() *fileState {
+	if n.x == nil {
+		return nil
+	}
+	return n.x.st
+}
+
+// extraLocked returns x, making it.
+func (n *fileNode) extraLocked() *fileExtra {
+	if n.x == nil {
+		n.x = &fileExtra{}
+	}
+	return n.x
+}
+
 // stateLocked returns the file's state, making it.
 func (n *fileNode) stateLocked() *fileState {
-	if n.st == nil {
-		n.st = &fileState{}
+	x := n.extraLocked()
+	if x.st == nil {
+		x.st = &fileState{}
 	}
-	return n.st
+	return x.st
 }
 
 // idleLocked drops the state of a file nobody has open and that has
 // nothing waiting to be committed.
 func (n *fileNode) idleLocked() {
-	st := n.st
+	st := n.state()
 	if st != nil && st.tmp == nil && st.committing == nil && st.commitErr == nil &&
 		!st.lost && !st.inval && st.writers == 0 && st.ptOpen == 0 && st.cachedOpen == 0 {
-		n.st = nil
+		n.x.st = nil
 	}
+	n.trimLocked()
+}
+
+// trimLocked drops x when it holds nothing: no state, times or metadata
+// changes of its own.
+func (n *fileNode) trimLocked() {
+	if x := n.x; x != nil && x.st == nil && x.ctime == 0 && x.atime == 0 && x.metaSeq == 0 {
+		n.x = nil
+	}
+}
+
+// ctimeLocked is the change time (0: none recorded).
+func (n *fileNode) ctimeLocked() int64 {
+	if n.ctimeM {
+		return n.mtime
+	}
+	if n.x != nil {
+		return n.x.ctime
+	}
+	return 0
+}
+
+// atimeLocked is the access time (0: none recorded).
+func (n *fileNode) atimeLocked() int64 {
+	if n.x != nil {
+		return n.x.atime
+	}
+	return 0
+}
+
+// setTimesLocked sets the modification, change and access times; every
+// change of them goes through here, so a change time equal to the mtime
+// is kept as ctimeM and the others in x.
+func (n *fileNode) setTimesLocked(m, c, a int64) {
+	n.mtime = m
+	if n.ctimeM = c == m; n.ctimeM {
+		c = 0
+	}
+	if c != 0 || a != 0 {
+		x := n.extraLocked()
+		x.ctime, x.atime = c, a
+	} else if n.x != nil {
+		n.x.ctime, n.x.atime = 0, 0
+		n.trimLocked()
+	}
+}
+
+// metaPendingLocked: a change of metadata made here is not in the store
+// yet.
+func (n *fileNode) metaPendingLocked() bool {
+	return n.x != nil && n.x.metaSeq != n.x.metaDone
+}
+
+// metaSeqLocked is the count of metadata changes made here.
+func (n *fileNode) metaSeqLocked() uint64 {
+	if n.x == nil {
+		return 0
+	}
+	return n.x.metaSeq
 }
 
 // lockW takes the state's wmu (shared or not), then mu, and returns the
@@ -137,7 +229,7 @@ func (n *fileNode) lockW(shared bool) *fileState {
 			st.wmu.Lock()
 		}
 		n.mu.Lock()
-		if n.st == st {
+		if n.state() == st {
 			return st
 		}
 		n.mu.Unlock()
@@ -158,7 +250,8 @@ func (n *fileNode) pending() bool {
 
 // hasLocalLocked: the node's newest bytes are not in the store yet.
 func (n *fileNode) hasLocalLocked() bool {
-	return n.st != nil && (n.st.tmp != nil || n.st.committing != nil)
+	st := n.state()
+	return st != nil && (st.tmp != nil || st.committing != nil)
 }
 
 // adopt takes e (the store's entry at the node's name) if it is the same
@@ -177,12 +270,12 @@ func (n *fileNode) adopt(e chunkstore.Entry) bool {
 	if e.ID != n.id {
 		return false
 	}
-	if n.metaSeq != n.metaDone {
+	if n.metaPendingLocked() {
 		n.inStore = true
 		return true // a chmod, chown or utimes here waits for the committer
 	}
-	n.mode, n.mtime, n.size, n.inStore = e.Mode&chunkstore.EntryModeMask, e.MTime, e.Size, true
-	n.ctime, n.atime = e.CTime, e.ATime
+	n.mode, n.size, n.inStore = e.Mode&chunkstore.EntryModeMask, e.Size, true
+	n.setTimesLocked(e.MTime, e.CTime, e.ATime)
 	n.uid, n.gid = e.UID, e.GID
 	return true
 }
@@ -192,7 +285,7 @@ func (n *fileNode) adopt(e chunkstore.Entry) bool {
 func (n *fileNode) stale(se *chunkstore.Entry) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.hasLocalLocked() || !n.inStore || n.metaSeq != n.metaDone {
+	if n.hasLocalLocked() || !n.inStore || n.metaPendingLocked() {
 		return false
 	}
 	return se == nil || se.Kind != chunkstore.KindFile || se.ID != n.id || se.Link != n.link.Load() || se.Nlink != n.nlink.Load() ||
@@ -201,13 +294,14 @@ func (n *fileNode) stale(se *chunkstore.Entry) bool {
 }
 
 func (n *fileNode) newestLocked() *tempFile {
-	if n.st == nil {
+	st := n.state()
+	if st == nil {
 		return nil
 	}
-	if n.st.tmp != nil {
-		return n.st.tmp
+	if st.tmp != nil {
+		return st.tmp
 	}
-	return n.st.committing
+	return st.committing
 }
 
 func (n *fileNode) sizeLocked() int64 {
@@ -224,7 +318,7 @@ func (n *fileNode) attrLocked(out *fuse.Attr) {
 	out.Blocks = uint64(size+511) / 512
 	out.Blksize = DefaultMaxIO
 	out.Nlink = n.nlinks()
-	setTimes(out, n.mtime, n.ctime, n.atime)
+	setTimes(out, n.mtime, n.ctimeLocked(), n.atimeLocked())
 	out.Uid, out.Gid = n.fsys.owner(n.uid, n.gid)
 }
 
@@ -268,13 +362,15 @@ func (n *fileNode) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.Set
 		}
 	}
 	n.mu.Lock()
-	meta := setMeta(n.fsys, in, &n.mode, &n.uid, &n.gid, &n.mtime, &n.ctime, &n.atime)
+	mt, ct, at := n.mtime, n.ctimeLocked(), n.atimeLocked()
+	meta := setMeta(n.fsys, in, &n.mode, &n.uid, &n.gid, &mt, &ct, &at)
+	n.setTimesLocked(mt, ct, at)
 	if n.fsys.dropsSGID(ctx, in, n.mode, n.uid, n.gid) {
 		n.mode &^= iofs.ModeSetgid
 		meta = true
 	}
 	if meta {
-		n.metaSeq++
+		n.extraLocked().metaSeq++
 	}
 	n.attrLocked(&out.Attr)
 	n.mu.Unlock()
@@ -362,8 +458,8 @@ func (n *fileNode) resizeLocked(st *fileState, size int64, priv bool) error {
 		return fmt.Errorf("truncate: %w", err)
 	}
 	n.fsys.space.done(st.tmp, 0)
-	n.mtime = time.Now().UnixNano()
-	n.ctime = n.mtime
+	now := time.Now().UnixNano()
+	n.setTimesLocked(now, now, n.atimeLocked())
 	return nil
 }
 
@@ -427,7 +523,8 @@ func (n *fileNode) discardLocked(st *fileState, err error) {
 	if st.committing == nil {
 		n.fsys.markDirty(n, false)
 		if st.cmtime != 0 {
-			n.mtime, st.cmtime = st.cmtime, 0
+			n.setTimesLocked(st.cmtime, n.ctimeLocked(), n.atimeLocked())
+			st.cmtime = 0
 		}
 	}
 }
@@ -449,7 +546,7 @@ func (n *fileNode) finishFailure(mine int, idle bool) {
 	f := n.fsys
 	f.nsMu.Lock()
 	n.mu.Lock()
-	st := n.st
+	st := n.state()
 	if st == nil || (!st.lost && !st.inval) || (idle && st.writers > 0) {
 		n.mu.Unlock()
 		f.nsMu.Unlock()
@@ -488,7 +585,7 @@ func (n *fileNode) takeErr(h *handle) error {
 	if h != nil {
 		err = h.failed
 	}
-	if st := n.st; st != nil && st.commitErr != nil {
+	if st := n.state(); st != nil && st.commitErr != nil {
 		if err == nil {
 			err = st.commitErr
 		}
@@ -540,7 +637,8 @@ func (n *fileNode) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uin
 func (n *fileNode) waitPassthroughClosed() {
 	for i := 0; i < 100; i++ {
 		n.mu.Lock()
-		busy := n.st != nil && n.st.ptOpen > 0
+		st := n.state()
+		busy := st != nil && st.ptOpen > 0
 		n.mu.Unlock()
 		if !busy {
 			return
@@ -723,7 +821,7 @@ func (n *fileNode) release(h *handle) {
 		}
 	}
 	n.mu.Lock()
-	st := n.st
+	st := n.state()
 	if h.write {
 		st.writers--
 		delete(st.whandles, h)
@@ -837,8 +935,8 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	}
 	tf := st.tmp
 	tf.ref()
-	n.mtime = time.Now().UnixNano()
-	n.ctime = n.mtime
+	now := time.Now().UnixNano()
+	n.setTimesLocked(now, now, n.atimeLocked())
 	n.mu.Unlock()
 	m, err := tf.f.WriteAt(data, off)
 	n.fsys.space.done(tf, int64(len(data)))
@@ -914,7 +1012,7 @@ func (h *handle) Flush(ctx context.Context) syscall.Errno {
 	// full disk: then here, so that close(2) hears whether it fitted.
 	low := n.fsys.space.lowNow()
 	n.mu.Lock()
-	st := n.st
+	st := n.state()
 	last := st != nil && st.writers == 1
 	commitNow := false
 	if st != nil {
@@ -988,9 +1086,10 @@ func (h *ptHandle) Release(ctx context.Context) syscall.Errno {
 		n := h.n
 		n.fsys.stats.openFiles.Add(-1)
 		n.mu.Lock()
-		n.st.ptOpen--
-		if n.st.cachedOpen == 0 && n.st.ptOpen == 0 {
-			n.st.file = nil
+		st := n.state()
+		st.ptOpen--
+		if st.cachedOpen == 0 && st.ptOpen == 0 {
+			st.file = nil
 		}
 		n.idleLocked()
 		n.mu.Unlock()

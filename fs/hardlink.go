@@ -163,7 +163,7 @@ func touch(in *gofs.Inode, ns int64) {
 	switch c := in.Operations().(type) {
 	case *fileNode:
 		c.mu.Lock()
-		c.ctime = ns
+		c.setTimesLocked(c.mtime, ns, c.atimeLocked())
 		c.mu.Unlock()
 	case *linkNode:
 		c.mu.Lock()
@@ -325,18 +325,18 @@ func (f *FS) reconcileLinks() []*gofs.Inode {
 func (n *fileNode) refresh(e chunkstore.Entry) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.st != nil || !n.inStore || n.metaSeq != n.metaDone {
+	if n.state() != nil || !n.inStore || n.metaPendingLocked() {
 		return false
 	}
 	if e.ID == n.id && e.Mode&chunkstore.EntryModeMask == n.mode && e.UID == n.uid && e.GID == n.gid &&
-		e.MTime == n.mtime && e.CTime == n.ctime && e.ATime == n.atime && e.Nlink == n.nlink.Load() {
+		e.MTime == n.mtime && e.CTime == n.ctimeLocked() && e.ATime == n.atimeLocked() && e.Nlink == n.nlink.Load() {
 		return false
 	}
 	if e.ID != n.id {
 		n.notPT = false
 	}
 	n.id, n.size, n.mode, n.uid, n.gid = e.ID, e.Size, e.Mode&chunkstore.EntryModeMask, e.UID, e.GID
-	n.mtime, n.ctime, n.atime = e.MTime, e.CTime, e.ATime
+	n.setTimesLocked(e.MTime, e.CTime, e.ATime)
 	n.nlink.Store(e.Nlink)
 	return true
 }

@@ -311,8 +311,8 @@ func (n *fileNode) ioctlMakeLocal(ctx context.Context, input []byte) syscall.Err
 	}
 	// The open file's locations predate the new chunks: open it again.
 	n.mu.Lock()
-	if n.st != nil && n.st.file == sf {
-		n.st.file = nil
+	if st := n.state(); st != nil && st.file == sf {
+		st.file = nil
 	}
 	n.mu.Unlock()
 	return 0

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
 	"testing"
@@ -19,9 +20,11 @@ import (
 
 // TestBenchNodeMemory measures what a file the kernel knows costs the
 // node (issue 20, item 1; docs/bench.md, "Node memory per known file"):
-// the Go heap after a GC, before and after a walk that lstats every one of
+// the Go heap after a GC and the process's RSS after the freed pages went
+// back to the system, before and after a walk that lstats every one of
 // KYLIX_BENCH_TREE entries (default 100 000, 1000 to a directory), in
-// process, with a heap profile written to KYLIX_BENCH_HEAPPROFILE when set.
+// process, with a heap profile of the read-only mount written to
+// KYLIX_BENCH_HEAPPROFILE when set.
 //
 //	KYLIX_BENCH=1 go test ./fs -run 'TestBenchNodeMemory$' -count=1 -v
 func TestBenchNodeMemory(t *testing.T) {
@@ -44,7 +47,7 @@ func TestBenchNodeMemory(t *testing.T) {
 			runtime.ReadMemStats(&ms)
 			return ms.HeapAlloc
 		}
-		h0 := heap()
+		h0, r0 := heap(), rss(t)
 		count := 0
 		err := filepath.WalkDir(dir, func(p string, d iofs.DirEntry, err error) error {
 			if err != nil {
@@ -57,8 +60,9 @@ func TestBenchNodeMemory(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h1 := heap()
+		h1, r1 := heap(), rss(t)
 		t.Logf("read-only %v: heap %d -> %d B after a walk of %d entries: %.0f B per entry", ro, h0, h1, count, float64(int64(h1)-int64(h0))/float64(count))
+		t.Logf("read-only %v: RSS %d -> %d B after the walk: %.0f B per entry", ro, r0, r1, float64(int64(r1)-int64(r0))/float64(count))
 		// Then a read of every file: what a file read once keeps.
 		files := 0
 		err = filepath.WalkDir(dir, func(p string, d iofs.DirEntry, err error) error {
@@ -84,6 +88,22 @@ func TestBenchNodeMemory(t *testing.T) {
 			f.Close()
 		}
 	}
+}
+
+// rss returns the process's resident set after a GC that returns freed
+// pages to the system.
+func rss(t *testing.T) uint64 {
+	t.Helper()
+	debug.FreeOSMemory()
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var size, res uint64
+	if _, err := fmt.Sscan(string(b), &size, &res); err != nil {
+		t.Fatal(err)
+	}
+	return res * uint64(os.Getpagesize())
 }
 
 // syntheticTree adds n files of one shared content (perDir to a

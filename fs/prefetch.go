@@ -169,7 +169,7 @@ func (n *fileNode) prefetchable() (chunkstore.ID, int64, bool) {
 	// A file the node has read (st.file) is in the kernel's cache already,
 	// or being read into it.
 	ok := n.inStore && !n.id.IsZero() && n.size > 0 && n.size <= PrefetchMaxFile &&
-		n.link.Load() == 0 && !n.hasLocalLocked() && (n.st == nil || n.st.file == nil)
+		n.link.Load() == 0 && !n.hasLocalLocked() && (n.state() == nil || n.state().file == nil)
 	// A node the kernel has forgotten gets ENOENT from the store, and its
 	// node ID is never given to another (go-fuse counts them up).
 	return n.id, n.size, ok
