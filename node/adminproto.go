@@ -143,6 +143,9 @@ type NodeStatus struct {
 	KV *kvstore.Stats `json:"kv,omitempty"`
 	// Whole is the whole copies of deduplicated files (docs/design/whole.md).
 	Whole *WholeStatus `json:"whole,omitempty"`
+	// Watermark is the high watermark's releases of kept files (a
+	// cluster member; docs/design/space.md).
+	Watermark *WatermarkStatus `json:"watermark,omitempty"`
 }
 
 // PeersStatus is the reply of OpPeers.

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -99,6 +100,11 @@ type Config struct {
 	// tier (peers' MakeColdIdle; docs/design/erasure.md, "Tiers"), in a
 	// cluster; 0: never.
 	ColdAfter time.Duration
+	// HighWatermark is the percent of the data file system in use past
+	// which a cluster member releases the files made local here, least
+	// recently read first (watermark.go); 0 means DefaultHighWatermark,
+	// negative: never.
+	HighWatermark int
 	// ReadAheadChunks is chunkstore.Options.ReadAheadChunks (0: default,
 	// negative: none).
 	ReadAheadChunks int
@@ -140,6 +146,7 @@ type Node struct {
 	claimedBy atomic.Pointer[kfs.FS]
 	pins      *nodePins
 	whole     *wholeCopies
+	wm        watermark // the high watermark (watermark.go)
 	peers     *peers.Node
 	admin     *adminServer
 	// client is nil without a client socket.
@@ -427,6 +434,14 @@ func (n *Node) Run(ctx context.Context, onReady func(Ready)) error {
 		fetched := make(chan struct{})
 		go func() { n.pins.fetchMissing(fetchCtx); close(fetched) }()
 		n.onClose(func() { stopFetch(); <-fetched })
+		if n.wm.high = cmp.Or(n.cfg.HighWatermark, DefaultHighWatermark); n.wm.high > 0 {
+			wmCtx, stopWM := context.WithCancel(ctx)
+			wmDone := make(chan struct{})
+			go func() { n.watermarkLoop(wmCtx); close(wmDone) }()
+			n.onClose(func() { stopWM(); <-wmDone })
+		} else {
+			n.wm.high = 0
+		}
 		if n.cfg.ColdAfter > 0 {
 			coldCtx, stopCold := context.WithCancel(ctx)
 			cold := make(chan struct{})

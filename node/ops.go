@@ -32,6 +32,9 @@ func (n *Node) Status(gc bool) NodeStatus {
 	}
 	out.Pins = n.pins.status()
 	out.Whole = n.whole.status()
+	if n.peers != nil {
+		out.Watermark = n.wm.status()
+	}
 	if n.kv != nil {
 		st := n.kv.Stats()
 		out.KV = &st

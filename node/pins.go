@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
@@ -492,6 +493,59 @@ func (np *nodePins) pin(ctx context.Context, path string, cl *pinCluster) (*pinH
 	return p, got, nil
 }
 
+// followMoved locks again, where their chunks are now, the pins whose
+// locked ranges lie in pack files that are gone (a GC removed them, its
+// compaction having moved their chunks to other packs): the mappings of a
+// removed pack keep its disk space taken until they go
+// (docs/design/pin.md). The old ranges go first, so that the pin budget
+// is not needed twice; a pin that cannot be locked again says why in
+// kylix node. It returns the pins it moved.
+func (np *nodePins) followMoved(ctx context.Context) []string {
+	np.op.Lock()
+	defer np.op.Unlock()
+	gone := func(sp gpuio.PackSpan) bool {
+		_, err := os.Stat(sp.Path)
+		return errors.Is(err, fs.ErrNotExist)
+	}
+	np.mu.Lock()
+	var moved []string
+	for path, p := range np.pins {
+		if p.held() && slices.ContainsFunc(p.spans, gone) {
+			moved = append(moved, path)
+		}
+	}
+	np.mu.Unlock()
+	slices.Sort(moved)
+	for _, path := range moved {
+		np.mu.Lock()
+		old := np.pins[path]
+		err := old.release()
+		old.state = "pinning"
+		np.mu.Unlock()
+		if err != nil {
+			np.log.Warn("pin: releasing the ranges of a removed pack", "path", ShownPath(path), "err", err)
+		}
+		p, err := np.lockPath(ctx, path)
+		np.mu.Lock()
+		if err != nil {
+			old.state = "not held: locking it where gc moved its chunks failed: " + err.Error()
+			np.log.Error("pin: could not lock again a pin whose chunks gc moved (kylix pin PATH tries again)", "path", ShownPath(path), "err", err)
+		} else {
+			p.added = old.added
+			np.pins[path] = p
+		}
+		np.mu.Unlock()
+	}
+	return moved
+}
+
+// FollowMovedPins locks again, where their chunks are now, the pins whose
+// packs a GC removed (kylix gc run in the node calls it after the GC), so
+// that the removed packs' room is given back; it returns those pins.
+func (n *Node) FollowMovedPins(ctx context.Context) []string {
+	return n.pins.followMoved(ctx)
+}
+
 // pinCluster is what a pin in a cluster needs: the store's fetcher (the
 // membership) brings the chunks; progress is told how far it is.
 type pinCluster struct {
@@ -507,12 +561,7 @@ func (np *nodePins) unpin(path string) error {
 	np.mu.Lock()
 	p := np.pins[path]
 	if p == nil {
-		if added, ok := np.kept[path]; ok {
-			delete(np.kept, path)
-			err := np.saveLocked()
-			if err != nil {
-				np.kept[path] = added
-			}
+		if ok, err := np.releaseLocked(path); ok || err != nil {
 			np.mu.Unlock()
 			return err
 		}
@@ -528,6 +577,32 @@ func (np *nodePins) unpin(path string) error {
 	}
 	np.mu.Unlock()
 	return p.release()
+}
+
+// release stops keeping path (made local by KYLIX_IOC_MAKE_LOCAL) here:
+// rebalance may then drop its copies of chunks owned elsewhere (the high
+// watermark, watermark.go). false when path is not kept (unpinned
+// meanwhile); a pinned path is never released.
+func (np *nodePins) release(path string) (bool, error) {
+	np.op.Lock()
+	defer np.op.Unlock()
+	np.mu.Lock()
+	defer np.mu.Unlock()
+	return np.releaseLocked(path)
+}
+
+// releaseLocked is release with np.op and np.mu held.
+func (np *nodePins) releaseLocked(path string) (bool, error) {
+	added, ok := np.kept[path]
+	if !ok {
+		return false, nil
+	}
+	delete(np.kept, path)
+	if err := np.saveLocked(); err != nil {
+		np.kept[path] = added
+		return false, err
+	}
+	return true, nil
 }
 
 func notPinned(path string, names []string) error {

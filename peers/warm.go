@@ -85,3 +85,28 @@ func (n *Node) DropPeerCached(ids []chunkstore.ID, all bool) (chunks int, bytes 
 	}
 	return chunks, bytes
 }
+
+// NotOwnedHere returns the bytes of refs (each chunk once) that this
+// member stores in its packs and is not a home of by the membership now:
+// the copies its rebalance may drop once their homes confirm them, when
+// no kept or pinned path names them (node's high watermark).
+func (n *Node) NotOwnedHere(refs []chunkstore.ChunkRef) int64 {
+	members := n.placementMembers()
+	seen := map[chunkstore.ID]bool{}
+	var b int64
+	for _, c := range refs {
+		if seen[c.ID] {
+			continue
+		}
+		seen[c.ID] = true
+		if !n.ownsChunk(c.ID, members) && n.s.HasChunk(c.ID) {
+			b += int64(c.Len)
+		}
+	}
+	return b
+}
+
+// Rebalance asks for a placement pass now: its rebalance drops the copies
+// this member does not own that no kept or pinned path names, each once
+// its homes confirm they hold it (never the last copy).
+func (n *Node) Rebalance() { n.kickPlace() }

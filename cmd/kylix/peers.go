@@ -31,6 +31,7 @@ type peerFlags struct {
 	repairRate                                    *int64
 	failureGrace, leaveDelay, coldAfter           *time.Duration
 	coldShards                                    *[]string
+	highWatermark                                 *int
 }
 
 func addPeerFlags(f *flags) *peerFlags {
@@ -57,6 +58,8 @@ func addPeerFlags(f *flags) *peerFlags {
 		coldShards: f.StringSlice("cold-shards", nil, "PATH=K[,PATH=K...]: stripes of K data shards and 2 parity for the files at and below the namespace path PATH "+
 			"(5 to 10; the longest PATH above a file decides; repeat the flag or separate with commas; in the config file a list), for --cold-after and for kylix tier cold without --data-shards "+
 			"(default: the widest the cluster allows, up to 10). This member's own: the cluster's rules (kylix tier shards) apply on every member, and this flag wins over them here for the same PATH"),
+		highWatermark: f.Int("high-watermark", node.DefaultHighWatermark, "percent of the data file system in use past which the files made local here (KYLIX_IOC_MAKE_LOCAL) are released, least recently read first, "+
+			"until their copies of chunks owned elsewhere would bring it 5 points under: rebalance drops each copy once its owners confirm it, then a gc gives the room back (pinned files never; 0: never)"),
 		role:      f.String("role", "node", "node (stores its share of the cluster's chunks) or reader (owns none: reads from the others, keeps what it fetched in its peer cache and what it pins; for GPU nodes that load models)"),
 		logGossip: f.Bool("log-gossip", false, "log every line of the gossip layer (serf, memberlist), not only its warnings and errors: joins, state exchanges, probes (diagnosis)"),
 	}
@@ -77,6 +80,9 @@ func (pf *peerFlags) config(data string, log *slog.Logger) (*peers.Config, error
 	coldShards, err := peers.ParseShardPolicy(*pf.coldShards)
 	if err != nil {
 		return nil, fmt.Errorf("serve: --cold-shards %w", err)
+	}
+	if *pf.highWatermark < 0 || *pf.highWatermark > 100 || (*pf.highWatermark > 0 && *pf.highWatermark <= 5) {
+		return nil, fmt.Errorf("serve: --high-watermark %d: want a percent of the data file system from 6 to 100, or 0 for never", *pf.highWatermark)
 	}
 	if *pf.coldAfter < 0 {
 		return nil, fmt.Errorf("serve: --cold-after %s: want a duration above 0, or 0 for never", *pf.coldAfter)

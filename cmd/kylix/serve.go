@@ -179,7 +179,7 @@ names. Example and details: docs/examples/kylix.toml, docs/design/peers.md.`)
 		DataDir: f.data, Mount: *mnt, ClientSocket: *clientSock, GPUIdle: *gpuIdle,
 		NoPassthrough: *noPT, ReadOnly: *readOnly, Debug: *debug, Reserve: &reserve, ScrubRate: orNone(*scrubRate),
 		PinBudget: orNone(budget), HotBudget: orNone(hot), WholeBudget: orNone(whole), Metrics: *metricsAddr, StopTimeout: *stopTimeout,
-		Cluster: cluster, ReadAheadChunks: pf.readAheadChunks(), Exec: execInNode, KV: kv, ColdAfter: *pf.coldAfter,
+		Cluster: cluster, ReadAheadChunks: pf.readAheadChunks(), Exec: execInNode, KV: kv, ColdAfter: *pf.coldAfter, HighWatermark: int(orNone(int64(*pf.highWatermark))),
 		Logger: log, Version: buildVersion().String(),
 	}
 	n, err := node.New(cfg)
@@ -262,6 +262,16 @@ passthrough and by the node. Fails when no node runs.`).withJSON()
 		}
 		if w.LastNotMade != "" {
 			fmt.Fprintf(e.stdout, "  last not made: %s\n", w.LastNotMade)
+		}
+	}
+	if w := out.Watermark; w != nil {
+		fmt.Fprintf(e.stdout, "watermark: %d%% (disk %.1f%% used); released %d kept files (%s of copies owned elsewhere), %d gc runs freed %s\n",
+			w.HighPercent, w.UsedPercent, w.Released, human(w.ReleasedBytes), w.GCs, human(w.GCFreed))
+		if len(w.Recent) > 0 {
+			fmt.Fprintf(e.stdout, "  released lately: %s\n", strings.Join(w.Recent, ", "))
+		}
+		if w.LastError != "" {
+			fmt.Fprintf(e.stdout, "  last error: %s\n", w.LastError)
 		}
 	}
 	return nil
