@@ -29,6 +29,21 @@ func startNodeClock(t *testing.T, cfg Config, now *atomic.Int64) *testNode {
 	return &testNode{n, s}
 }
 
+// threeOwnersClock is threeNoPlacement with B's and C's store clocks
+// read from now (set to the time now), so a test can move them past the
+// grace of received chunks while A's stays.
+func threeOwnersClock(t *testing.T, now *atomic.Int64) (a, b, c *testNode) {
+	t.Helper()
+	key, _ := NewKey()
+	now.Store(time.Now().UnixNano())
+	a, err := startNodeCfg(t, Config{Name: "a", Key: key, NoPlacement: true})
+	require.NoError(t, err)
+	b = startNodeClock(t, Config{Name: "b", Key: key, NoPlacement: true, Join: []string{a.cfg.Listen}}, now)
+	c = startNodeClock(t, Config{Name: "c", Key: key, NoPlacement: true, Join: []string{a.cfg.Listen}}, now)
+	eventually(t, "three alive members", func() bool { return len(a.livePeers()) == 2 })
+	return a, b, c
+}
+
 // threeNoPlacement starts three members that never pull (NoPlacement), so
 // only a push can put chunks on them, and waits until they see each other.
 func threeNoPlacement(t *testing.T) (a, b, c *testNode) {
@@ -131,14 +146,8 @@ func TestPushStreamOwnerDown(t *testing.T) {
 // merge will never name them) survive a GC on the owners within
 // chunkstore.DefaultReceivedGrace, and are collected by the first GC after it.
 func TestPushedChunksSurviveGC(t *testing.T) {
-	key, _ := NewKey()
 	var now atomic.Int64
-	now.Store(time.Now().UnixNano())
-	a, err := startNodeCfg(t, Config{Name: "a", Key: key, NoPlacement: true})
-	require.NoError(t, err)
-	b := startNodeClock(t, Config{Name: "b", Key: key, NoPlacement: true, Join: []string{a.cfg.Listen}}, &now)
-	c := startNodeClock(t, Config{Name: "c", Key: key, NoPlacement: true, Join: []string{a.cfg.Listen}}, &now)
-	eventually(t, "three alive members", func() bool { return len(a.livePeers()) == 2 })
+	a, b, c := threeOwnersClock(t, &now)
 	ctx := context.Background()
 	ps := a.NewPushStream(ctx)
 	var ids []chunkstore.ID
@@ -203,16 +212,10 @@ func leaseRunning(x *testNode, member string) bool {
 // the grace while the stream is still open: their GC keeps the chunks,
 // because A's lease (its gcl tag) still runs. The import fails (Abort):
 // the lease ends, the chunks are kept for the grace after that, then
-// collected; a received chunk a head names meanwhile is kept after it.
+// collected.
 func TestLeaseKeepsPushedChunks(t *testing.T) {
-	key, _ := NewKey()
 	var now atomic.Int64
-	now.Store(time.Now().UnixNano())
-	a, err := startNodeCfg(t, Config{Name: "a", Key: key, NoPlacement: true})
-	require.NoError(t, err)
-	b := startNodeClock(t, Config{Name: "b", Key: key, NoPlacement: true, Join: []string{a.cfg.Listen}}, &now)
-	c := startNodeClock(t, Config{Name: "c", Key: key, NoPlacement: true, Join: []string{a.cfg.Listen}}, &now)
-	eventually(t, "three alive members", func() bool { return len(a.livePeers()) == 2 })
+	a, b, c := threeOwnersClock(t, &now)
 	ctx := context.Background()
 	on := map[string]*testNode{"b": b, "c": c}
 	ps := a.NewPushStream(ctx)
