@@ -48,7 +48,13 @@ type watermark struct {
 	droppedAt int64
 	stats     WatermarkStatus
 	saidNone  bool // "nothing to release" logged since the use last fell
+	// gcAfter: a GC that failed (a full disk, a member whose namespace
+	// cannot be merged) is not tried again before then.
+	gcAfter time.Time
 }
+
+// gcRetry is how long the node waits after a failed GC before the next.
+const gcRetry = 30 * time.Second
 
 // WatermarkStatus is what kylix node says about the high watermark.
 type WatermarkStatus struct {
@@ -112,7 +118,7 @@ func (n *Node) watermarkPass(ctx context.Context) error {
 	}
 	deficit := used - int64(w.high-lowGap)*total/100
 	dropped := n.peers.Placement().DroppedBytes
-	gcDue := dropped > w.droppedAt
+	gcDue := dropped > w.droppedAt && !time.Now().Before(w.gcAfter)
 	w.mu.Unlock()
 
 	if gcDue {
@@ -120,7 +126,10 @@ func (n *Node) watermarkPass(ctx context.Context) error {
 		// removes the packs left empty and compacts the rest.
 		res, err := n.s.Collect(ctx, chunkstore.GCOptions{Compact: true})
 		if err != nil {
-			return fmt.Errorf("giving the room of the dropped copies back (gc): %w", err)
+			w.mu.Lock()
+			w.gcAfter = time.Now().Add(gcRetry)
+			w.mu.Unlock()
+			return fmt.Errorf("giving the room of the dropped copies back (gc; again in %s): %w", gcRetry, err)
 		}
 		w.mu.Lock()
 		w.droppedAt = dropped
