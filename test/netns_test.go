@@ -196,7 +196,10 @@ func TestNetnsPartitionHealed(t *testing.T) {
 		waitFor(t, membershipWait, "four alive members", func() bool { return aliveCount(t, m) == 4 })
 	}
 
-	src, sum := randomFile(t, 12<<20+77)
+	// Large enough that n3 owns only some of its chunks (R = 2 of 4: a
+	// file of 3 chunks had all its chunks owned by n3 one time in 8, and
+	// n3 then fetched nothing).
+	src, sum := randomFile(t, 48<<20+77)
 	mustKylix(t, "/", "import", "--data", ms[0].data, src, "models/m.bin")
 	on3 := filepath.Join(ms[3].mnt, "models", "m.bin")
 	waitFor(t, 30*time.Second, "models/m.bin in n3's mount", visible(on3))
