@@ -46,6 +46,18 @@ func (s *Store) SetBeforeGC(h func(context.Context) error) {
 	s.beforeGC.Store(&h)
 }
 
+// SetAfterGC installs what a GC that removed or compacted packs runs
+// after it, without the store's locks (nil: nothing): the node locks its
+// pins again where their chunks are now, since mappings of a removed pack
+// keep its room taken (docs/design/pin.md).
+func (s *Store) SetAfterGC(h func(context.Context)) {
+	if h == nil {
+		s.afterGC.Store(nil)
+		return
+	}
+	s.afterGC.Store(&h)
+}
+
 // GC removes every chunk and object that no head reaches, and deletes packs
 // that no longer hold a live chunk. It waits for running imports to finish.
 // It does not compact packs: Collect with GCOptions does.
@@ -61,6 +73,15 @@ func (s *Store) Collect(ctx context.Context, opts GCOptions) (GCResult, error) {
 			return GCResult{}, fmt.Errorf("gc: %w", err)
 		}
 	}
+	res, err := s.collect(ctx, opts)
+	if h := s.afterGC.Load(); h != nil && err == nil && (res.PacksRemoved > 0 || res.PacksCompacted > 0) {
+		(*h)(ctx)
+	}
+	return res, err
+}
+
+// collect is Collect between its hooks.
+func (s *Store) collect(ctx context.Context, opts GCOptions) (GCResult, error) {
 	s.gcMu.Lock()
 	defer s.gcMu.Unlock()
 	s.nsMu.Lock()

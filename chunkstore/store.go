@@ -143,6 +143,7 @@ type Store struct {
 	recvGrace time.Duration // Options.ReceivedGrace
 	// beforeGC: what Collect runs first (SetBeforeGC).
 	beforeGC atomic.Pointer[func(context.Context) error]
+	afterGC  atomic.Pointer[func(context.Context)] // SetAfterGC
 	// raReaders: the files being read, sharing the read-ahead budget
 	// (readahead.go).
 	raReaders raReaders

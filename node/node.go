@@ -276,6 +276,14 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.onClose(n.pins.close)
+	// A GC that moved pinned chunks (kylix gc, the high watermark's)
+	// removed packs the pins still map: they follow (pins.go).
+	n.s.SetAfterGC(func(ctx context.Context) {
+		if moved := n.pins.followMoved(ctx); len(moved) > 0 {
+			n.log.Info("pins locked again where gc moved their chunks (the removed packs' room given back)", "pins", moved)
+		}
+	})
+	n.onClose(func() { n.s.SetAfterGC(nil) })
 	if n.kv, err = openKV(cfg.KV, data, cfg.Logger); err != nil {
 		return nil, err
 	}

@@ -497,9 +497,10 @@ func (np *nodePins) pin(ctx context.Context, path string, cl *pinCluster) (*pinH
 // locked ranges lie in pack files that are gone (a GC removed them, its
 // compaction having moved their chunks to other packs): the mappings of a
 // removed pack keep its disk space taken until they go
-// (docs/design/pin.md). The old ranges go first, so that the pin budget
-// is not needed twice; a pin that cannot be locked again says why in
-// kylix node. It returns the pins it moved.
+// (docs/design/pin.md). The store runs it after every GC that removed or
+// compacted packs (Node's SetAfterGC). The old ranges go first, so that
+// the pin budget is not needed twice; a pin that cannot be locked again
+// says why in kylix node. It returns the pins it moved.
 func (np *nodePins) followMoved(ctx context.Context) []string {
 	np.op.Lock()
 	defer np.op.Unlock()
@@ -537,13 +538,6 @@ func (np *nodePins) followMoved(ctx context.Context) []string {
 		np.mu.Unlock()
 	}
 	return moved
-}
-
-// FollowMovedPins locks again, where their chunks are now, the pins whose
-// packs a GC removed (kylix gc run in the node calls it after the GC), so
-// that the removed packs' room is given back; it returns those pins.
-func (n *Node) FollowMovedPins(ctx context.Context) []string {
-	return n.pins.followMoved(ctx)
 }
 
 // pinCluster is what a pin in a cluster needs: the store's fetcher (the

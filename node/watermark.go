@@ -137,12 +137,7 @@ func (n *Node) watermarkPass(ctx context.Context) error {
 		w.stats.GCs++
 		w.stats.GCFreed += res.BytesFreed
 		w.mu.Unlock()
-		n.log.Info("high watermark: gc gave back the room of copies owned elsewhere", "freed", res.BytesFreed, "packs_removed", res.PacksRemoved, "packs_compacted", res.PacksCompacted)
-		// Pins whose chunks the compaction moved hold mappings of the
-		// removed packs, whose room goes only with them.
-		if moved := n.pins.followMoved(ctx); len(moved) > 0 {
-			n.log.Info("high watermark: pins locked again where gc moved their chunks", "pins", len(moved))
-		}
+		n.log.Info("high watermark: gc gave back the room of copies owned elsewhere (pins it moved follow: pins.go)", "freed", res.BytesFreed, "packs_removed", res.PacksRemoved, "packs_compacted", res.PacksCompacted)
 		return nil
 	}
 	w.mu.Lock()

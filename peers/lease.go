@@ -41,13 +41,23 @@ type leases struct {
 	watched bool
 }
 
-// seenLease is a member's lease: since (its tag), ended (this member's
-// clock when the tag changed or went, or the member stopped being alive;
-// zero while it runs).
+// seenLease is a member's lease: since (its tag), first (this member's
+// clock when it first saw the tag), ended (this member's clock when the
+// tag changed or went, or the member stopped being alive; zero while it
+// runs).
 type seenLease struct {
 	member string
 	since  int64
+	first  time.Time
 	ended  time.Time
+}
+
+// start is when the lease holds from, in this member's clock: its
+// announced start, but no earlier than the grace before it was first seen
+// here, so that a member's clock far behind, or a tag naming a start long
+// past, cannot hold every chunk received since then.
+func (l seenLease) start(grace time.Duration) int64 {
+	return max(l.since, l.first.Add(-grace).UnixNano())
 }
 
 // holdGC starts a lease here and returns its end. The tag changes only
@@ -132,7 +142,7 @@ func (n *Node) watchLeases() {
 	}
 	for name, t := range cur {
 		if !running[name] {
-			n.lease.seen = append(n.lease.seen, seenLease{member: name, since: t})
+			n.lease.seen = append(n.lease.seen, seenLease{member: name, since: t, first: now})
 		}
 	}
 }
@@ -155,8 +165,8 @@ func (n *Node) receivedHold() (int64, bool) {
 		if !l.ended.IsZero() && now.Sub(l.ended) > grace {
 			continue
 		}
-		if oldest == 0 || l.since < oldest {
-			oldest = l.since
+		if st := l.start(grace); oldest == 0 || st < oldest {
+			oldest = st
 		}
 	}
 	if oldest == 0 {

@@ -282,6 +282,19 @@ func TestLeaseKeepsPushedChunks(t *testing.T) {
 	}
 }
 
+// TestLeaseStartClamped: a lease whose tag names a start long past (a
+// member's clock far behind, or a lying member) holds received chunks
+// from no earlier than the grace before this member first saw it.
+func TestLeaseStartClamped(t *testing.T) {
+	a, b, _ := threeNoPlacement(t)
+	require.NoError(t, a.setTag(tagLease, "1"))
+	eventually(t, "B sees A's lease", func() bool { return leaseRunning(b, "a") })
+	since, known := b.receivedHold()
+	require.True(t, known)
+	floor := b.s.Now().Add(-chunkstore.DefaultReceivedGrace - leaseSkew - time.Minute).UnixNano()
+	require.Greater(t, since, floor, "a lease announced as started in 1970 holds from %s", time.Unix(0, since))
+}
+
 // TestGCMergesMembersFirst: a GC on a cluster member first merges every
 // alive member's announced namespace. B imports a file, A has merged it;
 // A then renames it while B removes it. B's GC cannot reach A's data

@@ -175,13 +175,6 @@ func policyPath(p string) string {
 	return strings.TrimPrefix(p, "/")
 }
 
-// For returns k for the file at namespace path p: that of the longest
-// policy path at or above it, 0 (the default) when none is.
-func (sp ShardPolicy) For(p string) int {
-	key, _ := sp.longest(p)
-	return sp[key]
-}
-
 // longest returns the longest policy path at or above namespace path p,
 // false when none is.
 func (sp ShardPolicy) longest(p string) (string, bool) {

@@ -426,11 +426,15 @@ func TestShardPolicy(t *testing.T) {
 		"data/other":            6,
 		"top.bin":               6,
 	} {
-		require.Equal(t, want, sp.For(p), p)
+		k, err := mergeShardRules(nil, sp).forFile(p)
+		require.NoError(t, err)
+		require.Equal(t, want, k, p)
 	}
 	none, err := ParseShardPolicy(nil)
 	require.NoError(t, err)
-	require.Equal(t, 0, none.For("any/file"), "no policy: the default")
+	k, err := mergeShardRules(nil, none).forFile("any/file")
+	require.NoError(t, err)
+	require.Equal(t, 0, k, "no policy: the default")
 	for _, bad := range [][]string{{"models"}, {"models=x"}, {"models=4"}, {"models=11"}, {"a=5", "/a/=6"}} {
 		_, err := ParseShardPolicy(bad)
 		require.Error(t, err, "%q", bad)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/kylix/kylix/chunkstore"
 )
@@ -55,10 +54,6 @@ verify). bytes_freed is the disk space given back, as du counts it.`).withJSON()
 	if err != nil {
 		return err
 	}
-	var moved []string
-	if n := e.node; n != nil && (res.PacksRemoved > 0 || res.PacksCompacted > 0) {
-		moved = n.FollowMovedPins(ctx)
-	}
 	if f.jsonOut {
 		return f.printJSON(res)
 	}
@@ -77,9 +72,6 @@ verify). bytes_freed is the disk space given back, as du counts it.`).withJSON()
 	}
 	if res.ReceivedKept > 0 {
 		fmt.Fprintf(e.stdout, "kept: %d chunks received from members that no path names yet: in the last hour, or while an import or conversion that sent them runs on a member (the namespace merge names them)\n", res.ReceivedKept)
-	}
-	if len(moved) > 0 {
-		fmt.Fprintf(e.stdout, "pins locked again where their chunks moved (the removed packs' room given back): %s\n", strings.Join(moved, ", "))
 	}
 	if res.Deferred > 0 {
 		fmt.Fprintf(e.stdout, "left for a later run (--max-bytes): %d packs\n", res.Deferred)

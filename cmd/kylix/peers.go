@@ -75,6 +75,9 @@ func (pf *peerFlags) config(data string, log *slog.Logger) (*peers.Config, error
 		if *pf.coldAfter != 0 || len(*pf.coldShards) > 0 {
 			return nil, fmt.Errorf("serve: --cold-after and --cold-shards need a cluster (--listen HOST:PORT): the cold tier codes data across its members")
 		}
+		if *pf.highWatermark != node.DefaultHighWatermark {
+			return nil, fmt.Errorf("serve: --high-watermark needs a cluster (--listen HOST:PORT): it releases the files made local on a member, whose chunks other members own")
+		}
 		return nil, nil
 	}
 	coldShards, err := peers.ParseShardPolicy(*pf.coldShards)
