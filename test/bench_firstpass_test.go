@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Where the first pass after a node start spends its time (issue 20,
@@ -51,6 +52,13 @@ func TestBenchFirstPass(t *testing.T) {
 		t.Logf("after the pass: %v", st)
 		n.stop()
 	}
+	// Where a first pass goes: each listing and file timed (one more
+	// start, and the same walk over ext4 and the warm mount beside it).
+	n := launchNode(t, data, mnt, nil, nil, "--read-only")
+	t.Logf("timed first pass: %v", readTreeTimed(t, msrc))
+	t.Logf("timed warm pass:  %v", readTreeTimed(t, msrc))
+	n.stop()
+	t.Logf("timed ext4 pass:  %v", readTreeTimed(t, src))
 	t.Logf("files/s: ext4 %v; read-only first pass %v (median %.0f, %.2fx)", ext4, first, median(first), median(first)/median(ext4))
 	if baseBin != "" {
 		t.Logf("files/s: read-only first pass of %s %v (median %.0f, %.2fx)", baseBin, baseFirst, median(baseFirst), median(baseFirst)/median(ext4))
@@ -88,4 +96,70 @@ func TestBenchFirstPass(t *testing.T) {
 		}
 		t.Logf("FUSE requests in a first pass of %d files: %s", nSmall, b.String())
 	}
+}
+
+// passTimes is where one pass of readTreeTimed spent its time.
+type passTimes struct {
+	files              int
+	total, listing     time.Duration
+	fast, mid, slow    int           // files under 30 µs, 30-100 µs, over
+	fastT, midT, slowT time.Duration // and their time
+	firstOfDir         time.Duration // the first file of each directory
+}
+
+func (p passTimes) String() string {
+	return fmt.Sprintf("%d files in %v: listings %v; first file of each directory %v; files <30µs %d (%v), 30-100µs %d (%v), >100µs %d (%v)",
+		p.files, p.total.Round(time.Millisecond), p.listing.Round(time.Millisecond), p.firstOfDir.Round(time.Millisecond),
+		p.fast, p.fastT.Round(time.Millisecond), p.mid, p.midT.Round(time.Millisecond), p.slow, p.slowT.Round(time.Millisecond))
+}
+
+// readTreeTimed reads dir as readTree does (directories in name order,
+// each listed whole, then its files open+read+close), timing each listing
+// and each file.
+func readTreeTimed(t *testing.T, dir string) passTimes {
+	t.Helper()
+	var p passTimes
+	start := time.Now()
+	var walk func(d string)
+	walk = func(d string) {
+		t0 := time.Now()
+		ents, err := os.ReadDir(d)
+		p.listing += time.Since(t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := true
+		for _, e := range ents {
+			path := filepath.Join(d, e.Name())
+			if e.IsDir() {
+				walk(path)
+				continue
+			}
+			t1 := time.Now()
+			b, err := os.ReadFile(path)
+			el := time.Since(t1)
+			if err != nil || len(b) == 0 {
+				t.Fatalf("%s: %v", path, err)
+			}
+			p.files++
+			if first {
+				p.firstOfDir += el
+				first = false
+			}
+			switch {
+			case el < 30*time.Microsecond:
+				p.fast++
+				p.fastT += el
+			case el < 100*time.Microsecond:
+				p.mid++
+				p.midT += el
+			default:
+				p.slow++
+				p.slowT += el
+			}
+		}
+	}
+	walk(dir)
+	p.total = time.Since(start)
+	return p
 }
