@@ -250,6 +250,96 @@ KYLIX_API int kylix_fill_device_ranges(kylix_file *f, const void *ipc_handle64, 
                                        const kylix_range *ranges, uint32_t n, uint32_t flags,
                                        kylix_fill_info *info);
 
+/* ---- tar headers --------------------------------------------------------- */
+
+/* kylix_tar_scan walks the tar headers in a window of a tar file that the
+ * caller has already read (kylix.data's shard reader: one 8 MiB read, then
+ * this call, instead of parsing each 512-byte header in Python). It does
+ * no I/O and keeps no state; any thread may call it.
+ *
+ * buf holds len bytes of the file from file offset base, and a header
+ * begins at buf[0]. From there the scanner takes one header after another
+ * and, for each it understands, fills one kylix_tar_member of out; it
+ * stops (and says why in its return value) at the first of:
+ *
+ *   KYLIX_TAR_MORE   the window ends: fewer than 512 bytes are left for the
+ *                    next header, or that header's member (its data and its
+ *                    padding to a multiple of 512) is not wholly inside buf.
+ *                    Read the next window from *next_off and call again. If
+ *                    nothing was returned and *next_off == base, the member
+ *                    is larger than the window, or the file ends inside it:
+ *                    the caller decides (read it whole, or report truncation).
+ *   KYLIX_TAR_FULL   max members filled in; call again from *next_off.
+ *   KYLIX_TAR_END    the block at *next_off is 512 zero bytes (the trailer).
+ *   KYLIX_TAR_OTHER  the header at *next_off is not one the scanner
+ *                    understands, and the caller's own parser must take it:
+ *                    a PAX header ('x', 'g'), a GNU long name ('L'), a
+ *                    checksum that does not match, no ustar magic (v7,
+ *                    garbage), or a size or checksum field that is not the
+ *                    plain form below. Nothing about it is returned.
+ *
+ * A header is understood when: its magic is POSIX "ustar\0" (at offset
+ * 257; the version is not checked) or GNU "ustar  \0"; its checksum field
+ * (148..155) is octal digits (at least one), optionally after spaces and
+ * followed only by NULs and spaces, and equals the unsigned byte sum of the
+ * 512 bytes with that field counted as 8 spaces (the exact sum; readers
+ * that also accept a signed sum, or compare modulo something, take the
+ * header over at KYLIX_TAR_OTHER); its size field (124..135) is octal of
+ * the same form (no digits: 0) or base-256 (first byte 0x80, then 11 bytes
+ * big-endian, below 2^64); its type is not 'x', 'g' or 'L'. Members of
+ * every other type (directories, links, 'K', ...) are returned with their
+ * type: their size counts (as a data area) like a regular file's, so a
+ * caller skips them as a whole.
+ *
+ * Names, as Python's tarfile reads a ustar header: the name field (offset
+ * 0, up to 100 bytes, ending at its first NUL) and, for the POSIX magic
+ * only, the prefix field (offset 345, up to 155 bytes): the full name is
+ * prefix "/" name when the prefix is not empty. Both stay in buf (at the
+ * header, buf[header_offset - base]); nothing is decoded or copied.
+ *
+ * Sample keys, as WebDataset (and kylix.data.sample_key) split a name: the
+ * key is the name up to the first dot of its base name (the part after the
+ * last '/'), the extension the rest after that dot; a base name without a
+ * dot, or that starts with one, is all key (extension ""). key_len gives
+ * the split within the name field (the base name always lies in the name
+ * field: a prefix is followed by '/').
+ *
+ * Returns the stop reason (KYLIX_TAR_*, >= 0) and sets *n_out to the members
+ * filled in and *next_off to the file offset where scanning stopped (the
+ * header after the last member returned, else base). Returns -EINVAL for a
+ * NULL argument (buf may be NULL when len is 0), max 0, or base + len past
+ * 2^64 - 1; it never reads outside buf[0..len). */
+#define KYLIX_TAR_MORE  0
+#define KYLIX_TAR_FULL  1
+#define KYLIX_TAR_END   2
+#define KYLIX_TAR_OTHER 3
+
+/* KYLIX_TAR_SAME_KEY (kylix_tar_member.flags): this member is a regular
+ * file (type '0' or NUL) with the same sample key (prefix and all) as the
+ * regular file before it in the same out array; never set on out[0] of a
+ * call. Lets a caller build one key per sample, not one per member. */
+#define KYLIX_TAR_SAME_KEY 1u
+
+/* kylix_tar_member is one member found by kylix_tar_scan. Every field is a
+ * uint64_t (a binding may read an array of them as one array of integers). */
+typedef struct kylix_tar_member {
+	uint64_t header_offset; /* file offset of the 512-byte header (base + its place in buf) */
+	uint64_t data_offset;   /* header_offset + 512: the member's first byte */
+	uint64_t size;          /* the member's bytes (its size field) */
+	uint64_t next_offset;   /* data_offset + size rounded up to 512: the next header */
+	uint64_t name_len;      /* bytes of the name field before its first NUL (0..100) */
+	uint64_t prefix_len;    /* bytes of the ustar prefix (0..155); 0 for none or a GNU header */
+	uint64_t key_len;       /* the key is (prefix "/") + the name field's first key_len bytes;
+	                         * the extension is its bytes key_len + 1 .. name_len, or "" when
+	                         * key_len == name_len */
+	uint64_t type;          /* the type flag byte: '0' or 0 regular file, '5' directory, ... */
+	uint64_t flags;         /* KYLIX_TAR_SAME_KEY */
+	uint64_t reserved;      /* 0 */
+} kylix_tar_member;
+
+KYLIX_API int kylix_tar_scan(const void *buf, size_t len, uint64_t base, kylix_tar_member *out,
+                             size_t max, size_t *n_out, uint64_t *next_off);
+
 /* ---- errors ------------------------------------------------------------- */
 
 /* kylix_strerror returns a static description of err (negative or positive

@@ -18,10 +18,14 @@ each worker count given):
   kylix files    kylix.data.Samples through the mount
   kylix shards   kylix.data.Shards through the mount (8 MiB reads)
 
-and two batched rows, where a worker hands over one list of 64 samples
+and batched rows, where a worker hands over one list of 64 samples
 (one pickle) instead of one sample: "ext4 files, batch 64" (the
 DataLoader batches kylix.data.Samples over the source tree,
-batch_size=64) and "kylix shards, batch 64" (kylix.data.Shards(batch=64)).
+batch_size=64) and "kylix shards, batch 64" (kylix.data.Shards(batch=64)),
+and "kylix shards, columns 64" (Shards(batch=64, columns=True): one dict
+of a key list and one Column, a uint8 tensor plus offsets, per field).
+The kylix rows use libkylix's tar scanner where it loads (the setup line
+says which: "scanner").
 
 warm: the page cache and the node hold everything (a pass before the
 timed ones); cold: page cache dropped, and for the Kylix rows the node
@@ -116,7 +120,12 @@ def count(ds, workers, batch=None):
           else DataLoader(ds, batch_size=None, num_workers=workers))
     n = 0
     for s in dl:
-        n += len(s) if isinstance(s, list) else 1
+        if isinstance(s, list):
+            n += len(s)
+        elif isinstance(s, dict) and isinstance(s.get("__key__"), list):  # a columnar batch
+            n += len(s["__key__"])
+        else:
+            n += 1
     return n
 
 
@@ -174,8 +183,10 @@ def main():
             "kylix files": (True, lambda: kd.Samples(os.path.join(node.mnt, "ds", "d")), None),
             "kylix shards": (True, lambda: kd.Shards(os.path.join(node.mnt, "ds", "d.shards")), None),
             "kylix shards, batch 64": (True, lambda: kd.Shards(os.path.join(node.mnt, "ds", "d.shards"), batch=64), None),
+            "kylix shards, columns 64": (True, lambda: kd.Shards(os.path.join(node.mnt, "ds", "d.shards"), batch=64, columns=True), None),
         }
-        info = {"samples": samples, "files": a.files, "bytes": total, "machine": os.uname().nodename, "cpus": os.cpu_count()}
+        info = {"samples": samples, "files": a.files, "bytes": total, "machine": os.uname().nodename, "cpus": os.cpu_count(),
+                "scanner": kd.Shards(os.path.join(node.mnt, "ds", "d.shards")).scanner}
         print(json.dumps({"setup": info}), flush=True)
         for workers in [int(w) for w in a.workers.split(",")]:
             for temp in ("warm", "cold"):

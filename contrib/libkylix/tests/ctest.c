@@ -3,8 +3,10 @@
  * objects (so it can reach the hidden kx_test_ hook), built twice by the
  * Makefile: plain and with ASan+UBSan. tests/run.sh drives it:
  *
- *   ctest unit                 parser cases, fake-node pack/fill/fork/threads
+ *   ctest unit                 parser cases, fake-node pack/fill/fork/threads,
+ *                              tar scanner cases
  *   ctest fuzz N [FILE...]     N random mutations of valid headers
+ *   ctest tarfuzz N            N random tar windows for kylix_tar_scan
  *   ctest dump FILE            print a file's parsed header (run.sh compares
  *                              it with Python's json parse)
  *   ctest mount [--pack F]... SRC DST...
@@ -863,20 +865,464 @@ static int mount_test(int argc, char **argv)
 	return failures ? 1 : 0;
 }
 
+/* ---- kylix_tar_scan ------------------------------------------------------ */
+
+enum { TAR_POSIX, TAR_GNU, TAR_V7 };
+
+/* tar_put writes a 512-byte header at h: name (and prefix, POSIX only),
+ * size (octal; base-256 when b256), type, magic; checksum exact. */
+static void tar_put(unsigned char *h, const char *name, const char *prefix, uint64_t size, char type,
+                    int magic, bool b256)
+{
+	memset(h, 0, 512);
+	memcpy(h, name, strnlen(name, 100));
+	memcpy(h + 100, "0000644", 7);
+	if (b256) {
+		h[124] = 0x80;
+		for (int i = 0; i < 8; i++)
+			h[135 - i] = (unsigned char)(size >> (8 * i));
+	} else {
+		snprintf((char *)h + 124, 12, "%011llo", (unsigned long long)size);
+	}
+	h[156] = (unsigned char)type;
+	if (magic == TAR_POSIX) {
+		memcpy(h + 257, "ustar\0" "00", 8);
+		if (prefix)
+			memcpy(h + 345, prefix, strnlen(prefix, 155));
+	} else if (magic == TAR_GNU) {
+		memcpy(h + 257, "ustar  \0", 8);
+	}
+	unsigned sum = 8 * ' ';
+	for (int i = 0; i < 512; i++)
+		if (i < 148 || i >= 156)
+			sum += h[i];
+	snprintf((char *)h + 148, 8, "%06o", sum);
+	h[155] = ' ';
+}
+
+/* tar_add appends a member (header, size bytes of a pattern, padding) at
+ * *len of b, returning its header's offset. */
+static size_t tar_add(unsigned char *b, size_t *len, const char *name, uint64_t size, char type)
+{
+	size_t off = *len;
+	tar_put(b + off, name, NULL, size, type, TAR_POSIX, false);
+	for (uint64_t i = 0; i < size; i++)
+		b[off + 512 + i] = (unsigned char)(i * 7 + 1);
+	size_t pad = (size_t)(size + 511) / 512 * 512;
+	memset(b + off + 512 + size, 0, pad - size);
+	*len = off + 512 + pad;
+	return off;
+}
+
+static void tar_resum(unsigned char *h)
+{
+	memset(h + 148, ' ', 8);
+	unsigned sum = 0;
+	for (int i = 0; i < 512; i++)
+		sum += h[i];
+	snprintf((char *)h + 148, 8, "%06o", sum);
+	h[155] = ' ';
+}
+
+static int scan(const unsigned char *b, size_t len, uint64_t base, kylix_tar_member *m, size_t max,
+                size_t *n, uint64_t *next)
+{
+	/* A copy of exactly len bytes, so that ASan sees any read past it. */
+	unsigned char *c = malloc(len ? len : 1);
+	memcpy(c, b, len);
+	int r = kylix_tar_scan(len ? c : NULL, len, base, m, max, n, next);
+	free(c);
+	return r;
+}
+
+static void test_tar(void)
+{
+	enum { CAP = 1 << 16 };
+	unsigned char *b = calloc(1, CAP);
+	kylix_tar_member m[16];
+	size_t n, len = 0;
+	uint64_t next;
+	size_t h0 = tar_add(b, &len, "a/0001.bin", 10, '0');
+	size_t h1 = tar_add(b, &len, "a/0001.seg.png", 0, 0);
+	size_t h2 = tar_add(b, &len, "a/0002.bin", 600, '0');
+	size_t end = len;
+	memset(b + len, 0, 1024);
+	len += 1024;
+
+	/* A whole file: three members, then the trailer. */
+	int r = scan(b, len, 0, m, 16, &n, &next);
+	CHECK(r == KYLIX_TAR_END && n == 3 && next == end, "whole: r %d n %zu next %llu", r, n, (unsigned long long)next);
+	CHECK(m[0].header_offset == h0 && m[0].data_offset == 512 && m[0].size == 10 && m[0].next_offset == h1,
+	      "member 0 offsets");
+	CHECK(m[1].header_offset == h1 && m[1].size == 0 && m[1].next_offset == h1 + 512 && m[1].type == 0,
+	      "member 1: empty, type NUL");
+	CHECK(m[2].header_offset == h2 && m[2].size == 600 && m[2].next_offset == h2 + 512 + 1024 && m[2].type == '0',
+	      "member 2");
+	CHECK(m[0].name_len == 10 && m[0].key_len == 6 && m[0].prefix_len == 0, "a/0001.bin: key a/0001");
+	CHECK(m[1].name_len == 14 && m[1].key_len == 6, "a/0001.seg.png: key a/0001, extension seg.png");
+	CHECK(m[0].flags == 0 && m[1].flags == KYLIX_TAR_SAME_KEY && m[2].flags == 0, "same-key flags %llu %llu %llu",
+	      (unsigned long long)m[0].flags, (unsigned long long)m[1].flags, (unsigned long long)m[2].flags);
+	/* The same bytes at another base: offsets move with it. */
+	uint64_t base = (uint64_t)1 << 40;
+	r = scan(b, len, base, m, 16, &n, &next);
+	CHECK(r == KYLIX_TAR_END && n == 3 && next == base + end && m[2].data_offset == base + h2 + 512, "base");
+	/* Starting at a later header (the caller's next window). */
+	r = scan(b + h2, len - h2, h2, m, 16, &n, &next);
+	CHECK(r == KYLIX_TAR_END && n == 1 && m[0].header_offset == h2 && m[0].flags == 0, "from the third header");
+
+	/* Truncated windows: the member whose data (or padding) is not all
+	 * in the window ends the scan at its header. */
+	size_t cuts[] = {h2 + 512 + 599, h2 + 512 + 600, h2 + 512 + 1023, h2 + 511, h2};
+	for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+		r = scan(b, cuts[i], 0, m, 16, &n, &next);
+		CHECK(r == KYLIX_TAR_MORE && n == 2 && next == h2, "cut at %zu: r %d n %zu next %llu", cuts[i], r, n,
+		      (unsigned long long)next);
+	}
+	r = scan(b, h2 + 512 + 1024, 0, m, 16, &n, &next);
+	CHECK(r == KYLIX_TAR_MORE && n == 3 && next == end, "window ends at the trailer");
+	r = scan(b, 511, 0, m, 16, &n, &next);
+	CHECK(r == KYLIX_TAR_MORE && n == 0 && next == 0, "less than a header");
+	r = scan(b, 0, 7, m, 16, &n, &next);
+	CHECK(r == KYLIX_TAR_MORE && n == 0 && next == 7, "empty window");
+	/* A member larger than the window: nothing, next at the window's start. */
+	r = scan(b + h2, 1024, h2, m, 16, &n, &next);
+	CHECK(r == KYLIX_TAR_MORE && n == 0 && next == h2, "member larger than the window");
+
+	/* max: FULL, and a second call goes on. */
+	r = scan(b, len, 0, m, 2, &n, &next);
+	CHECK(r == KYLIX_TAR_FULL && n == 2 && next == h2, "full");
+	r = scan(b + next, len - next, next, m, 2, &n, &next);
+	CHECK(r == KYLIX_TAR_END && n == 1 && m[0].header_offset == h2 && next == end, "after full");
+
+	/* The trailer first. */
+	r = scan(b + end, 1024, end, m, 16, &n, &next);
+	CHECK(r == KYLIX_TAR_END && n == 0 && next == end, "trailer");
+
+	/* A bad checksum in the second header: OTHER there, the first returned. */
+	unsigned char *c = calloc(1, CAP);
+	memcpy(c, b, len);
+	c[h1 + 3] ^= 0x20;
+	r = scan(c, len, 0, m, 16, &n, &next);
+	CHECK(r == KYLIX_TAR_OTHER && n == 1 && next == h1, "bad checksum: r %d n %zu", r, n);
+	/* A signed-sum checksum (tarfile accepts one) is the caller's. */
+	memcpy(c, b, len);
+	c[h1 + 20] = 0xE9;
+	{
+		int sum = 0;
+		memset(c + h1 + 148, ' ', 8);
+		for (int i = 0; i < 512; i++)
+			sum += (signed char)c[h1 + i];
+		snprintf((char *)c + h1 + 148, 8, "%06o", sum);
+	}
+	r = scan(c, len, 0, m, 16, &n, &next);
+	CHECK(r == KYLIX_TAR_OTHER && n == 1 && next == h1, "signed checksum");
+	/* Checksum and size fields in other than the plain form. */
+	const char *chks[] = {"", "       ", "0x12", "9", "12\0x"};
+	for (size_t i = 0; i < sizeof chks / sizeof chks[0]; i++) {
+		memcpy(c, b, len);
+		memset(c + h1 + 148, 0, 8);
+		memcpy(c + h1 + 148, chks[i], i == 4 ? 4 : strlen(chks[i]));
+		r = scan(c, len, 0, m, 16, &n, &next);
+		CHECK(r == KYLIX_TAR_OTHER && n == 1, "checksum field %zu", i);
+	}
+	const char *sizes[] = {"+0000000012", "0000000001x", "00000000019", "\0 12"};
+	for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+		memcpy(c, b, len);
+		memset(c + h1 + 124, 0, 12);
+		memcpy(c + h1 + 124, sizes[i], i == 3 ? 4 : strlen(sizes[i]));
+		tar_resum(c + h1);
+		r = scan(c, len, 0, m, 16, &n, &next);
+		CHECK(r == KYLIX_TAR_OTHER && n == 1, "size field %zu: r %d n %zu", i, r, n);
+	}
+	/* Plain forms: leading spaces, trailing NULs and spaces, no digits. */
+	memcpy(c, b, len);
+	memcpy(c + h0 + 124, "  12 \0\0 \0\0\0\0", 12);
+	tar_resum(c + h0);
+	r = scan(c, len, 0, m, 1, &n, &next);
+	CHECK(r == KYLIX_TAR_FULL && n == 1 && m[0].size == 10, "size ' 12 ': %llu", (unsigned long long)m[0].size);
+	memset(c + h1 + 124, 0, 12);
+	tar_resum(c + h1);
+	r = scan(c + h1, 512, h1, m, 1, &n, &next);
+	CHECK(r == KYLIX_TAR_FULL && n == 1 && m[0].size == 0, "size field of NULs is 0");
+
+	/* Not ustar (v7, no magic), and the headers the caller parses itself. */
+	size_t l2 = 0;
+	tar_add(c, &l2, "x.bin", 1, '0');
+	size_t o = l2;
+	tar_put(c + l2, "y.bin", NULL, 1, '0', TAR_V7, false);
+	l2 += 1024;
+	r = scan(c, l2, 0, m, 16, &n, &next);
+	CHECK(r == KYLIX_TAR_OTHER && n == 1 && next == o, "v7 header");
+	const char others[] = {'x', 'g', 'L'};
+	for (size_t i = 0; i < sizeof others; i++) {
+		l2 = 0;
+		tar_add(c, &l2, "x.bin", 1, '0');
+		o = tar_add(c, &l2, "././@LongLink", 300, others[i]);
+		tar_add(c, &l2, "y.bin", 1, '0');
+		r = scan(c, l2, 0, m, 16, &n, &next);
+		CHECK(r == KYLIX_TAR_OTHER && n == 1 && next == o, "type %c", others[i]);
+	}
+	/* Other types are members (skipped whole by the caller); a directory
+	 * between two files of one key does not break their SAME_KEY. */
+	l2 = 0;
+	tar_add(c, &l2, "k/1.a", 3, '0');
+	tar_add(c, &l2, "k/1.d", 1500, '5');
+	tar_add(c, &l2, "k/1.b", 3, '0');
+	tar_add(c, &l2, "k/1.lnk", 0, '2');
+	r = scan(c, l2, 0, m, 16, &n, &next);
+	CHECK(r == KYLIX_TAR_MORE && n == 4 && next == l2, "other types: r %d n %zu", r, n);
+	CHECK(m[1].type == '5' && m[1].next_offset == 512 + 512 + 512 + 1536 && m[1].flags == 0, "directory");
+	CHECK(m[2].flags == KYLIX_TAR_SAME_KEY && m[3].flags == 0, "same key over a directory");
+
+	/* Base-256 sizes. */
+	l2 = 0;
+	tar_put(c, "big.bin", NULL, 1000, '0', TAR_POSIX, true);
+	memset(c + 512, 0, 1024);
+	l2 = 1536;
+	r = scan(c, l2, 0, m, 16, &n, &next);
+	CHECK(r == KYLIX_TAR_MORE && n == 1 && m[0].size == 1000 && next == 1536, "base-256 size");
+	memset(c + 125, 0, 11);
+	c[125] = 1; /* 2^80 */
+	tar_resum(c);
+	r = scan(c, l2, 0, m, 16, &n, &next);
+	CHECK(r == KYLIX_TAR_OTHER && n == 0, "base-256 size of 2^80");
+	tar_put(c, "neg.bin", NULL, 0, '0', TAR_POSIX, false);
+	memset(c + 124, 0xff, 12);
+	tar_resum(c);
+	r = scan(c, l2, 0, m, 16, &n, &next);
+	CHECK(r == KYLIX_TAR_OTHER && n == 0, "negative base-256 size");
+	/* A size that is plain but larger than any window. */
+	tar_put(c, "huge.bin", NULL, 077777777777ull, '0', TAR_POSIX, false);
+	r = scan(c, l2, 0, m, 16, &n, &next);
+	CHECK(r == KYLIX_TAR_MORE && n == 0 && next == 0, "huge member");
+
+	/* Names: prefix (POSIX only), dots, slashes, 100 bytes without NUL. */
+	struct {
+		const char *name, *prefix;
+		int magic;
+		size_t name_len, prefix_len, key_len;
+	} names[] = {
+		{"x.tar.gz", "long/dir", TAR_POSIX, 8, 8, 1},
+		{"x.tar.gz", "long/dir", TAR_GNU, 8, 0, 1},
+		{".hidden", NULL, TAR_POSIX, 7, 0, 7},
+		{"d/.hidden.x", NULL, TAR_POSIX, 11, 0, 11},
+		{"dir.d/file", NULL, TAR_POSIX, 10, 0, 10},
+		{"a/b.", NULL, TAR_POSIX, 4, 0, 3},
+		{"noext", NULL, TAR_POSIX, 5, 0, 5},
+		{"trailing/", NULL, TAR_POSIX, 9, 0, 9},
+		{"", "pre", TAR_POSIX, 0, 3, 0},
+		{"n\xc3\xa9.\xff", NULL, TAR_POSIX, 5, 0, 3},
+	};
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+		tar_put(c, names[i].name, names[i].prefix, 0, '0', names[i].magic, false);
+		if (names[i].magic == TAR_GNU) { /* GNU keeps other fields there */
+			memcpy(c + 345, "12345670123", 11);
+			tar_resum(c);
+		}
+		r = scan(c, 512, 0, m, 16, &n, &next);
+		CHECK(r == KYLIX_TAR_MORE && n == 1 && m[0].name_len == names[i].name_len &&
+		          m[0].prefix_len == names[i].prefix_len && m[0].key_len == names[i].key_len,
+		      "name %zu %s: n %zu name %llu prefix %llu key %llu", i, names[i].name, n,
+		      (unsigned long long)m[0].name_len, (unsigned long long)m[0].prefix_len,
+		      (unsigned long long)m[0].key_len);
+	}
+	char long_name[101];
+	memset(long_name, 'n', 100);
+	long_name[100] = 0;
+	long_name[50] = '.';
+	tar_put(c, long_name, NULL, 0, '0', TAR_POSIX, false);
+	memset(c + 345, 'p', 155);
+	tar_resum(c);
+	r = scan(c, 512, 0, m, 16, &n, &next);
+	CHECK(r == KYLIX_TAR_MORE && n == 1 && m[0].name_len == 100 && m[0].prefix_len == 155 && m[0].key_len == 50,
+	      "100-byte name, 155-byte prefix");
+	/* Same key: prefixes differ, so keys differ. */
+	tar_put(c, "k.a", "p1", 0, '0', TAR_POSIX, false);
+	tar_put(c + 512, "k.b", "p2", 0, '0', TAR_POSIX, false);
+	tar_put(c + 1024, "k.c", "p2", 0, '0', TAR_POSIX, false);
+	r = scan(c, 1536, 0, m, 16, &n, &next);
+	CHECK(n == 3 && m[1].flags == 0 && m[2].flags == KYLIX_TAR_SAME_KEY, "same key with prefixes");
+
+	/* Arguments. */
+	CHECK(kylix_tar_scan(b, len, 0, m, 16, NULL, &next) == -EINVAL, "NULL n_out");
+	CHECK(kylix_tar_scan(b, len, 0, m, 16, &n, NULL) == -EINVAL, "NULL next_off");
+	CHECK(kylix_tar_scan(b, len, 0, NULL, 16, &n, &next) == -EINVAL, "NULL out");
+	CHECK(kylix_tar_scan(b, len, 0, m, 0, &n, &next) == -EINVAL, "max 0");
+	CHECK(kylix_tar_scan(NULL, 512, 0, m, 16, &n, &next) == -EINVAL, "NULL buf");
+	CHECK(kylix_tar_scan(b, len, UINT64_MAX - 100, m, 16, &n, &next) == -EINVAL, "base + len wraps");
+	CHECK(*kylix_last_error() != 0, "a message for -EINVAL");
+	free(c);
+	free(b);
+}
+
+/* tar_check verifies what kylix_tar_scan returned on buf against kylix.h's
+ * contract, recomputing every field from the bytes. */
+static void tar_check(const unsigned char *buf, size_t len, uint64_t base, size_t max, int r,
+                      const kylix_tar_member *m, size_t n, uint64_t next, long it)
+{
+	CHECK(r >= KYLIX_TAR_MORE && r <= KYLIX_TAR_OTHER, "tarfuzz %ld: r %d", it, r);
+	CHECK(n <= max, "tarfuzz %ld: n %zu > max %zu", it, n, max);
+	CHECK(next >= base && next - base <= len, "tarfuzz %ld: next outside the window", it);
+	uint64_t at = base;
+	size_t prev_reg = SIZE_MAX;
+	for (size_t i = 0; i < n && i <= max; i++) {
+		const kylix_tar_member *t = &m[i];
+		CHECK(t->header_offset == at, "tarfuzz %ld: member %zu not where the last ended", it, i);
+		CHECK(t->data_offset == at + 512 && t->next_offset >= t->data_offset + t->size &&
+		          t->next_offset - t->data_offset - t->size < 512 && (t->next_offset - at) % 512 == 0,
+		      "tarfuzz %ld: member %zu offsets", it, i);
+		CHECK(t->next_offset - base <= len, "tarfuzz %ld: member %zu past the window", it, i);
+		if (failures)
+			return;
+		const unsigned char *h = buf + (t->header_offset - base);
+		unsigned sum = 8 * ' ';
+		for (int k = 0; k < 512; k++)
+			if (k < 148 || k >= 156)
+				sum += h[k];
+		uint64_t chk = 0;
+		for (int k = 148; k < 156 && h[k] >= '0' && h[k] <= '7'; k++)
+			chk = chk * 8 + (uint64_t)(h[k] - '0');
+		int k0 = 148;
+		while (h[k0] == ' ')
+			k0++;
+		chk = 0;
+		for (int k = k0; k < 156 && h[k] >= '0' && h[k] <= '7'; k++)
+			chk = chk * 8 + (uint64_t)(h[k] - '0');
+		CHECK(chk == sum, "tarfuzz %ld: member %zu checksum %llu, sum %u", it, i, (unsigned long long)chk, sum);
+		CHECK(t->type != 'x' && t->type != 'g' && t->type != 'L' && t->type == h[156], "tarfuzz %ld: type", it);
+		bool posix = memcmp(h + 257, "ustar\0", 6) == 0;
+		CHECK(posix || memcmp(h + 257, "ustar  \0", 8) == 0, "tarfuzz %ld: magic", it);
+		size_t nl = strnlen((const char *)h, 100);
+		size_t pl = posix ? strnlen((const char *)h + 345, 155) : 0;
+		CHECK(t->name_len == nl && t->prefix_len == pl, "tarfuzz %ld: name lengths", it);
+		size_t bs = 0, kl = nl;
+		for (size_t k = 0; k < nl; k++)
+			if (h[k] == '/')
+				bs = k + 1;
+		for (size_t k = bs + 1; k < nl && h[bs] != '.'; k++) /* ".x": all key */
+			if (h[k] == '.') {
+				kl = k;
+				break;
+			}
+		CHECK(t->key_len == kl, "tarfuzz %ld: key_len %llu, want %zu", it, (unsigned long long)t->key_len, kl);
+		bool reg = t->type == '0' || t->type == 0;
+		bool same = false;
+		if (reg && prev_reg != SIZE_MAX) {
+			const kylix_tar_member *p = &m[prev_reg];
+			const unsigned char *ph = buf + (p->header_offset - base);
+			same = p->key_len == kl && p->prefix_len == pl && memcmp(ph, h, kl) == 0 &&
+			       memcmp(ph + 345, h + 345, pl) == 0;
+		}
+		CHECK(t->flags == (same ? KYLIX_TAR_SAME_KEY : 0u) && t->reserved == 0, "tarfuzz %ld: flags", it);
+		if (reg)
+			prev_reg = i;
+		at = t->next_offset;
+	}
+	CHECK(next == at, "tarfuzz %ld: next %llu, last member ends at %llu", it, (unsigned long long)next,
+	      (unsigned long long)at);
+	size_t pos = (size_t)(next - base);
+	if (r == KYLIX_TAR_END) {
+		static const unsigned char zero[512];
+		CHECK(len - pos >= 512 && memcmp(buf + pos, zero, 512) == 0, "tarfuzz %ld: END not at zeros", it);
+	}
+	if (r == KYLIX_TAR_OTHER)
+		CHECK(len - pos >= 512, "tarfuzz %ld: OTHER past the window", it);
+	if (r == KYLIX_TAR_FULL)
+		CHECK(n == max, "tarfuzz %ld: FULL with %zu of %zu", it, n, max);
+}
+
+/* tarfuzz: random tar files (names with dots and slashes, prefixes, both
+ * magics, base-256 sizes, PAX and long-name headers, other types), then
+ * random mutations of their bytes, windows and max: kylix_tar_scan must
+ * return only what tar_check accepts, and never read outside the window
+ * (each window is a malloc of exactly its length, for ASan). */
+static int tarfuzz(long iters)
+{
+	enum { CAP = 1 << 17 };
+	unsigned char *b = malloc(CAP);
+	kylix_tar_member m[64];
+	long members = 0;
+	for (long it = 0; it < iters && failures <= 10; it++) {
+		size_t len = 0;
+		int nm = 1 + (int)(rnd() % 12);
+		for (int i = 0; i < nm && len + 8192 < CAP; i++) {
+			char name[120], prefix[40];
+			int nl = (int)(rnd() % 24);
+			for (int k = 0; k < nl; k++)
+				name[k] = "ab./0.x./"[rnd() % 9];
+			name[nl] = 0;
+			if (rnd() % 16 == 0) {
+				memset(name, 'q', 100);
+				name[100] = 0;
+			}
+			int pl = (int)(rnd() % 4 == 0 ? rnd() % 12 : 0);
+			for (int k = 0; k < pl; k++)
+				prefix[k] = "pd/."[rnd() % 4];
+			prefix[pl] = 0;
+			uint64_t size = rnd() % 4 == 0 ? 0 : rnd() % 3000;
+			char type = "0000000\0\0" "5x2LgK"[rnd() % 15];
+			int magic = rnd() % 8 == 0 ? TAR_GNU : TAR_POSIX;
+			tar_put(b + len, name, pl ? prefix : NULL, size, type, magic, rnd() % 8 == 0);
+			size_t pad = (size_t)(size + 511) / 512 * 512;
+			for (size_t k = 0; k < pad; k++)
+				b[len + 512 + k] = k < size ? (unsigned char)rnd() : 0;
+			len += 512 + pad;
+		}
+		if (rnd() % 2) {
+			memset(b + len, 0, 1024);
+			len += 1024;
+		}
+		int muts = (int)(rnd() % 4);
+		for (int k = 0; k < muts; k++) {
+			size_t pos = rnd() % len;
+			if (rnd() % 2)
+				pos = pos / 512 * 512 + (rnd() % 2 ? 124 + rnd() % 12 : 148 + rnd() % 8);
+			if (pos >= len)
+				continue;
+			switch (rnd() % 4) {
+			case 0: b[pos] ^= (unsigned char)(1u << (rnd() % 8)); break;
+			case 1: b[pos] = (unsigned char)rnd(); break;
+			case 2: b[pos] = " 0\0" "7"[rnd() % 4]; break;
+			default: tar_resum(b + pos / 512 * 512); break; /* a valid sum over whatever is there */
+			}
+		}
+		size_t start = rnd() % 4 == 0 ? (rnd() % len) / 512 * 512 : 0;
+		size_t wl = len - start;
+		if (rnd() % 2)
+			wl = rnd() % (wl + 1);
+		size_t max = 1 + rnd() % 64;
+		uint64_t base = rnd() % 2 ? start : rnd() >> 2;
+		unsigned char *w = malloc(wl ? wl : 1);
+		memcpy(w, b + start, wl);
+		size_t n = 0;
+		uint64_t next = 0;
+		int r = kylix_tar_scan(wl ? w : NULL, wl, base, m, max, &n, &next);
+		tar_check(w, wl, base, max, r, m, n, next, it);
+		members += (long)n;
+		free(w);
+	}
+	printf("tarfuzz: %ld windows, %ld members, %d failures\n", iters, members, failures);
+	free(b);
+	return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc >= 2 && strcmp(argv[1], "unit") == 0) {
 		test_parser();
 		test_fake_node();
+		test_tar();
 		printf("unit: %d failures\n", failures);
 		return failures ? 1 : 0;
 	}
 	if (argc >= 3 && strcmp(argv[1], "fuzz") == 0)
 		return fuzz(atol(argv[2]), argc - 3, argv + 3);
+	if (argc == 3 && strcmp(argv[1], "tarfuzz") == 0)
+		return tarfuzz(atol(argv[2]));
 	if (argc == 3 && strcmp(argv[1], "dump") == 0)
 		return dump(argv[2]);
 	if (argc >= 4 && strcmp(argv[1], "mount") == 0)
 		return mount_test(argc - 2, argv + 2);
-	fprintf(stderr, "usage: ctest unit | fuzz N [FILE...] | dump FILE | mount [--pack DST]... SRC DST...\n");
+	fprintf(stderr, "usage: ctest unit | fuzz N [FILE...] | tarfuzz N | dump FILE | mount [--pack DST]... SRC DST...\n");
 	return 2;
 }

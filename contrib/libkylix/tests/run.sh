@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # libkylix's C tests, run by `make test-c` (part of `make test`):
 #   1. exported symbols: only kylix_* (nm);
-#   2. unit tests and a fixed-count fuzz loop, plain and under ASan+UBSan;
+#   2. unit tests and fixed-count fuzz loops (safetensors headers, tar
+#      windows), plain and under ASan+UBSan;
 #   3. the C parser against Python's json on files `kylix demo-model` wrote;
 #   4. a live mount (as root with /dev/fuse): every byte read through
 #      libkylix equals the source (a large contiguous file, a small file, a
@@ -112,6 +113,9 @@ echo "${#sts[@]} files agree"
 
 echo "== libkylix: fuzz ($FUZZ_N mutations under ASan+UBSan, seeded with the demo files)"
 $CTA fuzz "$FUZZ_N" "${sts[@]}"
+
+echo "== libkylix: tar scanner fuzz ($FUZZ_N windows under ASan+UBSan)"
+$CTA tarfuzz "$FUZZ_N"
 
 echo "== libkylix: a live mount"
 if [ "$(id -u)" != 0 ]; then

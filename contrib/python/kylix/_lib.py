@@ -10,7 +10,10 @@ The binding follows contrib/libkylix/kylix.h, KYLIX_ABI_VERSION 1:
 kylix_abi_version, kylix_open, kylix_close, kylix_pread (with struct
 kylix_read_info: bytes_pack, bytes_fuse, pack_fallbacks, reads, char path[16]),
 kylix_strerror, kylix_last_error. A library of another ABI version is not
-used (we fall back to preads and say why).
+used (we fall back to preads and say why). Functions added to the library
+later, without an ABI change, are bound only where the loaded library has
+them: kylix_tar_scan (tar_scan(); kylix.data's shard reader falls back to
+its Python parser without it, and says so).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ _lock = threading.Lock()
 _lib = None
 _tried = False
 _why = ""
+_tar_scan = None
+_tar_scan_why = ""
 
 ABI_VERSION = 1
 
@@ -83,8 +88,44 @@ def lib():
                 continue
             _lib = L
             _why = f"loaded {path}"
+            _bind_optional(L, path)
             return _lib
         return None
+
+
+def _bind_optional(L, path):
+    global _tar_scan, _tar_scan_why
+    try:
+        f = L.kylix_tar_scan
+    except AttributeError:
+        _tar_scan_why = f"{path} has no kylix_tar_scan (an older libkylix: make build)"
+        return
+    f.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t,
+                  ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_uint64)]
+    f.restype = ctypes.c_int
+    _tar_scan = f
+    _tar_scan_why = f"kylix_tar_scan of {path}"
+
+
+# kylix.h's kylix_tar_member: TAR_FIELDS uint64_t, in this order (an array
+# of them is read as one array of integers), and the stop reasons and flag.
+TAR_FIELDS = 10
+TAR_HEADER_OFFSET, TAR_DATA_OFFSET, TAR_SIZE, TAR_NEXT_OFFSET, TAR_NAME_LEN, TAR_PREFIX_LEN, \
+    TAR_KEY_LEN, TAR_TYPE, TAR_FLAGS, TAR_RESERVED = range(TAR_FIELDS)
+TAR_MORE, TAR_FULL, TAR_END, TAR_OTHER = 0, 1, 2, 3
+TAR_SAME_KEY = 1
+
+
+def tar_scan():
+    """kylix_tar_scan of the loaded library, or None (see tar_scan_why())."""
+    lib()
+    return _tar_scan
+
+
+def tar_scan_why() -> str:
+    """Where kylix_tar_scan comes from, or why it is not there."""
+    lib()
+    return _tar_scan_why or ("libkylix is not loaded: " + _why)
 
 
 def why() -> str:

@@ -35,6 +35,22 @@ sample ever carries wrong bytes: bytes come only from successful reads.
 
 batch=N makes Shards yield lists of N samples (the last may be shorter),
 so a DataLoader worker hands over one list at a time (batch_size=None).
+columns=True (with batch=N) makes each batch one dict instead:
+{"__key__": [key, ...], EXT: Column, ...}, a Column holding the field's
+bytes of every sample end to end in one uint8 tensor plus int64 offsets
+(col[i] is sample i's bytes as a tensor view; a sample without the field
+has a zero-length entry and col.present says which have it). One copy of
+each byte (window -> column), no object per sample but its key, and
+nothing for default_convert, pin_memory or a worker's pickle to walk.
+transform is refused with columns (map the batches instead); a
+shuffle_buffer shuffles samples before they are put into columns.
+
+Tar headers are parsed by libkylix's kylix_tar_scan (C) where libkylix
+loads, else by the same rules in Python; Shards.scanner says which
+("libkylix" or "python", and scanner_why why), scanner="python" or
+"libkylix" asks for one. Headers the scanner does not take (PAX, GNU long
+names, anything but the plain ustar form) go to the Python parser, one by
+one, in both cases: the samples are the same either way.
 
 to_device(batches, device) moves batches (tensors, or dicts/lists/tuples
 of them) to a device, staging through pinned memory with copies on a
@@ -44,6 +60,7 @@ side stream prefetch batches ahead, so the copy overlaps the consumer.
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import mmap
 import os
@@ -60,7 +77,13 @@ except ImportError:  # the readers work without torch; DataLoader needs it
     torch = None
     _Dataset = _IterableDataset = object
 
-__all__ = ["SampleError", "Samples", "Shards", "sample_key", "to_device"]
+try:  # libkylix's tar scanner (kylix_tar_scan); the reader works without it
+    import ctypes as _ctypes
+    from . import _lib
+except ImportError:
+    _ctypes = _lib = None
+
+__all__ = ["Column", "SampleError", "Samples", "Shards", "sample_key", "to_device"]
 
 BLOCK = 512
 
@@ -169,35 +192,72 @@ def skip_none(batch):
 
 
 class _Window:
-    """Reads a file front to back in large reads, handing out byte ranges.
-    A large read that fails part way (the kernel returns what it read,
-    then the next read fails: a chunk the node refused) leaves the rest of
-    that window to exact reads of each range asked for, so an error is
-    charged to the member whose bytes hold it, and the members around it
-    still read."""
+    """Reads a file front to back in large reads into one buffer, reused
+    from read to read (it never moves: a scanner in C reads it by
+    address), handing out byte ranges. A large read that fails part way
+    (the kernel returns what it read, then the next read fails: a chunk the
+    node refused) leaves the rest of that range to exact reads of each
+    range asked for, so an error is charged to the member whose bytes hold
+    it, and the members around it still read.
 
-    def __init__(self, path: str, fd: int, size: int, read_size: int):
+    The window is buf[0:n], bytes off .. off + n of the file; view is a
+    memoryview of buf. Slices of view must be dropped before the next
+    fill (a fill that needs a larger buffer releases view)."""
+
+    def __init__(self, path: str, fd: int, size: int, read_size: int, buf: Optional[bytearray] = None):
         self.path, self.fd, self.size, self.read_size = path, fd, size, read_size
-        self.off, self.buf = 0, b""
+        self.off, self.n = 0, 0
+        self.buf = bytearray() if buf is None else buf  # a buffer to reuse (of the file before)
         self.view = memoryview(self.buf)
+        self.addr = 0
+        if len(self.buf) and _ctypes is not None:
+            self._address()
         self.exact_until = 0
         self.direct = None  # an O_DIRECT descriptor, opened at the first error
 
     def close(self):
+        self.view.release()
         if self.direct is not None:
             os.close(self.direct)
             self.direct = None
 
-    def _read(self, off: int, n: int, keep_partial: bool, into: Optional[bytearray] = None):
-        """n bytes at off (fewer at the end of the file), read straight into
-        one buffer (no copy per read): into when given (at least n long,
-        cut to what was read), else a new one. keep_partial: a failing read
-        returns what came before it (raises if nothing did); else the range
-        is read again exactly (_direct), which raises for a range that
-        fails."""
-        buf = into if into is not None else bytearray(n)
-        if len(buf) > n:
-            del buf[n:]
+    def _address(self):
+        c = _ctypes.c_char.from_buffer(self.buf)
+        self.addr = _ctypes.addressof(c)
+        del c
+
+    def fill(self, off: int, want: int = 0) -> int:
+        """Reads the window at off: want bytes (default read_size; fewer
+        at the end of the file). A read that fails part way keeps what
+        came before it and leaves the rest of the range to exact reads
+        (exact_until). Returns the bytes now in the window."""
+        want = min(max(want, self.read_size), self.size - off)
+        if len(self.buf) < want:
+            self.view.release()
+            self.buf = bytearray(want)  # zeroed once, then reused
+            self.view = memoryview(self.buf)
+            if _ctypes is not None:
+                self._address()
+        self.off, self.n = off, 0
+        got = 0
+        while got < want:
+            try:
+                k = os.preadv(self.fd, [self.view[got:want]], off + got)
+            except OSError:
+                break
+            if k == 0:
+                break
+            got += k
+        self.n = got
+        if got < want:
+            self.exact_until = off + want
+        return got
+
+    def _read(self, off: int, n: int) -> bytes:
+        """n bytes at off (fewer at the end of the file), read into a new
+        buffer; a read that fails is asked again exactly (_direct), which
+        raises for a range that fails."""
+        buf = bytearray(n)
         mv = memoryview(buf)
         got = 0
         try:
@@ -205,10 +265,6 @@ class _Window:
                 try:
                     k = os.preadv(self.fd, [mv[got:]], off + got)
                 except OSError:
-                    if keep_partial and got:
-                        break
-                    if keep_partial:
-                        raise
                     return self._direct(off, n)
                 if k == 0:
                     break
@@ -217,7 +273,7 @@ class _Window:
             mv.release()
         if got < n:
             del buf[got:]
-        return buf
+        return bytes(buf)
 
     def _direct(self, off: int, n: int) -> bytes:
         """The range read with O_DIRECT, so the file system is asked for
@@ -249,27 +305,12 @@ class _Window:
     def get(self, off: int, n: int) -> bytes:
         """n bytes at off (fewer only at the end of the file)."""
         end = min(off + n, self.size)
-        if self.off <= off and end <= self.off + len(self.buf):
+        if self.off <= off and end <= self.off + self.n:
             return bytes(self.view[off - self.off:end - self.off])
         if off < self.exact_until:
-            return bytes(self._read(off, end - off, False))
-        want = min(max(n, self.read_size), self.size - off)
-        # The window's buffer is reused: get hands out copies, so only
-        # self.view holds it (a new one when it is too short; bytearray(n)
-        # zeroes n bytes, which cost as much as the read).
-        self.view.release()
-        spare = self.buf if isinstance(self.buf, bytearray) and len(self.buf) >= want else None
-        self.buf, self.view = b"", memoryview(b"")
-        try:
-            buf = self._read(off, want, True, into=spare)
-        except OSError:
-            buf = b""
-        if len(buf) < want:
-            self.exact_until = off + want
-            if len(buf) < end - off:
-                return bytes(self._read(off, end - off, False))  # raises for this range
-        self.buf, self.off = buf, off
-        self.view = memoryview(buf)
+            return self._read(off, end - off)  # raises for this range
+        if self.fill(off, n) < end - off:
+            return self._read(off, end - off)  # raises for this range
         return bytes(self.view[:end - off])
 
 
@@ -277,11 +318,15 @@ def _ustar(blk: bytes):
     """(name, size, type) of a plain ustar header whose checksum holds, or
     None for anything else (tarfile.TarInfo.frombuf then parses it, and
     refuses what is not a header): the common case without tarfile's
-    cost of about 25 us a header."""
+    cost of about 25 us a header. Every header kylix_tar_scan takes, this
+    takes too, with the same name, size and type."""
     if blk[257:263] != b"ustar\0" and blk[257:265] != b"ustar  \0":
         return None
     try:
-        size = int(blk[124:136].rstrip(b"\0 ") or b"0", 8)
+        if blk[124] == 0x80:  # base-256, as kylix_tar_scan reads it
+            size = int.from_bytes(blk[125:136], "big")
+        else:
+            size = int(blk[124:136].rstrip(b"\0 ") or b"0", 8)
         chk = int(blk[148:156].rstrip(b"\0 "), 8)
     except ValueError:
         return None
@@ -310,26 +355,140 @@ def _pax(data: bytes) -> dict:
     return out
 
 
-def read_tar(path: str, *, read_size: int = 8 << 20, policy: Optional[_ErrorPolicy] = None) -> Iterator[tuple[str, bytes]]:
-    """(name, bytes) of each regular member of the tar file at path, in
-    order. ustar, PAX ('x', 'g') and GNU long names ('L') are understood;
-    other member types are passed over. Errors go to policy (default: raise
-    SampleError); a member policy skips comes as (name, None)."""
-    policy = policy or _ErrorPolicy("raise")
+_ZERO = bytes(BLOCK)
+_META = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME)
+# Why a scan of a window stopped (kylix.h's KYLIX_TAR_*).
+_MORE, _FULL, _END, _OTHER = 0, 1, 2, 3
+
+
+def _scan_python(w: _Window, off: int):
+    """The plain ustar headers of the window from off, in Python: what
+    kylix_tar_scan returns, as (entries, stop, next offset); entries are
+    (key, extension, start, end) of the regular members, start and end
+    within w.view. Stops where kylix_tar_scan stops (a header it does not
+    take, _ustar does not take either, or is a PAX or long-name header)."""
+    view, base, end = w.view, w.off, w.n
+    pos = off - base
+    entries = []
+    while True:
+        if end - pos < BLOCK:
+            return entries, _MORE, base + pos
+        blk = bytes(view[pos:pos + BLOCK])
+        if blk == _ZERO:
+            return entries, _END, base + pos
+        hdr = _ustar(blk)
+        if hdr is None or hdr[2] in _META:
+            return entries, _OTHER, base + pos
+        name, size, t = hdr
+        padded = (size + BLOCK - 1) // BLOCK * BLOCK
+        if end - pos - BLOCK < padded:
+            return entries, _MORE, base + pos
+        if t == tarfile.REGTYPE or t == tarfile.AREGTYPE:
+            key, ext = sample_key(name)
+            entries.append((key, ext, pos + BLOCK, pos + BLOCK + size))
+        pos += BLOCK + padded
+
+
+class _ScanC:
+    """kylix_tar_scan over a window (libkylix, kylix.h): the same entries
+    as _scan_python, the headers parsed in C; Python builds one key string
+    per sample (not per member) and one extension string per member."""
+
+    MAX = 8192  # members per call (a window of 8 MiB holds at most 16 384)
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.out = (_ctypes.c_uint64 * (_lib.TAR_FIELDS * self.MAX))()
+        self.q = memoryview(self.out).cast("B").cast("Q")
+        self.n, self.next = _ctypes.c_size_t(), _ctypes.c_uint64()
+        self.n_ref, self.next_ref = _ctypes.byref(self.n), _ctypes.byref(self.next)
+
+    def __call__(self, w: _Window, off: int):
+        pos = off - w.off
+        rc = self.fn(w.addr + pos, w.n - pos, off, self.out, self.MAX, self.n_ref, self.next_ref)
+        if rc < 0:
+            raise OSError(-rc, f"kylix_tar_scan: {_lib.strerror(rc)}")
+        F = _lib.TAR_FIELDS
+        m = self.q[:self.n.value * F].tolist()
+        if not m:
+            return [], rc, self.next.value
+        # Fields (kylix.h, _lib.TAR_*): header_offset 0, size 2, name_len
+        # 4, prefix_len 5, key_len 6, type 7, flags 8; a column each.
+        base = w.off
+        hs = [h - base for h in m[0::F]]
+        types = m[7::F]
+        if types.count(48) + types.count(0) != len(types):  # not only regular files ('0', NUL)
+            keep = [i for i, t in enumerate(types) if t == 48 or t == 0]
+            cols = [[c[i] for i in keep] for c in (hs, m[2::F], m[4::F], m[5::F], m[6::F], m[8::F])]
+        else:
+            cols = (hs, m[2::F], m[4::F], m[5::F], m[6::F], m[8::F])
+        hs, sizes, nls, pls, kls, flags = cols
+        buf = w.buf
+        key = None
+        keys = []
+        for h, kl, pl, f in zip(hs, kls, pls, flags):
+            if not f & 1:  # not KYLIX_TAR_SAME_KEY: a new key
+                if pl:
+                    key = (buf[h + 345:h + 345 + pl] + b"/" + buf[h:h + kl]).decode("utf-8", "surrogateescape")
+                else:
+                    key = buf[h:h + kl].decode("utf-8", "surrogateescape")
+            keys.append(key)
+        exts = [buf[h + kl + 1:h + nl].decode("utf-8", "surrogateescape") if kl < nl else ""
+                for h, kl, nl in zip(hs, kls, nls)]
+        starts = [h + BLOCK for h in hs]
+        return list(zip(keys, exts, starts, [a + n for a, n in zip(starts, sizes)])), rc, self.next.value
+
+
+def _tar_runs(path: str, read_size: int, policy: _ErrorPolicy, scan, spare: Optional[list] = None) -> Iterator[tuple]:
+    """The regular members of the tar file at path, in order, as runs
+    (src, entries): entries a list of (key, extension, start, end), the
+    member's bytes being src[start:end]. src is the window's memoryview
+    (valid until the next run is asked for: copy what must outlive it) or
+    a member's own bytes; start = -1 for a member whose read failed and
+    that policy let pass (its sample must be left out).
+
+    scan (_scan_python or a _ScanC) takes the plain ustar headers of each
+    window; the headers it stops at (PAX, GNU long names, anything not
+    plain, members larger than the window, the end of a truncated file)
+    are read here one by one, as before there was a scanner. ustar, PAX
+    ('x', 'g') and GNU long names ('L') are understood; other member types
+    are passed over. spare: a list holding a window buffer to reuse (and
+    that gets this file's buffer back at the end)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     w = None
     try:
         size = os.fstat(fd).st_size
-        w = _Window(path, fd, size, read_size)
-        off, pax, longname = 0, {}, None
+        w = _Window(path, fd, size, read_size, spare.pop() if spare else None)
+        off, pax, longname, again = 0, {}, None, False
         while off + BLOCK <= size:
+            if not pax and longname is None:
+                inwin = w.off <= off and off + BLOCK <= w.off + w.n
+                if (again or not inwin) and off >= w.exact_until:
+                    w.fill(off)
+                    inwin = off + BLOCK <= w.off + w.n
+                elif again:
+                    inwin = False  # the window cannot start here: read exactly, below
+                again = False
+                if inwin:
+                    entries, stop, off = scan(w, off)
+                    if entries:
+                        yield w.view, entries
+                    if stop == _END:
+                        return
+                    if stop == _FULL:
+                        continue
+                    if stop == _MORE and w.off != off:
+                        again = True  # the next window starts at this header
+                        continue
+                    # A header the scanner does not take, or a member that
+                    # does not fit a window starting at its header: below.
             where = f"{path} at offset {off}"
             try:
                 blk = w.get(off, BLOCK)
             except OSError as e:
                 policy.handle(SampleError(e.errno or errno.EIO, where, f"tar header unreadable ({e.strerror}); the rest of this shard is lost"))
                 return
-            if blk == bytes(BLOCK):
+            if blk == _ZERO:
                 return  # the trailer
             hdr = _ustar(blk)
             if hdr is None:  # not plain ustar: tarfile's parser decides
@@ -347,7 +506,7 @@ def read_tar(path: str, *, read_size: int = 8 << 20, policy: Optional[_ErrorPoli
             if nxt > size:
                 policy.handle(SampleError(errno.EBADMSG, f"{path}: member {name!r}", f"truncated: the member needs {nxt} bytes, the shard has {size}"))
                 return
-            if htype in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME):
+            if htype in _META:
                 try:
                     meta = w.get(data_off, n)
                 except OSError as e:
@@ -363,27 +522,172 @@ def read_tar(path: str, *, read_size: int = 8 << 20, policy: Optional[_ErrorPoli
             off = nxt
             if htype not in (tarfile.REGTYPE, tarfile.AREGTYPE):
                 continue
+            key, ext = sample_key(name)
             try:
                 data = w.get(data_off, n)
             except OSError as e:
                 policy.handle(SampleError(e.errno or errno.EIO, f"{path}: member {name!r} at offset {data_off}", e.strerror or str(e)))
-                data = None  # skipped: the caller drops the member's sample
-            yield name, data
+                yield None, [(key, ext, -1, -1)]  # skipped: the caller drops the member's sample
+                continue
+            yield data, [(key, ext, 0, len(data))]
         if off < size:
             policy.handle(SampleError(errno.EBADMSG, f"{path} at offset {off}", f"truncated: {size - off} bytes where a tar header or trailer belongs"))
     finally:
         if w is not None:
             w.close()
+            if spare is not None:
+                spare.append(w.buf)
         os.close(fd)
 
 
+def _scanner(choice: str):
+    """(name, scan function or None for Python's, why) for Shards' scanner
+    argument: "auto" takes libkylix's kylix_tar_scan where it loads."""
+    if choice not in ("auto", "libkylix", "python"):
+        raise ValueError(f"scanner={choice!r}: give 'auto', 'libkylix' or 'python'")
+    if choice == "python":
+        return "python", None, "scanner='python' was asked for"
+    fn = _lib.tar_scan() if _lib is not None else None
+    why = _lib.tar_scan_why() if _lib is not None else "kylix._lib is not importable (ctypes)"
+    if fn is None:
+        if choice == "libkylix":
+            raise RuntimeError(f"scanner='libkylix': kylix_tar_scan is not available: {why}")
+        return "python", None, why
+    return "libkylix", fn, why
+
+
+def read_tar(path: str, *, read_size: int = 8 << 20, policy: Optional[_ErrorPolicy] = None,
+             scanner: str = "auto") -> Iterator[tuple[str, str, Optional[bytes]]]:
+    """(key, extension, bytes) of each regular member of the tar file at
+    path, in order (see _tar_runs). Errors go to policy (default: raise
+    SampleError); a member policy skips comes with bytes None."""
+    policy = policy or _ErrorPolicy("raise")
+    name, fn, _ = _scanner(scanner)
+    scan = _ScanC(fn) if fn is not None else _scan_python
+    for src, entries in _tar_runs(path, read_size, policy, scan):
+        for key, ext, a, b in entries:
+            yield key, ext, (bytes(src[a:b]) if a >= 0 else None)
+
+
+class Column:
+    """One field of a columnar batch (Shards(batch=N, columns=True)): the
+    field's bytes for every sample of the batch end to end in ONE uint8
+    tensor, data, and int64 offsets (one more than the samples): sample i's
+    bytes are data[offsets[i]:offsets[i + 1]].
+
+    col[i] is that range as a tensor (a view, no copy), col.bytes(i) as
+    bytes, col.tolist() all of them as bytes, len(col) the samples. A
+    sample without this field has a zero-length entry, and present says
+    which samples have it: None when all do (the usual case), else a bool
+    tensor (so an empty file and a missing one can be told apart).
+
+    For torch it is one object holding tensors: DataLoader's default_convert
+    leaves it as it is, its pin_memory (and pin_memory=True) pins the
+    tensors, a DataLoader worker sends it as its two or three tensors (no
+    pickle per sample), col.to(device) and kylix.data.to_device move them."""
+
+    __slots__ = ("data", "offsets", "present", "_bounds")
+
+    def __init__(self, data, offsets, present=None):
+        self.data, self.offsets, self.present = data, offsets, present
+        self._bounds = None
+
+    def __len__(self):
+        return self.offsets.numel() - 1
+
+    def _b(self):
+        if self._bounds is None:
+            self._bounds = self.offsets.tolist()
+        return self._bounds
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        b = self._b()
+        n = len(b) - 1
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sample {i} of a column of {n}")
+        return self.data[b[i]:b[i + 1]]
+
+    def __iter__(self):
+        b = self._b()
+        return (self.data[b[i]:b[i + 1]] for i in range(len(b) - 1))
+
+    def bytes(self, i) -> bytes:
+        """Sample i's bytes, copied into a bytes object."""
+        t = self[i]
+        if t.device.type != "cpu":
+            t = t.cpu()
+        if not t.numel():
+            return b""
+        return _ctypes.string_at(t.data_ptr(), t.numel()) if t.is_contiguous() else bytes(t.tolist())
+
+    def tolist(self) -> list:
+        """Every sample's bytes, as bytes objects."""
+        return [self.bytes(i) for i in range(len(self))]
+
+    def _apply(self, fn):
+        return Column(fn(self.data), fn(self.offsets), None if self.present is None else fn(self.present))
+
+    def to(self, *args, **kwargs):
+        return self._apply(lambda t: t.to(*args, **kwargs))
+
+    def pin_memory(self, device=None):
+        return self._apply(lambda t: t.pin_memory() if device is None else t.pin_memory(device))
+
+    def __reduce__(self):
+        return (Column, (self.data, self.offsets, self.present))
+
+    def __repr__(self):
+        return f"Column({len(self)} samples, {self.data.numel()} bytes{'' if self.present is None else ', some missing'})"
+
+
+def _u8(buf):
+    return torch.frombuffer(buf, dtype=torch.uint8) if len(buf) else torch.empty(0, dtype=torch.uint8)
+
+
+def _build_columns(keys: list, fields: list) -> dict:
+    """The columnar batch of samples whose fields (ext -> bytes-like) are
+    fields[i] and keys keys[i]."""
+    out = {"__key__": keys}
+    names = dict.fromkeys(fields[0])
+    for f in fields:
+        if f.keys() != names.keys():
+            names.update(dict.fromkeys(f))
+    for e in names:
+        try:
+            pieces = [f[e] for f in fields]
+            present = None
+        except KeyError:
+            pieces = [f.get(e, b"") for f in fields]
+            present = torch.tensor([e in f for f in fields], dtype=torch.bool)
+        offs = [0]
+        offs.extend(itertools.accumulate(map(len, pieces)))
+        out[e] = Column(_u8(bytearray().join(pieces)), torch.tensor(offs, dtype=torch.int64), present)
+    return out
+
+
 class Shards(_IterableDataset):
-    """Iterable data set over tar shards (see the module's doc)."""
+    """Iterable data set over tar shards (see the module's doc).
+
+    batch=N yields lists of N sample dicts (the last may be shorter);
+    with columns=True as well, one columnar dict per batch instead:
+    {"__key__": [key, ...], EXT: Column, ...} (see Column), built from
+    the shards' bytes with one copy per field and batch.
+
+    scanner: "auto" (default) parses the tar headers of each read with
+    libkylix's kylix_tar_scan where libkylix loads, else in Python;
+    "libkylix" requires the C scanner (RuntimeError without it); "python"
+    uses the Python parser. Both give the same samples. The attribute
+    scanner says which one this object uses ("libkylix" or "python"), and
+    scanner_why why (where the library came from, or why it is absent)."""
 
     def __init__(self, root_or_paths, *, shuffle: bool = False, seed: int = 0, shuffle_buffer: int = 0,
                  rank: Optional[int] = None, world_size: Optional[int] = None,
                  transform: Optional[Callable] = None, on_error="raise", read_size: int = 8 << 20,
-                 batch: Optional[int] = None):
+                 batch: Optional[int] = None, columns: bool = False, scanner: str = "auto"):
         if isinstance(root_or_paths, (str, os.PathLike)):
             root = os.fspath(root_or_paths)
             idx = os.path.join(root, "index.json")
@@ -404,6 +708,18 @@ class Shards(_IterableDataset):
         if batch is not None and batch < 1:
             raise ValueError(f"batch={batch}: give a positive number of samples, or None")
         self.batch = batch
+        if columns:
+            if not batch:
+                raise ValueError("columns=True needs batch=N: a column holds one field of N samples")
+            if transform is not None:
+                raise ValueError("columns=True does not take transform (it works on one sample dict, and a "
+                                 "columnar batch has none): map the batches instead, e.g. "
+                                 "DataLoader(ds, batch_size=None, collate_fn=f) runs f on each batch in the worker")
+            if torch is None:
+                raise ValueError("columns=True needs torch (a column is a uint8 tensor)")
+        self.columns = columns
+        self.scanner, fn, self.scanner_why = _scanner(scanner)
+        self._scanner_choice = scanner
         self._policy = _ErrorPolicy(on_error)
         self.epoch = 0
 
@@ -424,28 +740,88 @@ class Shards(_IterableDataset):
             random.Random(f"{self.seed}/{self.epoch}").shuffle(order)
         return [self.paths[i] for i in order[rank * nw + wid::world * nw]]
 
+    def _scan(self):
+        """The scan function, in this process (a DataLoader worker binds
+        the library again): the one self.scanner names, or an error."""
+        if self.scanner == "python":
+            return _scan_python
+        name, fn, why = _scanner("libkylix")  # raises where the library went away
+        return _ScanC(fn)
+
+    def _runs(self, paths):
+        scan = self._scan()
+        spare = []  # one window buffer for every shard of this pass
+        for p in paths:
+            yield p, _tar_runs(p, self.read_size, self._policy, scan, spare)
+
     def _samples(self, paths):
         # A sample one of whose members was skipped is left out whole:
         # a sample missing a member would fail later, far from the cause.
-        for p in paths:
-            cur, bad = None, False
-            for name, data in read_tar(p, read_size=self.read_size, policy=self._policy):
-                key, ext = sample_key(name)
-                if cur is not None and cur["__key__"] != key:
-                    if not bad:
-                        yield cur
-                    cur, bad = None, False
-                if cur is None:
-                    cur = {"__key__": key, "__shard__": p}
-                if data is None:
-                    bad = True
-                cur[ext] = data
+        for p, runs in self._runs(paths):
+            cur, key, bad = None, None, False
+            for src, entries in runs:
+                for k, ext, a, b in entries:
+                    if k != key:
+                        if cur is not None and not bad:
+                            yield cur
+                        cur, key, bad = {"__key__": k, "__shard__": p}, k, False
+                    if a < 0:
+                        bad = True
+                        cur[ext] = None
+                    else:
+                        cur[ext] = bytes(src[a:b])
             if cur is not None and not bad:
                 yield cur
 
+    def _column_batches(self, paths):
+        """Columnar batches straight from the windows: each member's bytes
+        are copied once, from the window into its batch's column (a
+        member of a batch that a window does not finish is copied out of
+        the window first, since the next read reuses it)."""
+        n = self.batch
+        keys, fields = [], []
+        for p, runs in self._runs(paths):
+            cur, key, bad = None, None, False
+            for src, entries in runs:
+                for k, ext, a, b in entries:
+                    if k != key:
+                        if cur is not None and not bad:
+                            keys.append(key)
+                            fields.append(cur)
+                            if len(keys) == n:
+                                yield _build_columns(keys, fields)
+                                keys, fields = [], []
+                        cur, key, bad = {}, k, False
+                    if a < 0:
+                        bad = True
+                    else:
+                        cur[ext] = src[a:b]
+                if type(src) is memoryview:
+                    # The next run may read into this window: keep copies.
+                    for f in fields:
+                        for e, v in f.items():
+                            if type(v) is memoryview:
+                                f[e] = bytes(v)
+                    if cur is not None:
+                        for e, v in cur.items():
+                            if type(v) is memoryview:
+                                cur[e] = bytes(v)
+            if cur is not None and not bad:
+                keys.append(key)
+                fields.append(cur)
+                if len(keys) == n:
+                    yield _build_columns(keys, fields)
+                    keys, fields = [], []
+        if keys:
+            yield _build_columns(keys, fields)
+
     def __iter__(self):
         rank, world, wid, nw = _reader_place(self.rank, self.world_size)
-        it = self._samples(self.my_shards())
+        paths = self.my_shards()
+        if self.columns and self.shuffle_buffer <= 0:
+            yield from self._column_batches(paths)
+            return
+        it = self._samples(paths)
         if self.shuffle_buffer > 0:
             it = _buffer_shuffle(it, self.shuffle_buffer, random.Random(f"{self.seed}/{self.epoch}/{rank}/{wid}"))
         if self.transform:
@@ -460,10 +836,16 @@ class Shards(_IterableDataset):
         for s in it:
             out.append(s)
             if len(out) == self.batch:
-                yield out
+                yield _dict_columns(out) if self.columns else out
                 out = []
         if out:
-            yield out
+            yield _dict_columns(out) if self.columns else out
+
+
+def _dict_columns(samples: list) -> dict:
+    """The columnar batch of sample dicts (after a shuffle buffer)."""
+    return _build_columns([s["__key__"] for s in samples],
+                          [{e: v for e, v in s.items() if e != "__key__" and e != "__shard__"} for s in samples])
 
 
 def _buffer_shuffle(it, n, rng):
@@ -482,8 +864,12 @@ def _buffer_shuffle(it, n, rng):
 def _map(x, fn):
     if torch is not None and isinstance(x, torch.Tensor):
         return fn(x)
+    if isinstance(x, Column):
+        return x._apply(fn)
     if isinstance(x, dict):
         return {k: _map(v, fn) for k, v in x.items()}
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # a namedtuple takes its fields as arguments
+        return type(x)(*(_map(v, fn) for v in x))
     if isinstance(x, (list, tuple)):
         return type(x)(_map(v, fn) for v in x)
     return x

@@ -3,13 +3,17 @@ tarfile, the share per rank and DataLoader worker, bad input; and through a
 live Kylix mount, shards made by `kylix shards` read byte for byte, with a
 corrupt chunk named and skipped."""
 
+import collections
 import errno
+import hashlib
 import io
 import json
 import os
+import pickle
 import shutil
 import signal
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -18,7 +22,9 @@ import warnings
 
 import torch
 from torch.utils.data import DataLoader
+from torch.utils.data._utils.collate import default_convert
 
+from kylix import _lib
 from kylix import data as kd
 
 from helpers import KYLIX_BIN, needs
@@ -57,6 +63,35 @@ def write_shards(files, out, per_shard):
                     t.addfile(ti, io.BytesIO(files[rel]))
         paths.append(p)
     return paths
+
+
+HAVE_SCAN = _lib.tar_scan() is not None
+
+
+def unbatch(batches):
+    """Sample dicts (without __shard__) of dict batches or columnar ones."""
+    out = []
+    for b in batches:
+        if isinstance(b, dict):
+            keys = b["__key__"]
+            cols = {e: c for e, c in b.items() if e != "__key__"}
+            for i, k in enumerate(keys):
+                s = {"__key__": k}
+                for e, c in cols.items():
+                    if c.present is None or bool(c.present[i]):
+                        s[e] = c.bytes(i)
+                out.append(s)
+        else:
+            out += [{e: v for e, v in s.items() if e != "__shard__"} for s in b]
+    return out
+
+
+def digest(ds):
+    """One line per sample: key, then each field's length and sha256."""
+    lines = []
+    for s in unbatch(ds if ds.batch else ([x] for x in ds)):
+        lines.append(s["__key__"] + " " + " ".join(f"{e}:{len(v)}:{hashlib.sha256(v).hexdigest()[:16]}" for e, v in sorted(s.items()) if e != "__key__"))
+    return lines
 
 
 def collect(ds):
@@ -158,6 +193,216 @@ class ShardReaderTest(unittest.TestCase):
         self.assertEqual(ds.errors[0].errno, errno.EBADMSG)
         self.assertEqual(len(got), 1)  # the first member's sample, alone
 
+    def odd_tars(self):
+        """Tar files that take every path of the reader: GNU long names,
+        directories, links and empty files; ustar names split into a
+        prefix; PAX headers (non-ASCII and long names); a base-256 size;
+        a checksum only as a signed sum (tarfile takes it, the scanner
+        does not); a member larger than small windows; a truncated file."""
+        out = os.path.join(self.tmp, "odd")
+        os.makedirs(out)
+        members = []
+        for i in range(40):
+            d = "deep/" * (i % 25) if i % 3 == 0 else ""
+            members.append((f"{d}s{i:03d}.bin", bytes([i]) * (i * 97 % 1500)))
+            members.append((f"{d}s{i:03d}.txt", f"label {i}".encode()))
+        members.append(("big.bin", os.urandom(20000)))
+        members.append(("caf\u00e9/n\u00e9.txt", b"utf-8 name"))
+        members.append((".hidden", b"h"))
+        members.append(("noext", b""))
+        members.append(("a.b/c.d.e", b"dots"))
+        paths = []
+        for fmt, name in ((tarfile.GNU_FORMAT, "gnu"), (tarfile.USTAR_FORMAT, "ustar"), (tarfile.PAX_FORMAT, "pax")):
+            p = os.path.join(out, name + ".tar")
+            with tarfile.open(p, "w", format=fmt) as t:
+                for n, b in members:
+                    if fmt == tarfile.USTAR_FORMAT and (len(n.encode()) > 250 or not n.isascii()):
+                        continue
+                    if n.startswith("deep/deep/deep/") and n.endswith(".txt"):
+                        di = tarfile.TarInfo(n.rsplit("/", 1)[0] + "/dir")
+                        di.type = tarfile.DIRTYPE
+                        t.addfile(di)
+                        li = tarfile.TarInfo(n + ".lnk")
+                        li.type, li.linkname = tarfile.SYMTYPE, n.rsplit("/", 1)[1]
+                        t.addfile(li)
+                    ti = tarfile.TarInfo(n)
+                    ti.size = len(b)
+                    t.addfile(ti, io.BytesIO(b))
+            paths.append(p)
+        with open(paths[1], "rb") as f:
+            raw = bytearray(f.read())
+        with tarfile.open(paths[1]) as t:
+            ms = t.getmembers()
+        # Base-256 size in one header, a signed checksum in another.
+        h = ms[3].offset
+        raw[h + 124:h + 136] = b"\x80" + ms[3].size.to_bytes(11, "big")
+        raw[h + 148:h + 156] = b" " * 8
+        raw[h + 148:h + 156] = b"%06o\0 " % sum(raw[h:h + 512])
+        h = ms[5].offset
+        raw[h + 90] = 0xE9  # a byte >= 0x80 where the name field's NULs are
+        raw[h + 148:h + 156] = b" " * 8
+        signed = sum(x - 256 if x > 127 else x for x in raw[h:h + 512])
+        raw[h + 148:h + 156] = b"%06o\0 " % signed
+        p = os.path.join(out, "odd-fields.tar")
+        with open(p, "wb") as f:
+            f.write(raw)
+        paths.append(p)
+        p = os.path.join(out, "truncated.tar")
+        with open(p, "wb") as f:
+            f.write(raw[:len(raw) // 2 + 700])
+        paths.append(p)
+        return paths
+
+    @unittest.skipUnless(HAVE_SCAN, "libkylix with kylix_tar_scan (make build): " + _lib.tar_scan_why())
+    def test_scanners_agree(self):
+        # The C scanner and the Python parser: the same members, bytes and
+        # errors, whatever the window size.
+        odd = self.odd_tars()
+        paths = odd + self.paths
+        for p in paths:
+            for rs in (512, 4096, 8 << 20):
+                got = {}
+                for scanner in ("python", "libkylix"):
+                    pol = kd._ErrorPolicy(lambda e: None)
+                    members = list(kd.read_tar(p, read_size=rs, policy=pol, scanner=scanner))
+                    got[scanner] = (members, [str(e) for e in pol.errors])
+                self.assertEqual(got["python"], got["libkylix"], (p, rs))
+                self.assertGreater(len(got["python"][0]), 0, p)
+        with tarfile.open(paths[0]) as t:  # the GNU one: tarfile's own view
+            want = [(kd.sample_key(m.name), t.extractfile(m).read()) for m in t if m.isreg()]
+        self.assertEqual([((k, e), b) for k, e, b in kd.read_tar(paths[0], scanner="libkylix")], want)
+        pol = kd._ErrorPolicy(lambda e: None)
+        list(kd.read_tar(odd[-1], policy=pol, scanner="libkylix"))
+        self.assertIn("truncated", str(pol.errors[0]))
+        # Shards say which scanner they use; "libkylix" is never silently Python.
+        self.assertEqual(kd.Shards(paths).scanner, "libkylix")
+        self.assertEqual(kd.Shards(paths, scanner="python").scanner, "python")
+        with self.assertRaises(ValueError):
+            kd.Shards(paths, scanner="fast")
+
+    def test_no_lib_same_samples(self):
+        # KYLIX_NO_LIB=1: the Python parser, said so, and every sample the
+        # same as with the library (if it loads here), batches of dicts and
+        # columns alike.
+        paths = self.odd_tars()[:4] + self.paths
+        code = ("import json, sys; sys.path[:0] = sys.argv[1:3]; import test_data as td; from kylix import data as kd; "
+                "ps = json.loads(sys.argv[3]); ds = kd.Shards(ps, batch=5, columns=True); "
+                "print(json.dumps([ds.scanner, ds.scanner_why, td.digest(ds), td.digest(kd.Shards(ps, read_size=4096))]))")
+        here = os.path.dirname(os.path.abspath(__file__))
+        pkg = os.path.dirname(here)
+        env = dict(os.environ, KYLIX_NO_LIB="1")
+        out = subprocess.run([sys.executable, "-c", code, here, pkg, json.dumps(paths)], env=env,
+                             capture_output=True, text=True, check=True).stdout
+        scanner, why, cols, dicts = json.loads(out)
+        self.assertEqual(scanner, "python")
+        self.assertIn("KYLIX_NO_LIB", why)
+        self.assertEqual(cols, dicts)
+        self.assertGreater(len(cols), 200)
+        ds = kd.Shards(paths, batch=5, columns=True)
+        self.assertEqual(ds.scanner, "libkylix" if HAVE_SCAN else "python")
+        self.assertEqual(digest(ds), cols)
+        self.assertEqual(digest(kd.Shards(paths, batch=7)), cols)
+
+    def test_columns_equal_dict_batches(self):
+        # Columnar batches against dict batches of the same samples, with
+        # windows smaller than members (copies out of the window) and
+        # PAX headers (the parser's own path) in between.
+        files = dict(self.files)
+        files["d0/" + "n" * 200 + ".bin"] = b"x" * 1000
+        paths = write_shards(files, os.path.join(self.tmp, "long"), 9)
+        for scanner in ("python", "libkylix") if HAVE_SCAN else ("python",):
+            for rs in (512, 4096, 8 << 20):
+                cols = list(kd.Shards(paths, batch=8, columns=True, read_size=rs, scanner=scanner))
+                dicts = list(kd.Shards(paths, batch=8, read_size=rs, scanner=scanner))
+                self.assertEqual(len(cols), len(dicts))
+                for c, d in zip(cols, dicts):
+                    self.assertEqual(c["__key__"], [s["__key__"] for s in d])
+                    self.assertEqual(sorted(c), sorted(set(d[0]) - {"__shard__"}))
+                    for e in ("bin", "txt"):
+                        col = c[e]
+                        self.assertIsInstance(col, kd.Column)
+                        self.assertEqual(col.data.dtype, torch.uint8)
+                        self.assertEqual(col.offsets.dtype, torch.int64)
+                        self.assertEqual(len(col.offsets), len(d) + 1)
+                        has = [e in s for s in d]
+                        if all(has):
+                            self.assertIsNone(col.present)
+                        else:
+                            self.assertEqual(col.present.tolist(), has)
+                        self.assertEqual(col.tolist(), [s.get(e, b"") for s in d])
+                        self.assertEqual(col.data.numel(), sum(len(s.get(e, b"")) for s in d))
+                check_samples(self, {s["__key__"]: s for s in unbatch(cols)}, files)
+        # Shuffled with a shuffle buffer: the same batches as dicts.
+        a = list(kd.Shards(paths, batch=6, columns=True, shuffle=True, seed=3, shuffle_buffer=10))
+        b = list(kd.Shards(paths, batch=6, shuffle=True, seed=3, shuffle_buffer=10))
+        self.assertEqual(unbatch(a), unbatch(b))
+        self.assertNotEqual([s["__key__"] for s in unbatch(a)], sorted(s["__key__"] for s in unbatch(a)))
+
+    def test_columns_missing_fields_and_api(self):
+        files = {f"k{i:02d}.bin": bytes([i]) * i for i in range(10)}
+        files.update({f"k{i:02d}.txt": b"t" for i in range(0, 10, 3)})
+        files["k05.txt"] = b""  # empty, not missing
+        p = write_shards(files, os.path.join(self.tmp, "miss"), 100)
+        (b,) = list(kd.Shards(p, batch=10, columns=True))
+        txt = b["txt"]
+        self.assertEqual(txt.present.tolist(), [i % 3 == 0 or i == 5 for i in range(10)])
+        self.assertEqual(txt.tolist(), [b"t" if i % 3 == 0 else b"" for i in range(10)])
+        self.assertIsNone(b["bin"].present)
+        col = b["bin"]
+        self.assertEqual(len(col), 10)
+        self.assertEqual(col[3].tolist(), [3, 3, 3])
+        self.assertEqual(col.bytes(-1), bytes([9]) * 9)
+        self.assertEqual([t.numel() for t in col], list(range(10)))
+        self.assertEqual(len(col[2:5]), 3)
+        with self.assertRaises(IndexError):
+            col[10]
+        self.assertEqual(col.offsets.tolist(), [sum(range(i)) for i in range(11)])
+        # torch's default_convert (what DataLoader(batch_size=None) runs)
+        # leaves a column as it is; pickling carries its tensors.
+        conv = default_convert(b)
+        self.assertIs(conv["bin"], col)
+        c2 = pickle.loads(pickle.dumps(col))
+        self.assertEqual(c2.tolist(), col.tolist())
+        self.assertTrue(torch.equal(pickle.loads(pickle.dumps(txt)).present, txt.present))
+        # to_device: columns, namedtuples, lists.
+        P = collections.namedtuple("P", "col x")
+        (moved,) = list(kd.to_device([{"b": [P(col, torch.arange(3))], "k": b["__key__"]}], "cpu"))
+        self.assertIsInstance(moved["b"][0], P)
+        self.assertEqual(moved["b"][0].col.tolist(), col.tolist())
+        self.assertEqual(moved["k"], b["__key__"])
+        self.assertEqual(col.to("cpu").tolist(), col.tolist())
+        if torch.cuda.is_available():
+            self.assertTrue(col.pin_memory().data.is_pinned())
+        with self.assertRaises(ValueError):
+            kd.Shards(p, columns=True)  # no batch
+        with self.assertRaises(ValueError):
+            kd.Shards(p, batch=4, columns=True, transform=lambda s: s)
+
+    def test_columns_workers_exactly_once_and_errors(self):
+        seen = []
+        for rank in range(2):
+            ds = kd.Shards(self.paths, shuffle=True, seed=2, rank=rank, world_size=2, batch=8, columns=True)
+            for b in DataLoader(ds, batch_size=None, num_workers=2):
+                self.assertIsInstance(b["bin"], kd.Column)
+                seen += b["__key__"]
+        self.assertEqual(sorted(seen), sorted({kd.sample_key(r)[0] for r in self.files}))
+        # A truncated shard and a bad header: the same errors as dict batches.
+        with open(self.paths[0], "rb") as f:
+            raw = f.read()
+        cut = os.path.join(self.tmp, "cut.tar")
+        with open(cut, "wb") as f:
+            f.write(raw[:len(raw) // 2 + 100])
+        with self.assertRaises(kd.SampleError) as cm:
+            list(kd.Shards([cut], batch=4, columns=True))
+        self.assertIn("truncated", str(cm.exception))
+        ds = kd.Shards([cut] + self.paths[1:], batch=4, columns=True, on_error="skip")
+        dd = kd.Shards([cut] + self.paths[1:], batch=4, on_error="skip")
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            self.assertEqual(unbatch(ds), unbatch(dd))
+        self.assertEqual([str(e) for e in ds.errors], [str(e) for e in dd.errors])
+        self.assertEqual(len(ds.errors), 1)
+
     def test_to_device_cpu(self):
         batches = [{"x": torch.arange(4) + i} for i in range(3)]
         got = list(kd.to_device(batches, "cpu"))
@@ -216,6 +461,17 @@ class MountShardsTest(unittest.TestCase):
         # Two workers over the mount: each sample once.
         keys = [s["__key__"] for s in DataLoader(kd.Shards(root, shuffle=True, seed=1), batch_size=None, num_workers=2)]
         self.assertEqual(sorted(keys), sorted({kd.sample_key(r)[0] for r in files}))
+        # Columnar batches through the mount, both scanners, 2 workers:
+        # every sample once, every byte its source file's; and the same
+        # batches as dict batches.
+        for scanner in ("python", "libkylix") if HAVE_SCAN else ("python",):
+            ds = kd.Shards(root, shuffle=True, seed=1, batch=16, columns=True, scanner=scanner)
+            self.assertEqual(ds.scanner, scanner)
+            got = unbatch(DataLoader(ds, batch_size=None, num_workers=2))
+            self.assertEqual(len(got), 200)
+            check_samples(self, collect(got), files)
+            self.assertEqual(unbatch(kd.Shards(root, batch=16, columns=True, scanner=scanner, read_size=65536)),
+                             unbatch(kd.Shards(root, batch=16, scanner=scanner)))
 
     def test_corrupt_chunk_named_and_left_out(self):
         # One member's chunk corrupt on disk before anything reads it (the
@@ -248,6 +504,20 @@ class MountShardsTest(unittest.TestCase):
         del files[victim]
         files.pop("d1/00101.txt")
         check_samples(self, got, files)
+        # Columnar batches, both scanners: the same error, the same
+        # sample left out whole, every other byte equal to its source.
+        for scanner in ("python", "libkylix") if HAVE_SCAN else ("python",):
+            with self.assertRaises(kd.SampleError) as cm:
+                list(kd.Shards(root, batch=8, columns=True, scanner=scanner))
+            self.assertEqual(cm.exception.errno, errno.EIO)
+            ds = kd.Shards(root, batch=8, columns=True, on_error="skip", scanner=scanner)
+            with warnings.catch_warnings(record=True):
+                warnings.simplefilter("always")
+                got = collect(unbatch(ds))
+            self.assertEqual(len(ds.errors), 1, [str(e) for e in ds.errors])
+            self.assertIn(repr(victim), str(ds.errors[0]))
+            self.assertNotIn("d1/00101", got)
+            check_samples(self, got, files)
 
 if __name__ == "__main__":
     unittest.main()
