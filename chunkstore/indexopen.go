@@ -430,6 +430,7 @@ func (s *Store) replay(gen uint64, from int64) error {
 			}
 			return putLogState(tx, logState{gen: gen, off: good})
 		})
+		s.commits.Add(1)
 		if err != nil {
 			l.close()
 			return fmt.Errorf("replay metadata log: %w", err)
@@ -468,6 +469,7 @@ func (s *Store) commit(recs []record) error {
 		}
 		return putLogState(tx, logState{gen: s.mlog.gen, off: s.mlog.size})
 	})
+	s.commits.Add(1) // after the transaction: Root reads the head again
 	if err != nil {
 		s.mlog.undo(start)
 		return fmt.Errorf("commit to index: %w", err)
@@ -504,6 +506,7 @@ func (s *Store) compactLog() error {
 			}
 			return putLogState(tx, logState{gen: s.mlog.gen, off: s.mlog.size})
 		})
+		s.commits.Add(1)
 		if err != nil {
 			return fmt.Errorf("compact metadata log: %w", err)
 		}

@@ -19,14 +19,31 @@ var emptyDir = (&DirManifest{}).Encode()
 // Root returns the namespace's root directory manifest ID and the HLC of its
 // last update (zero for a store never written).
 func (s *Store) Root() (ID, HLC, error) {
+	// Every lookup through the mount starts here: the head is read from
+	// the index once per commit, not in a read transaction per lookup
+	// (which was half of the node's time in a first listing). The count
+	// is read before the head and moves after each commit has returned,
+	// so a cached head is never older than its count says.
+	n := s.commits.Load()
+	if c := s.root.Load(); c != nil && c.commits == n {
+		return c.id, c.hlc, nil
+	}
 	h, err := s.GetHead(NamespaceHead)
 	if errors.Is(err, ErrNotFound) {
-		return Sum(emptyDir), 0, nil
+		h, err = Head{Root: Sum(emptyDir)}, nil
 	}
 	if err != nil {
 		return ID{}, 0, err
 	}
+	s.root.Store(&cachedRoot{commits: n, id: h.Root, hlc: h.HLC})
 	return h.Root, h.HLC, nil
+}
+
+// cachedRoot is the namespace head as read after commits commits.
+type cachedRoot struct {
+	commits uint64
+	id      ID
+	hlc     HLC
 }
 
 func (s *Store) dirAt(id ID) (*DirManifest, error) {

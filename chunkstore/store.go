@@ -136,6 +136,11 @@ type Store struct {
 
 	// relocs counts compaction commits that moved chunks (File.Fresh).
 	relocs atomic.Uint64
+	// commits counts index transactions that applied records, bumped after
+	// each one returns; root is the namespace head read at a count
+	// (namespace.go: Root, which every path lookup of the mount asks).
+	commits atomic.Uint64
+	root    atomic.Pointer[cachedRoot]
 
 	// recv: chunks received from members, kept by GC within
 	// the grace (received.go).
