@@ -141,6 +141,8 @@ type Store struct {
 	// (namespace.go: Root, which every path lookup of the mount asks).
 	commits atomic.Uint64
 	root    atomic.Pointer[cachedRoot]
+	// opened keeps the last large files opened (read.go).
+	opened openCache
 
 	// recv: chunks received from members, kept by GC within
 	// the grace (received.go).
