@@ -25,7 +25,7 @@ batch_size=64) and "kylix shards, batch 64" (kylix.data.Shards(batch=64)),
 and "kylix shards, columns 64" (Shards(batch=64, columns=True): one dict
 of a key list and one Column, a uint8 tensor plus offsets, per field).
 The kylix rows use libkylix's tar scanner where it loads (the setup line
-says which: "scanner").
+says which: "scanner") and read ahead on a thread ("readahead").
 
 warm: the page cache and the node hold everything (a pass before the
 timed ones); cold: page cache dropped, and for the Kylix rows the node
@@ -186,7 +186,8 @@ def main():
             "kylix shards, columns 64": (True, lambda: kd.Shards(os.path.join(node.mnt, "ds", "d.shards"), batch=64, columns=True), None),
         }
         info = {"samples": samples, "files": a.files, "bytes": total, "machine": os.uname().nodename, "cpus": os.cpu_count(),
-                "scanner": kd.Shards(os.path.join(node.mnt, "ds", "d.shards")).scanner}
+                "scanner": kd.Shards(os.path.join(node.mnt, "ds", "d.shards")).scanner,
+                "readahead": kd.Shards(os.path.join(node.mnt, "ds", "d.shards")).readahead}
         print(json.dumps({"setup": info}), flush=True)
         for workers in [int(w) for w in a.workers.split(",")]:
             for temp in ("warm", "cold"):
