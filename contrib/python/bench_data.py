@@ -25,11 +25,22 @@ batch_size=64) and "kylix shards, batch 64" (kylix.data.Shards(batch=64)),
 and "kylix shards, columns 64" (Shards(batch=64, columns=True): one dict
 of a key list and one Column, a uint8 tensor plus offsets, per field).
 The kylix rows use libkylix's tar scanner where it loads (the setup line
-says which: "scanner").
+says which: "scanner") and read ahead on a thread ("readahead").
 
 warm: the page cache and the node hold everything (a pass before the
 timed ones); cold: page cache dropped, and for the Kylix rows the node
 restarted, before each run (the first pass after a node start).
+
+The node makes a whole copy of a file of 16 MiB or more at its second
+open served by the node (docs/design/whole.md), so the shards, which the
+node serves, get one each during the first Kylix rows: those rows may be
+timed while the copies are written, the later ones read them by
+passthrough. --settle makes each Kylix shards row wait, after its warm
+pass (two passes), until the node has made (or refused) a copy of every
+shard of 16 MiB or more, and says how long it waited ("settled_s");
+--serve-args passes flags to kylix serve (e.g. "--whole-budget 0": no
+copies). Each Kylix row's line gives the node's whole-copy count after
+it ("whole_copies").
 Prints one JSON line per (way, temperature, workers): samples/s median.
 """
 
@@ -85,13 +96,14 @@ class TarfileShards(IterableDataset):
 
 
 class Node:
-    def __init__(self, kylix, data, mnt):
+    def __init__(self, kylix, data, mnt, serve_args=()):
         self.kylix, self.data, self.mnt = kylix, data, mnt
+        self.serve_args = list(serve_args)
         self.p = None
 
     def start(self):
         os.makedirs(self.mnt, exist_ok=True)
-        self.p = subprocess.Popen([self.kylix, "serve", "--data", self.data, "--mount", self.mnt],
+        self.p = subprocess.Popen([self.kylix, "serve", "--data", self.data, "--mount", self.mnt, *self.serve_args],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         while not (os.path.ismount(self.mnt) and os.path.exists(os.path.join(self.data, "kylix.sock"))):
@@ -107,6 +119,23 @@ class Node:
 
     def run(self, *args):
         subprocess.run([self.kylix, *args, "--data", self.data], check=True, stdout=subprocess.DEVNULL)
+
+    def whole(self):
+        """The node's whole-copy status (kylix node --json, "whole")."""
+        out = subprocess.run([self.kylix, "node", "--json", "--data", self.data], check=True,
+                             capture_output=True, text=True).stdout
+        return json.loads(out).get("whole") or {}
+
+    def settle(self, want, timeout=120):
+        """Waits until the node has made or refused want whole copies (or
+        makes none); returns the seconds waited."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            w = self.whole()
+            if w.get("off") or not w.get("budget_bytes") or w.get("made", 0) + w.get("not_made", 0) >= want:
+                break
+            time.sleep(0.2)
+        return time.monotonic() - t0
 
 
 def as_list(batch):
@@ -138,10 +167,12 @@ def main():
     ap.add_argument("--workers", default="0,2")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir")
+    ap.add_argument("--settle", action="store_true", help="time the Kylix shards rows after the node's whole copies are made")
+    ap.add_argument("--serve-args", default="", help="more flags for kylix serve, e.g. '--whole-budget 0'")
     a = ap.parse_args()
     base = a.dir or tempfile.mkdtemp(prefix="kylix-bench-data-", dir="/var/tmp")
     src, tars = os.path.join(base, "src"), os.path.join(base, "tars")
-    node = Node(os.path.abspath(a.kylix), os.path.join(base, "data"), os.path.join(base, "mnt"))
+    node = Node(os.path.abspath(a.kylix), os.path.join(base, "data"), os.path.join(base, "mnt"), a.serve_args.split())
     try:
         rnd = open("/dev/urandom", "rb")
         files = {}
@@ -186,14 +217,22 @@ def main():
             "kylix shards, columns 64": (True, lambda: kd.Shards(os.path.join(node.mnt, "ds", "d.shards"), batch=64, columns=True), None),
         }
         info = {"samples": samples, "files": a.files, "bytes": total, "machine": os.uname().nodename, "cpus": os.cpu_count(),
-                "scanner": kd.Shards(os.path.join(node.mnt, "ds", "d.shards")).scanner}
+                "scanner": kd.Shards(os.path.join(node.mnt, "ds", "d.shards")).scanner,
+                "readahead": getattr(kd.Shards(os.path.join(node.mnt, "ds", "d.shards")), "readahead", None),
+                "serve_args": node.serve_args, "settle": a.settle}
+        shard_dir = os.path.join(node.mnt, "ds", "d.shards")
+        big = sum(1 for n in os.listdir(shard_dir) if n.endswith(".tar") and os.path.getsize(os.path.join(shard_dir, n)) >= 16 << 20)
         print(json.dumps({"setup": info}), flush=True)
         for workers in [int(w) for w in a.workers.split(",")]:
             for temp in ("warm", "cold"):
                 for name, (on_kylix, make, batch) in ways.items():
                     times = []
+                    settled = None
                     if temp == "warm":
                         count(make(), workers, batch)  # fill the caches
+                        if a.settle and on_kylix and "shards" in name:
+                            count(make(), workers, batch)  # a second open: the node copies the shards
+                            settled = round(node.settle(big), 2)
                     for _ in range(a.repeat):
                         if temp == "cold":
                             if on_kylix:
@@ -207,8 +246,13 @@ def main():
                         if n != samples:
                             raise SystemExit(f"{name}: {n} samples, want {samples}")
                     med = statistics.median(times)
-                    print(json.dumps({"way": name, "temp": temp, "workers": workers, "samples_per_s": round(samples / med),
-                                      "MB_per_s": round(total / med / 1e6, 1), "runs_s": [round(x, 3) for x in times]}), flush=True)
+                    line = {"way": name, "temp": temp, "workers": workers, "samples_per_s": round(samples / med),
+                            "MB_per_s": round(total / med / 1e6, 1), "runs_s": [round(x, 3) for x in times]}
+                    if on_kylix:
+                        line["whole_copies"] = node.whole().get("copies")
+                    if settled is not None:
+                        line["settled_s"] = settled
+                    print(json.dumps(line), flush=True)
     finally:
         node.stop()
         if os.path.ismount(node.mnt):

@@ -52,6 +52,15 @@ loads, else by the same rules in Python; Shards.scanner says which
 names, anything but the plain ustar form) go to the Python parser, one by
 one, in both cases: the samples are the same either way.
 
+Reads ahead (readahead=True, the default): one thread per iterator reads
+the next window of the shard into a second buffer, and a second one opens
+the next shard, while the caller's thread takes the current window
+(os.preadv and os.open release the GIL); started at the first read,
+stopped when the iterator ends or is closed or collected. A window read
+ahead is used only when it is exactly the read the reader would make
+then, so the samples and errors are those of readahead=False (reads in
+the caller's thread). Shards.readahead says which mode runs.
+
 to_device(batches, device) moves batches (tensors, or dicts/lists/tuples
 of them) to a device, staging through pinned memory with copies on a
 side stream prefetch batches ahead, so the copy overlaps the consumer.
@@ -66,6 +75,7 @@ import mmap
 import os
 import random
 import tarfile
+import threading
 import warnings
 import zlib
 from typing import Callable, Iterator, Optional
@@ -191,40 +201,284 @@ def skip_none(batch):
     return default_collate([s for s in batch if s is not None])
 
 
+class _Ahead:
+    """A helper thread of one pass over shards (one Shards iterator): it
+    runs one job at a time (the read of the next window, or the open of
+    the next shard) while the caller's thread takes the current window;
+    os.preadv and os.open release the GIL. Started at its first job,
+    stopped by close() (the pass's end, or the iterator closed or
+    collected). It holds no reference to the iterator, so a dropped
+    iterator is collected and closes it."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._cv = threading.Condition(threading.Lock())
+        self._job = None
+        self._busy = False
+        self._res = None
+        self._stop = False
+        self._thread = None
+
+    def submit(self, job):
+        """Runs job() on the thread; wait() returns (result, exception)."""
+        with self._cv:
+            assert not self._busy
+            if self._thread is None:
+                t = threading.Thread(target=self._run, name=self.name, daemon=True)
+                t.start()  # raises where no thread can start: the caller reads inline
+                self._thread = t
+            self._job, self._busy, self._res = job, True, None
+            self._cv.notify()
+            # Until the thread has taken the job: waiting here hands it the
+            # GIL now, where it would otherwise wait for this thread to be
+            # made to drop it (sys.getswitchinterval(), 5 ms: longer than
+            # the read of a window) before it could start the read.
+            while self._job is not None:
+                self._cv.wait()
+
+    def busy(self) -> bool:
+        return self._busy
+
+    def wait(self):
+        with self._cv:
+            while self._busy:
+                self._cv.wait()
+            res, self._res = self._res, None
+            return res
+
+    def _run(self):
+        cv = self._cv
+        while True:
+            with cv:
+                while self._job is None and not self._stop:
+                    cv.wait()
+                if self._job is None:
+                    return
+                job, self._job = self._job, None
+                cv.notify_all()
+            try:
+                res = (job(), None)
+            except BaseException as e:  # handed to the caller's thread
+                res = (None, e)
+            del job
+            with cv:
+                self._res, self._busy = res, False
+                cv.notify_all()
+
+    def close(self):
+        """Waits for the job in flight, then stops the thread."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        t, self._thread = self._thread, None
+        if t is not None and t is not threading.current_thread():
+            t.join()
+
+
+def _read_into(fd: int, buf: Optional[bytearray], off: int, want: int):
+    """(buffer, bytes read): want bytes of fd at off read into buf (a new
+    buffer if buf is None or too small), as _Window.fill reads them: a
+    read that fails or ends early stops there."""
+    if buf is None or len(buf) < want:
+        buf = bytearray(want)  # zeroed once, then reused
+    mv = memoryview(buf)
+    got = 0
+    try:
+        while got < want:
+            try:
+                k = os.preadv(fd, [mv[got:want]], off + got)
+            except OSError:
+                break
+            if k == 0:
+                break
+            got += k
+    finally:
+        mv.release()
+    return buf, got
+
+
 class _Window:
-    """Reads a file front to back in large reads into one buffer, reused
-    from read to read (it never moves: a scanner in C reads it by
-    address), handing out byte ranges. A large read that fails part way
-    (the kernel returns what it read, then the next read fails: a chunk the
-    node refused) leaves the rest of that range to exact reads of each
-    range asked for, so an error is charged to the member whose bytes hold
-    it, and the members around it still read.
+    """Reads files front to back in large reads into one buffer (it never
+    moves while it is the window: a scanner in C reads it by address),
+    handing out byte ranges; one window serves every file of a pass
+    (open(), close_file()), so its buffers are reused from file to file.
+
+    A large read that fails part way (the kernel returns what it read,
+    then the next read fails: a chunk the node refused) leaves the rest of
+    that range to exact reads of each range asked for, so an error is
+    charged to the member whose bytes hold it, and the members around it
+    still read.
+
+    Readahead (ahead and opener, two _Ahead threads): a second buffer,
+    filled on the reader thread with the window the caller will ask for
+    next (prefetch(off)), or with the first window of the next file
+    (prefetch_file(path)), while the caller takes the current one; and
+    the next file opened on the opener thread (open_ahead(path)) while
+    this one is read. fill() swaps a window read ahead in only when it is
+    exactly the read fill() would make (same file, offset and length), so
+    the bytes, the short read after a failure and exact_until are those
+    of a read made then; one not asked for is dropped, its errors with
+    it. At most one window and one file ahead: two buffers, two files.
 
     The window is buf[0:n], bytes off .. off + n of the file; view is a
     memoryview of buf. Slices of view must be dropped before the next
-    fill (a fill that needs a larger buffer releases view)."""
+    fill (the buffer is read into again: at once without readahead, at the
+    next prefetch with it)."""
 
-    def __init__(self, path: str, fd: int, size: int, read_size: int, buf: Optional[bytearray] = None):
-        self.path, self.fd, self.size, self.read_size = path, fd, size, read_size
+    def __init__(self, read_size: int, readahead: bool = False):
+        self.read_size = read_size
+        self.ahead = _Ahead("kylix.data readahead") if readahead else None
+        self.opener = _Ahead("kylix.data open-ahead") if readahead else None
+        self.path, self.fd, self.size = None, -1, 0
         self.off, self.n = 0, 0
-        self.buf = bytearray() if buf is None else buf  # a buffer to reuse (of the file before)
+        self.buf = bytearray()
         self.view = memoryview(self.buf)
         self.addr = 0
-        if len(self.buf) and _ctypes is not None:
-            self._address()
+        self.other = None  # the second buffer (readahead), when not in flight
+        self.pending = None  # (path, fd, off, want) of the read in flight
+        self.opening = None  # the path the opener opens
+        self.opened = None  # (path, fd, size) opened ahead, not yet open()ed
         self.exact_until = 0
         self.direct = None  # an O_DIRECT descriptor, opened at the first error
 
-    def close(self):
-        self.view.release()
+    def _take_opened(self, block: bool):
+        """Moves the opener's finished job into opened."""
+        if self.opening is None or (not block and self.opener.busy()):
+            return
+        path, self.opening = self.opening, None
+        res, exc = self.opener.wait()
+        if exc is None:
+            self.opened = (path, res[0], res[1])
+        # An open that failed ahead is made again by open(), which raises.
+
+    def open_ahead(self, path: str):
+        """Starts opening path on the opener thread (open() takes it)."""
+        if self.opener is None or self.opening is not None or self.opened is not None:
+            return
+
+        def job():
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                return fd, os.fstat(fd).st_size
+            except BaseException:
+                os.close(fd)
+                raise
+
+        try:
+            self.opener.submit(job)
+        except RuntimeError:  # no thread: open inline
+            self.opener = None
+            return
+        self.opening = path
+
+    def open(self, path: str) -> int:
+        """Makes path the window's file (opened ahead by open_ahead, its
+        first window read ahead by prefetch_file, where they were);
+        returns its size."""
+        self.close_file()
+        if self.opening == path:
+            self._take_opened(True)
+        o = self.opened
+        if o is not None and o[0] == path:
+            self.opened = None
+            self.path, self.fd, self.size = o
+            return self.size
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            size = os.fstat(fd).st_size
+        except BaseException:
+            os.close(fd)
+            raise
+        self.path, self.fd, self.size = path, fd, size
+        return size
+
+    def close_file(self):
+        self._drop_pending(self.fd)  # a read of this file: done before its fd closes
         if self.direct is not None:
-            os.close(self.direct)
+            if self.direct >= 0:
+                os.close(self.direct)
             self.direct = None
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.path, self.fd, self.size = None, -1, 0
+        self.off, self.n, self.exact_until = 0, 0, 0
+
+    def close(self):
+        """Closes the file and the one opened ahead, drops what was read
+        ahead and stops the threads."""
+        try:
+            self.close_file()
+            self._drop_pending()
+            if self.opener is not None:
+                self._take_opened(True)
+            if self.opened is not None:
+                os.close(self.opened[1])
+                self.opened = None
+        finally:
+            for t in (self.ahead, self.opener):
+                if t is not None:
+                    t.close()
+            self.view.release()
+            self.other = None
+
+    def _drop_pending(self, fd: Optional[int] = None):
+        """Waits for the read in flight (of fd, if given) and drops it."""
+        p = self.pending
+        if p is None or (fd is not None and p[1] != fd):
+            return
+        self.pending = None
+        res, exc = self.ahead.wait()
+        if exc is None:
+            self.other = res[0]
 
     def _address(self):
+        if _ctypes is None or not len(self.buf):
+            self.addr = 0
+            return
         c = _ctypes.c_char.from_buffer(self.buf)
         self.addr = _ctypes.addressof(c)
         del c
+
+    def _swap(self, buf: bytearray, off: int, want: int, got: int):
+        """buf, read ahead, becomes the window; the window's buffer the
+        spare one."""
+        self.view.release()
+        self.other = self.buf if len(self.buf) else None
+        self.buf = buf
+        self.view = memoryview(buf)
+        self._address()
+        self.off, self.n = off, got
+        if got < want:
+            self.exact_until = off + want
+
+    def _read_ahead(self, path: str, fd: int, off: int, want: int):
+        buf, self.other = self.other, None
+        try:
+            self.ahead.submit(lambda: _read_into(fd, buf, off, want))
+        except RuntimeError:  # no thread: read inline from now on
+            self.ahead, self.other = None, buf
+            return
+        self.pending = (path, fd, off, want)
+
+    def prefetch(self, off: int):
+        """Starts reading the window fill(off) will read, on the reader
+        thread, into the spare buffer (nothing without readahead, while
+        a read is in flight, at the end of the file, or where exact reads
+        are due)."""
+        if self.ahead is None or self.pending is not None or off >= self.size or off < self.exact_until:
+            return
+        self._read_ahead(self.path, self.fd, off, min(self.read_size, self.size - off))
+
+    def prefetch_file(self, path: str):
+        """Starts reading the first window of path, the next file, if the
+        opener has opened it (no waiting here)."""
+        if self.ahead is None or self.pending is not None:
+            return
+        self._take_opened(False)
+        o = self.opened
+        if o is None or o[0] != path or o[2] <= 0:
+            return
+        self._read_ahead(path, o[1], 0, min(self.read_size, o[2]))
 
     def fill(self, off: int, want: int = 0) -> int:
         """Reads the window at off: want bytes (default read_size; fewer
@@ -232,22 +486,28 @@ class _Window:
         came before it and leaves the rest of the range to exact reads
         (exact_until). Returns the bytes now in the window."""
         want = min(max(want, self.read_size), self.size - off)
+        p = self.pending
+        if p is not None and p[1] == self.fd:
+            self.pending = None
+            res, exc = self.ahead.wait()
+            if exc is not None:
+                raise exc  # not an OSError (_read_into keeps those): a bug or MemoryError
+            buf, got = res
+            if p[0] == self.path and p[2] == off and p[3] == want:
+                self._swap(buf, off, want, got)
+                return got
+            self.other = buf
         if len(self.buf) < want:
+            if self.other is not None and len(self.other) >= want:
+                buf, self.other = self.other, self.buf  # the spare one is large enough
+            else:
+                buf = bytearray(want)  # zeroed once, then reused
             self.view.release()
-            self.buf = bytearray(want)  # zeroed once, then reused
+            self.buf = buf
             self.view = memoryview(self.buf)
-            if _ctypes is not None:
-                self._address()
+            self._address()
         self.off, self.n = off, 0
-        got = 0
-        while got < want:
-            try:
-                k = os.preadv(self.fd, [self.view[got:want]], off + got)
-            except OSError:
-                break
-            if k == 0:
-                break
-            got += k
+        got = _read_into(self.fd, self.buf, off, want)[1]
         self.n = got
         if got < want:
             self.exact_until = off + want
@@ -439,7 +699,8 @@ class _ScanC:
         return list(zip(keys, exts, starts, [a + n for a, n in zip(starts, sizes)])), rc, self.next.value
 
 
-def _tar_runs(path: str, read_size: int, policy: _ErrorPolicy, scan, spare: Optional[list] = None) -> Iterator[tuple]:
+def _tar_runs(path: str, read_size: int, policy: _ErrorPolicy, scan, w: Optional[_Window] = None,
+              next_path: Optional[str] = None) -> Iterator[tuple]:
     """The regular members of the tar file at path, in order, as runs
     (src, entries): entries a list of (key, extension, start, end), the
     member's bytes being src[start:end]. src is the window's memoryview
@@ -452,13 +713,23 @@ def _tar_runs(path: str, read_size: int, policy: _ErrorPolicy, scan, spare: Opti
     plain, members larger than the window, the end of a truncated file)
     are read here one by one, as before there was a scanner. ustar, PAX
     ('x', 'g') and GNU long names ('L') are understood; other member types
-    are passed over. spare: a list holding a window buffer to reuse (and
-    that gets this file's buffer back at the end)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    w = None
+    are passed over.
+
+    w: the pass's window (its buffers and reader thread, kept from file to
+    file; by default one of this call's, without readahead). With
+    readahead, the window that starts at the header a scan stopped at is
+    read ahead before the scan's members are handed out, and once the
+    window reaches the end of the file, next_path (the file read after
+    this one) is opened and its first window read ahead."""
+    own = w is None
+    if own:
+        w = _Window(read_size)
     try:
-        size = os.fstat(fd).st_size
-        w = _Window(path, fd, size, read_size, spare.pop() if spare else None)
+        if next_path is not None:
+            w.open_ahead(next_path)  # the first file: at the same time as this open
+        size = w.open(path)
+        if next_path is not None:
+            w.open_ahead(next_path)
         off, pax, longname, again = 0, {}, None, False
         while off + BLOCK <= size:
             if not pax and longname is None:
@@ -471,6 +742,11 @@ def _tar_runs(path: str, read_size: int, policy: _ErrorPolicy, scan, spare: Opti
                 again = False
                 if inwin:
                     entries, stop, off = scan(w, off)
+                    if w.ahead is not None:
+                        if next_path is not None and w.off + w.n >= size:
+                            w.prefetch_file(next_path)
+                        elif stop == _MORE and w.off != off:
+                            w.prefetch(off)  # the window the loop fills next
                     if entries:
                         yield w.view, entries
                     if stop == _END:
@@ -533,11 +809,10 @@ def _tar_runs(path: str, read_size: int, policy: _ErrorPolicy, scan, spare: Opti
         if off < size:
             policy.handle(SampleError(errno.EBADMSG, f"{path} at offset {off}", f"truncated: {size - off} bytes where a tar header or trailer belongs"))
     finally:
-        if w is not None:
+        if own:
             w.close()
-            if spare is not None:
-                spare.append(w.buf)
-        os.close(fd)
+        else:
+            w.close_file()
 
 
 def _scanner(choice: str):
@@ -557,16 +832,21 @@ def _scanner(choice: str):
 
 
 def read_tar(path: str, *, read_size: int = 8 << 20, policy: Optional[_ErrorPolicy] = None,
-             scanner: str = "auto") -> Iterator[tuple[str, str, Optional[bytes]]]:
+             scanner: str = "auto", readahead: bool = False) -> Iterator[tuple[str, str, Optional[bytes]]]:
     """(key, extension, bytes) of each regular member of the tar file at
     path, in order (see _tar_runs). Errors go to policy (default: raise
-    SampleError); a member policy skips comes with bytes None."""
+    SampleError); a member policy skips comes with bytes None. readahead:
+    read the next window on a thread (as Shards does by default)."""
     policy = policy or _ErrorPolicy("raise")
     name, fn, _ = _scanner(scanner)
     scan = _ScanC(fn) if fn is not None else _scan_python
-    for src, entries in _tar_runs(path, read_size, policy, scan):
-        for key, ext, a, b in entries:
-            yield key, ext, (bytes(src[a:b]) if a >= 0 else None)
+    w = _Window(read_size, readahead)
+    try:
+        for src, entries in _tar_runs(path, read_size, policy, scan, w):
+            for key, ext, a, b in entries:
+                yield key, ext, (bytes(src[a:b]) if a >= 0 else None)
+    finally:
+        w.close()
 
 
 class Column:
@@ -682,12 +962,21 @@ class Shards(_IterableDataset):
     "libkylix" requires the C scanner (RuntimeError without it); "python"
     uses the Python parser. Both give the same samples. The attribute
     scanner says which one this object uses ("libkylix" or "python"), and
-    scanner_why why (where the library came from, or why it is absent)."""
+    scanner_why why (where the library came from, or why it is absent).
+
+    readahead: True (default) reads the next window of each shard (and
+    opens the next shard and reads its first window) on a thread while
+    the current window's members are taken: one thread per iterator,
+    started at its first read and stopped when the iterator ends or is
+    closed or collected; two window buffers instead of one. False reads
+    in the caller's thread. The samples and errors are the same either
+    way; the attribute readahead says which mode runs."""
 
     def __init__(self, root_or_paths, *, shuffle: bool = False, seed: int = 0, shuffle_buffer: int = 0,
                  rank: Optional[int] = None, world_size: Optional[int] = None,
                  transform: Optional[Callable] = None, on_error="raise", read_size: int = 8 << 20,
-                 batch: Optional[int] = None, columns: bool = False, scanner: str = "auto"):
+                 batch: Optional[int] = None, columns: bool = False, scanner: str = "auto",
+                 readahead: bool = True):
         if isinstance(root_or_paths, (str, os.PathLike)):
             root = os.fspath(root_or_paths)
             idx = os.path.join(root, "index.json")
@@ -720,6 +1009,7 @@ class Shards(_IterableDataset):
         self.columns = columns
         self.scanner, fn, self.scanner_why = _scanner(scanner)
         self._scanner_choice = scanner
+        self.readahead = bool(readahead)
         self._policy = _ErrorPolicy(on_error)
         self.epoch = 0
 
@@ -750,9 +1040,17 @@ class Shards(_IterableDataset):
 
     def _runs(self, paths):
         scan = self._scan()
-        spare = []  # one window buffer for every shard of this pass
-        for p in paths:
-            yield p, _tar_runs(p, self.read_size, self._policy, scan, spare)
+        # One window for every shard of this pass (its buffers reused from
+        # shard to shard) and, with readahead, one reader thread, started
+        # at the first read ahead and stopped when the pass ends or its
+        # iterator is closed or collected (the finally below).
+        w = _Window(self.read_size, self.readahead)
+        try:
+            for i, p in enumerate(paths):
+                yield p, _tar_runs(p, self.read_size, self._policy, scan, w,
+                                   paths[i + 1] if i + 1 < len(paths) else None)
+        finally:
+            w.close()
 
     def _samples(self, paths):
         # A sample one of whose members was skipped is left out whole:

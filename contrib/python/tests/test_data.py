@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import unittest
 import warnings
@@ -112,6 +113,25 @@ def check_samples(tc, got, files):
     for k, members in want.items():
         for ext, b in members.items():
             tc.assertTrue(got[k][ext] == b, (k, ext))
+
+
+class _StopEarly(torch.utils.data.IterableDataset):
+    """In a DataLoader worker: (threads, fds) before a Shards iterator, while
+    it reads, and after a loop over it left early."""
+
+    def __init__(self, paths):
+        self.paths = paths
+
+    def __iter__(self):
+        def counts():
+            return threading.active_count(), len(os.listdir("/proc/self/fd"))
+        before = counts()
+        during = None
+        for n, _ in enumerate(kd.Shards(self.paths, batch=2, columns=True, read_size=4096)):
+            during = counts()
+            if n == 3:
+                break
+        yield before, during, counts()
 
 
 class ShardReaderTest(unittest.TestCase):
@@ -403,6 +423,79 @@ class ShardReaderTest(unittest.TestCase):
         self.assertEqual([str(e) for e in ds.errors], [str(e) for e in dd.errors])
         self.assertEqual(len(ds.errors), 1)
 
+    def test_readahead_same_samples_and_errors(self):
+        # The reader thread (readahead=True, the default) against reads in
+        # the caller's thread: the same samples, bytes and errors, for
+        # every window size and both scanners, odd tar files included.
+        self.assertTrue(kd.Shards(self.paths).readahead)
+        self.assertFalse(kd.Shards(self.paths, readahead=False).readahead)
+        paths = self.odd_tars()[:4] + self.paths
+        for scanner in ("python", "libkylix") if HAVE_SCAN else ("python",):
+            for rs in (512, 4096, 8 << 20):
+                got = {}
+                for ra in (True, False):
+                    got[ra] = (digest(kd.Shards(paths, batch=5, columns=True, read_size=rs, scanner=scanner, readahead=ra)),
+                               digest(kd.Shards(paths, read_size=rs, scanner=scanner, readahead=ra)))
+                self.assertEqual(got[True], got[False], (scanner, rs))
+                self.assertEqual(got[True][0], got[True][1])
+        # A truncated shard and a corrupt header among good ones.
+        with open(self.paths[0], "rb") as f:
+            raw = f.read()
+        cut = os.path.join(self.tmp, "cut.tar")
+        with open(cut, "wb") as f:
+            f.write(raw[:len(raw) // 2 + 100])
+        with tarfile.open(self.paths[1]) as t:
+            second = t.getmembers()[1].offset
+        with open(self.paths[1], "rb") as f:
+            b = bytearray(f.read())
+        b[second + 10] ^= 0xFF
+        bad = os.path.join(self.tmp, "bad.tar")
+        with open(bad, "wb") as f:
+            f.write(bytes(b))
+        mixed = [cut, self.paths[2], bad] + self.paths[3:]
+        out = {}
+        for ra in (True, False):
+            ds = kd.Shards(mixed, batch=4, columns=True, on_error="skip", read_size=4096, readahead=ra)
+            with warnings.catch_warnings(record=True):
+                warnings.simplefilter("always")
+                out[ra] = (unbatch(ds), [str(e) for e in ds.errors])
+            with self.assertRaises(kd.SampleError):
+                list(kd.Shards(mixed, readahead=ra))
+        self.assertEqual(out[True], out[False])
+        self.assertEqual(len(out[True][1]), 2)
+
+    def test_readahead_stops_clean(self):
+        # The threads start at the first read and are gone, with every
+        # descriptor they opened, when the iterator ends, is closed, or is
+        # dropped after a loop left early.
+        def fds():
+            return len(os.listdir("/proc/self/fd"))
+        before_t, before_f = threading.active_count(), fds()
+        ds = kd.Shards(self.paths, batch=2, columns=True, read_size=4096)
+        it = iter(ds)
+        self.assertEqual(threading.active_count(), before_t)  # nothing before the first batch
+        next(it)
+        self.assertGreater(threading.active_count(), before_t)  # the reader runs
+        it.close()
+        self.assertEqual((threading.active_count(), fds()), (before_t, before_f))
+        for n, b in enumerate(kd.Shards(self.paths, read_size=4096)):
+            if n == 9:
+                break
+        self.assertEqual((threading.active_count(), fds()), (before_t, before_f))
+        for ra in (True, False):  # dropped without close, mid-shard
+            it = iter(kd.Shards(self.paths, batch=3, read_size=1024, readahead=ra))
+            next(it)
+            next(it)
+            del it
+            self.assertEqual((threading.active_count(), fds()), (before_t, before_f))
+        self.assertEqual(len(list(kd.Shards(self.paths, batch=3, columns=True))), 20)
+        self.assertEqual((threading.active_count(), fds()), (before_t, before_f))
+        # In a DataLoader worker: the same, counted inside the worker.
+        got = list(DataLoader(_StopEarly(self.paths), batch_size=None, num_workers=1))
+        (before, during, after), = got
+        self.assertGreater(during[0], before[0])
+        self.assertEqual(after, before)
+
     def test_to_device_cpu(self):
         batches = [{"x": torch.arange(4) + i} for i in range(3)]
         got = list(kd.to_device(batches, "cpu"))
@@ -506,11 +599,12 @@ class MountShardsTest(unittest.TestCase):
         check_samples(self, got, files)
         # Columnar batches, both scanners: the same error, the same
         # sample left out whole, every other byte equal to its source.
-        for scanner in ("python", "libkylix") if HAVE_SCAN else ("python",):
+        # With the reader thread and without it (readahead), too.
+        for scanner, ra in [(sc, ra) for sc in (("python", "libkylix") if HAVE_SCAN else ("python",)) for ra in (True, False)]:
             with self.assertRaises(kd.SampleError) as cm:
-                list(kd.Shards(root, batch=8, columns=True, scanner=scanner))
+                list(kd.Shards(root, batch=8, columns=True, scanner=scanner, readahead=ra))
             self.assertEqual(cm.exception.errno, errno.EIO)
-            ds = kd.Shards(root, batch=8, columns=True, on_error="skip", scanner=scanner)
+            ds = kd.Shards(root, batch=8, columns=True, on_error="skip", scanner=scanner, readahead=ra)
             with warnings.catch_warnings(record=True):
                 warnings.simplefilter("always")
                 got = collect(unbatch(ds))
