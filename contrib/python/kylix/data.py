@@ -297,6 +297,11 @@ def _read_into(fd: int, buf: Optional[bytearray], off: int, want: int):
     return buf, got
 
 
+def _no_thread(what: str, e: BaseException):
+    warnings.warn(f"kylix.data: no thread for {what} ({e}); this pass reads in the caller's thread",
+                  RuntimeWarning, stacklevel=3)
+
+
 class _Window:
     """Reads files front to back in large reads into one buffer (it never
     moves while it is the window: a scanner in C reads it by address),
@@ -366,7 +371,8 @@ class _Window:
 
         try:
             self.opener.submit(job)
-        except RuntimeError:  # no thread: open inline
+        except RuntimeError as e:  # no thread: open inline, and say so
+            _no_thread("open-ahead", e)
             self.opener = None
             return
         self.opening = path
@@ -455,7 +461,8 @@ class _Window:
         buf, self.other = self.other, None
         try:
             self.ahead.submit(lambda: _read_into(fd, buf, off, want))
-        except RuntimeError:  # no thread: read inline from now on
+        except RuntimeError as e:  # no thread: read inline from now on, and say so
+            _no_thread("readahead", e)
             self.ahead, self.other = None, buf
             return
         self.pending = (path, fd, off, want)

@@ -496,6 +496,24 @@ class ShardReaderTest(unittest.TestCase):
         self.assertGreater(during[0], before[0])
         self.assertEqual(after, before)
 
+    def test_readahead_without_threads_says_so(self):
+        # Where no thread can start, the pass reads in the caller's thread
+        # (the same samples) and warns that it does.
+        want = digest(kd.Shards(self.paths, read_size=4096, readahead=False))
+        real = threading.Thread.start
+
+        def refuse(self):
+            raise RuntimeError("can't start new thread")
+        threading.Thread.start = refuse
+        try:
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                got = digest(kd.Shards(self.paths, read_size=4096))
+        finally:
+            threading.Thread.start = real
+        self.assertEqual(want, got)
+        self.assertTrue(any("no thread for" in str(x.message) for x in w), [str(x.message) for x in w])
+
     def test_to_device_cpu(self):
         batches = [{"x": torch.arange(4) + i} for i in range(3)]
         got = list(kd.to_device(batches, "cpu"))
