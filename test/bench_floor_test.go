@@ -1,0 +1,317 @@
+package test
+
+import (
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/stretchr/testify/require"
+
+	kfs "github.com/kylix/kylix/fs"
+)
+
+// What any FUSE server could do for the first pass after a start, on this
+// machine (issue 20, item 1: "first access after a node start >= 0.5x";
+// docs/bench.md, "The FUSE floor for the first pass after a start"). The
+// small-files tree of TestBenchFirstPass is loaded into memory and served
+// by floorFS, a server with no work of its own: go-fuse's raw API, a
+// static node table, Kylix's read-only mount settings (no-open, listings
+// kept by the kernel, the same mount options). Each pass runs on a fresh
+// mount, so the kernel knows no inode and holds no page, as after a node
+// start. Three floors, beside ext4 and a Kylix read-only node in the same
+// run, sides interleaved:
+//
+//   - walk: the listing alone (lstat of every entry), against the walk
+//     through a Kylix node after its start;
+//
+//   - read: every file read by a READ round trip answered from memory;
+//
+//   - ideal prefetch: a directory's files stored in the kernel's page
+//     cache (FUSE_NOTIFY_STORE, from memory) as soon as its listing is
+//     closed, the earliest the kernel has their inodes; the reader then
+//     finds every file but those it overtakes in the page cache. This is
+//     the bound for Kylix's directory prefetch, whose passes read, verify
+//     and store the same bytes.
+//
+//     KYLIX_BENCH=1 go test -ldflags=-checklinkname=0 ./test -run 'TestBenchFirstPassFloor$' -count=1 -v
+func TestBenchFirstPassFloor(t *testing.T) {
+	if os.Getenv("KYLIX_BENCH") != "1" {
+		t.Skip("a benchmark: KYLIX_BENCH=1")
+	}
+	requireFUSE(t)
+	nSmall, reps := envInt("KYLIX_BENCH_SMALL", 10000), envInt("KYLIX_BENCH_REPS", 5)
+	base := t.TempDir()
+	src := filepath.Join(base, "small")
+	writeSmallFiles(t, src, nSmall, 20)
+	data, mnt, fmnt := filepath.Join(base, "data"), filepath.Join(base, "mnt"), filepath.Join(base, "floor")
+	mustKylix(t, base, "import", "--data", data, src, "small")
+	tree := loadFloorTree(t, src)
+	readTree(t, src)
+	// Each returns the first pass after a mount or a start, and the
+	// second, warm, pass on the same mount.
+	floor := func(prefetch bool, pass func(string) float64) (first, warm float64) {
+		f := mountFloor(t, tree, fmnt, prefetch)
+		defer f.unmount()
+		first = pass(fmnt)
+		reads := f.reads.Load()
+		warm = pass(fmnt)
+		t.Logf("floor (prefetch %v): READs in the first pass %d, in the second %d; stores the kernel refused %d (first: %v)", prefetch, reads, f.reads.Load()-reads, f.storeErr.Load(), fuse.Status(f.firstErr.Load()))
+		return first, warm
+	}
+	kylix := func(pass func(string) float64) (first, warm float64) {
+		n := launchNode(t, data, mnt, nil, nil, "--read-only")
+		defer n.stop()
+		first = pass(filepath.Join(mnt, "small"))
+		return first, pass(filepath.Join(mnt, "small"))
+	}
+	read := func(d string) float64 { return readTree(t, d) }
+	walk := func(d string) float64 { return walkTree(t, d) }
+	var ext4, fRead, fIdeal, fWarm, kFirst, kWarm, ext4Walk, fWalk, kWalk []float64
+	add := func(first, warm *[]float64, f, w float64) {
+		*first = append(*first, f)
+		if warm != nil {
+			*warm = append(*warm, w)
+		}
+	}
+	for range reps {
+		ext4 = append(ext4, readTree(t, src))
+		f, _ := floor(false, read)
+		fRead = append(fRead, f)
+		f, w := floor(true, read)
+		add(&fIdeal, &fWarm, f, w)
+		f, w = kylix(read)
+		add(&kFirst, &kWarm, f, w)
+		ext4Walk = append(ext4Walk, walkTree(t, src))
+		f, _ = floor(false, walk)
+		fWalk = append(fWalk, f)
+		f, _ = kylix(walk)
+		kWalk = append(kWalk, f)
+	}
+	e := median(ext4)
+	t.Logf("first pass over %d small files (4-64 KiB), open+read+close, files/s, medians of %d:", nSmall, reps)
+	t.Logf("| ext4 (warm) | %.0f | 1 | %v |", e, ext4)
+	t.Logf("| floor: every file a READ from memory | %.0f | %.2fx | %v |", median(fRead), median(fRead)/e, fRead)
+	t.Logf("| floor: ideal prefetch | %.0f | %.2fx | %v |", median(fIdeal), median(fIdeal)/e, fIdeal)
+	t.Logf("| Kylix read-only node, first pass after its start | %.0f | %.2fx | %v |", median(kFirst), median(kFirst)/e, kFirst)
+	t.Logf("| floor, warm (the second pass on a mount) | %.0f | %.2fx | %v |", median(fWarm), median(fWarm)/e, fWarm)
+	t.Logf("| Kylix read-only node, warm (its second pass) | %.0f | %.2fx | %v |", median(kWarm), median(kWarm)/e, kWarm)
+	t.Logf("walk with lstat of the same tree, s: ext4 (warm) %.3f %v; floor after a mount %.3f %v; Kylix after a start %.3f %v",
+		median(ext4Walk), ext4Walk, median(fWalk), fWalk, median(kWalk), kWalk)
+}
+
+// floorNode is one entry of floorFS's static table; its node ID is its
+// index + 1 (the root is 1).
+type floorNode struct {
+	name     string
+	dir      bool
+	data     []byte
+	children []uint64          // a directory's entries, in name order
+	byName   map[string]uint64 // and by name
+}
+
+// loadFloorTree reads the tree at dir into memory.
+func loadFloorTree(t *testing.T, dir string) []floorNode {
+	t.Helper()
+	nodes := []floorNode{{dir: true, byName: map[string]uint64{}}}
+	var add func(parent uint64, path string)
+	add = func(parent uint64, path string) {
+		ents, err := os.ReadDir(path)
+		require.NoError(t, err)
+		sort.Slice(ents, func(i, j int) bool { return ents[i].Name() < ents[j].Name() })
+		for _, e := range ents {
+			n := floorNode{name: e.Name(), dir: e.IsDir()}
+			if n.dir {
+				n.byName = map[string]uint64{}
+			} else {
+				n.data, err = os.ReadFile(filepath.Join(path, e.Name()))
+				require.NoError(t, err)
+			}
+			nodes = append(nodes, n)
+			id := uint64(len(nodes))
+			p := &nodes[parent-1]
+			p.children = append(p.children, id)
+			p.byName[n.name] = id
+			if n.dir {
+				add(id, filepath.Join(path, e.Name()))
+			}
+		}
+	}
+	add(1, dir)
+	return nodes
+}
+
+// floorFS serves a floorNode table read-only, doing nothing a kernel
+// request does not need. With prefetch, closing a directory's listing
+// stores all its files in the kernel's page cache, once per mount.
+type floorFS struct {
+	fuse.RawFileSystem
+	nodes    []floorNode
+	prefetch bool
+	srv      *fuse.Server
+	mu       sync.Mutex
+	stored   map[uint64]bool
+	wg       sync.WaitGroup
+	reads    atomic.Int64 // READs answered
+	storeErr atomic.Int64 // stores the kernel refused
+	firstErr atomic.Int32 // the first refusal's status
+}
+
+func mountFloor(t *testing.T, nodes []floorNode, dir string, prefetch bool) *floorFS {
+	t.Helper()
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	f := &floorFS{RawFileSystem: fuse.NewDefaultRawFileSystem(), nodes: nodes, prefetch: prefetch, stored: map[uint64]bool{}}
+	// Kylix's read-only mount's options (fs.FS.MountOptions, fs/readonly.go).
+	mo := fuse.MountOptions{
+		FsName: "kylix-floor", Name: "kylix-floor",
+		MaxWrite: kfs.DefaultMaxIO, MaxReadAhead: kfs.DefaultMaxIO,
+		DirectMount: true, DirectMountStrict: true, AllowOther: true,
+		Options:       []string{"default_permissions"},
+		MaxBackground: 64, DisableSplice: true,
+		DirectMountFlags: syscall.MS_NOSUID | syscall.MS_NODEV | syscall.MS_RDONLY,
+	}
+	srv, err := fuse.NewServer(f, dir, &mo)
+	require.NoError(t, err)
+	f.srv = srv
+	go srv.Serve()
+	require.NoError(t, srv.WaitMount())
+	t.Cleanup(f.unmount)
+	return f
+}
+
+func (f *floorFS) unmount() {
+	if f.srv != nil {
+		f.wg.Wait()
+		f.srv.Unmount()
+		f.srv = nil
+	}
+}
+
+var floorTimeout = time.Hour
+
+func (f *floorFS) node(id uint64) *floorNode {
+	if id == 0 || id > uint64(len(f.nodes)) {
+		return nil
+	}
+	return &f.nodes[id-1]
+}
+
+func (f *floorFS) attr(id uint64, a *fuse.Attr) {
+	n := f.node(id)
+	a.Ino = id
+	if n.dir {
+		a.Mode, a.Nlink = fuse.S_IFDIR|0o755, 2
+	} else {
+		a.Mode, a.Nlink, a.Size = fuse.S_IFREG|0o644, 1, uint64(len(n.data))
+		a.Blocks = (a.Size + 511) / 512
+	}
+}
+
+func (f *floorFS) entry(id uint64, out *fuse.EntryOut) {
+	out.NodeId = id
+	f.attr(id, &out.Attr)
+	out.SetEntryTimeout(floorTimeout)
+	out.SetAttrTimeout(floorTimeout)
+}
+
+func (f *floorFS) Lookup(_ <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
+	p := f.node(h.NodeId)
+	if p == nil || !p.dir {
+		return fuse.ENOTDIR
+	}
+	id, ok := p.byName[name]
+	if !ok {
+		return fuse.ENOENT
+	}
+	f.entry(id, out)
+	return fuse.OK
+}
+
+func (f *floorFS) Forget(uint64, uint64) {}
+
+func (f *floorFS) GetAttr(_ <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
+	if f.node(in.NodeId) == nil {
+		return fuse.ENOENT
+	}
+	f.attr(in.NodeId, &out.Attr)
+	out.SetTimeout(floorTimeout)
+	return fuse.OK
+}
+
+// Open and Flush answer ENOSYS: the kernel stops sending them (no-open),
+// as on Kylix's read-only mount.
+func (f *floorFS) Open(<-chan struct{}, *fuse.OpenIn, *fuse.OpenOut) fuse.Status { return fuse.ENOSYS }
+func (f *floorFS) Flush(<-chan struct{}, *fuse.FlushIn) fuse.Status              { return fuse.ENOSYS }
+
+func (f *floorFS) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadResult, fuse.Status) {
+	n := f.node(in.NodeId)
+	if n == nil || n.dir {
+		return nil, fuse.EINVAL
+	}
+	f.reads.Add(1)
+	if in.Offset >= uint64(len(n.data)) {
+		return fuse.ReadResultData(nil), fuse.OK
+	}
+	return fuse.ReadResultData(n.data[in.Offset:min(uint64(len(n.data)), in.Offset+uint64(in.Size))]), fuse.OK
+}
+
+func (f *floorFS) OpenDir(_ <-chan struct{}, _ *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
+	out.OpenFlags = fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE
+	return fuse.OK
+}
+
+func (f *floorFS) ReadDirPlus(_ <-chan struct{}, in *fuse.ReadIn, l *fuse.DirEntryList) fuse.Status {
+	d := f.node(in.NodeId)
+	for i := int(in.Offset); i < len(d.children); i++ {
+		id := d.children[i]
+		c := f.node(id)
+		mode := uint32(fuse.S_IFREG)
+		if c.dir {
+			mode = fuse.S_IFDIR
+		}
+		eo := l.AddDirLookupEntry(fuse.DirEntry{Name: c.name, Mode: mode, Ino: id, Off: uint64(i + 1)})
+		if eo == nil {
+			break
+		}
+		f.entry(id, eo)
+	}
+	return fuse.OK
+}
+
+// ReleaseDir: the listing is closed, so the kernel has made an inode for
+// every entry; with prefetch, store the directory's files now.
+func (f *floorFS) ReleaseDir(in *fuse.ReleaseIn) {
+	if !f.prefetch {
+		return
+	}
+	f.mu.Lock()
+	done := f.stored[in.NodeId]
+	f.stored[in.NodeId] = true
+	f.mu.Unlock()
+	if done {
+		return
+	}
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		for _, id := range f.node(in.NodeId).children {
+			if c := f.node(id); !c.dir {
+				if st := f.srv.InodeNotifyStoreCache(id, 0, c.data); st != fuse.OK {
+					if f.storeErr.Add(1) == 1 {
+						f.firstErr.Store(int32(st))
+					}
+				}
+			}
+		}
+	}()
+}
+
+func (f *floorFS) StatFs(_ <-chan struct{}, _ *fuse.InHeader, out *fuse.StatfsOut) fuse.Status {
+	out.Bsize, out.Frsize, out.NameLen = 4096, 4096, 255
+	return fuse.OK
+}
