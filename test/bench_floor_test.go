@@ -1,6 +1,7 @@
 package test
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -155,7 +156,7 @@ type floorFS struct {
 	prefetch bool
 	srv      *fuse.Server
 	mu       sync.Mutex
-	stored   map[uint64]bool
+	stored   map[uint64]int // a directory's entries stored (or being stored)
 	wg       sync.WaitGroup
 	reads    atomic.Int64 // READs answered
 	storeErr atomic.Int64 // stores the kernel refused
@@ -165,7 +166,7 @@ type floorFS struct {
 func mountFloor(t *testing.T, nodes []floorNode, dir string, prefetch bool) *floorFS {
 	t.Helper()
 	require.NoError(t, os.MkdirAll(dir, 0o755))
-	f := &floorFS{RawFileSystem: fuse.NewDefaultRawFileSystem(), nodes: nodes, prefetch: prefetch, stored: map[uint64]bool{}}
+	f := &floorFS{RawFileSystem: fuse.NewDefaultRawFileSystem(), nodes: nodes, prefetch: prefetch, stored: map[uint64]int{}}
 	// Kylix's read-only mount's options (fs.FS.MountOptions, fs/readonly.go).
 	mo := fuse.MountOptions{
 		FsName: "kylix-floor", Name: "kylix-floor",
@@ -267,6 +268,7 @@ func (f *floorFS) OpenDir(_ <-chan struct{}, _ *fuse.OpenIn, out *fuse.OpenOut) 
 
 func (f *floorFS) ReadDirPlus(_ <-chan struct{}, in *fuse.ReadIn, l *fuse.DirEntryList) fuse.Status {
 	d := f.node(in.NodeId)
+	f.storeListed(in.NodeId, int(in.Offset))
 	for i := int(in.Offset); i < len(d.children); i++ {
 		id := d.children[i]
 		c := f.node(id)
@@ -283,33 +285,41 @@ func (f *floorFS) ReadDirPlus(_ <-chan struct{}, in *fuse.ReadIn, l *fuse.DirEnt
 	return fuse.OK
 }
 
-// ReleaseDir: the listing is closed, so the kernel has made an inode for
-// every entry; with prefetch, store the directory's files now.
-func (f *floorFS) ReleaseDir(in *fuse.ReleaseIn) {
+// storeListed stores, with prefetch, the files of directory dir among its
+// first upTo entries not stored yet, in the background. The kernel has an
+// inode for each entry of a READDIRPLUS reply once it asks for the next
+// offset, and for all of them once the listing is closed: ReadDirPlus and
+// ReleaseDir call this then, the earliest a server can store them.
+func (f *floorFS) storeListed(dir uint64, upTo int) {
 	if !f.prefetch {
 		return
 	}
 	f.mu.Lock()
-	done := f.stored[in.NodeId]
-	f.stored[in.NodeId] = true
-	f.mu.Unlock()
-	if done {
-		return
+	from := f.stored[dir]
+	upTo = min(upTo, len(f.node(dir).children))
+	if upTo > from {
+		f.stored[dir] = upTo
 	}
-	f.wg.Add(1)
-	go func() {
-		defer f.wg.Done()
-		for _, id := range f.node(in.NodeId).children {
-			if c := f.node(id); !c.dir {
-				if st := f.srv.InodeNotifyStoreCache(id, 0, c.data); st != fuse.OK {
-					if f.storeErr.Add(1) == 1 {
+	f.mu.Unlock()
+	ids := f.node(dir).children[from:max(from, upTo)]
+	for len(ids) > 0 {
+		batch := ids[:min(len(ids), 8)]
+		ids = ids[len(batch):]
+		f.wg.Add(1)
+		go func() {
+			defer f.wg.Done()
+			for _, id := range batch {
+				if c := f.node(id); !c.dir {
+					if st := f.srv.InodeNotifyStoreCache(id, 0, c.data); st != fuse.OK && f.storeErr.Add(1) == 1 {
 						f.firstErr.Store(int32(st))
 					}
 				}
 			}
-		}
-	}()
+		}()
+	}
 }
+
+func (f *floorFS) ReleaseDir(in *fuse.ReleaseIn) { f.storeListed(in.NodeId, math.MaxInt) }
 
 func (f *floorFS) StatFs(_ <-chan struct{}, _ *fuse.InHeader, out *fuse.StatfsOut) fuse.Status {
 	out.Bsize, out.Frsize, out.NameLen = 4096, 4096, 255
