@@ -17,30 +17,34 @@ import (
 	kfs "github.com/kylix/kylix/fs"
 )
 
-// What any FUSE server could do for the first pass after a start, on this
-// machine (issue 20, item 1: "first access after a node start >= 0.5x";
-// docs/bench.md, "The FUSE floor for the first pass after a start"). The
+// What any FUSE server could do with small files on this machine (issue
+// 20, item 1; docs/bench.md, "The FUSE floor for small files"). The
 // small-files tree of TestBenchFirstPass is loaded into memory and served
 // by floorFS, a server with no work of its own: go-fuse's raw API, a
-// static node table, Kylix's read-only mount settings (no-open, listings
-// kept by the kernel, the same mount options). Each pass runs on a fresh
-// mount, so the kernel knows no inode and holds no page, as after a node
-// start. Three floors, beside ext4 and a Kylix read-only node in the same
-// run, sides interleaved:
+// static node table, Kylix's mount options. Each side is timed on its
+// first pass after a fresh mount (the kernel knows no inode and holds no
+// page, as after a node start) and on the second, warm, pass; the sides
+// beside ext4 in the same run, interleaved:
 //
-//   - walk: the listing alone (lstat of every entry), against the walk
-//     through a Kylix node after its start;
+//   - floor, no-open (Kylix's read-only mount's settings: OPEN and FLUSH
+//     answered ENOSYS, listings kept by the kernel), every file a READ
+//     answered from memory;
+//   - floor, no-open, ideal prefetch: a directory's files stored in the
+//     kernel's page cache (FUSE_NOTIFY_STORE, from memory, in parallel
+//     batches) as soon as the kernel has their inodes (at the next
+//     READDIRPLUS of the listing and when it is closed); the bound for
+//     Kylix's directory prefetch, whose passes read, verify and store the
+//     same bytes;
+//   - Kylix, serve --read-only;
+//   - floor, an OPEN a file (answered KEEP_CACHE|NOFLUSH, as Kylix's
+//     read-write mount answers for a committed file): the bound for a
+//     mount that must see each open;
+//   - Kylix, read-write mount.
 //
-//   - read: every file read by a READ round trip answered from memory;
+// And a walk with lstat of the tree after a mount or start (the listing
+// alone): ext4, the floor, Kylix read-only.
 //
-//   - ideal prefetch: a directory's files stored in the kernel's page
-//     cache (FUSE_NOTIFY_STORE, from memory) as soon as its listing is
-//     closed, the earliest the kernel has their inodes; the reader then
-//     finds every file but those it overtakes in the page cache. This is
-//     the bound for Kylix's directory prefetch, whose passes read, verify
-//     and store the same bytes.
-//
-//     KYLIX_BENCH=1 go test -ldflags=-checklinkname=0 ./test -run 'TestBenchFirstPassFloor$' -count=1 -v
+//	KYLIX_BENCH=1 go test -ldflags=-checklinkname=0 ./test -run 'TestBenchFirstPassFloor$' -count=1 -v
 func TestBenchFirstPassFloor(t *testing.T) {
 	if os.Getenv("KYLIX_BENCH") != "1" {
 		t.Skip("a benchmark: KYLIX_BENCH=1")
@@ -54,56 +58,68 @@ func TestBenchFirstPassFloor(t *testing.T) {
 	mustKylix(t, base, "import", "--data", data, src, "small")
 	tree := loadFloorTree(t, src)
 	readTree(t, src)
-	// Each returns the first pass after a mount or a start, and the
+	// Each side returns the first pass after a mount or a start and the
 	// second, warm, pass on the same mount.
-	floor := func(prefetch bool, pass func(string) float64) (first, warm float64) {
-		f := mountFloor(t, tree, fmnt, prefetch)
-		defer f.unmount()
-		first = pass(fmnt)
-		reads := f.reads.Load()
-		warm = pass(fmnt)
-		t.Logf("floor (prefetch %v): READs in the first pass %d, in the second %d; stores the kernel refused %d (first: %v)", prefetch, reads, f.reads.Load()-reads, f.storeErr.Load(), fuse.Status(f.firstErr.Load()))
-		return first, warm
-	}
-	kylix := func(pass func(string) float64) (first, warm float64) {
-		n := launchNode(t, data, mnt, nil, nil, "--read-only")
-		defer n.stop()
-		first = pass(filepath.Join(mnt, "small"))
-		return first, pass(filepath.Join(mnt, "small"))
-	}
-	read := func(d string) float64 { return readTree(t, d) }
-	walk := func(d string) float64 { return walkTree(t, d) }
-	var ext4, fRead, fIdeal, fWarm, kFirst, kWarm, ext4Walk, fWalk, kWalk []float64
-	add := func(first, warm *[]float64, f, w float64) {
-		*first = append(*first, f)
-		if warm != nil {
-			*warm = append(*warm, w)
+	floor := func(prefetch, opens bool) func(pass func(string) float64) (float64, float64) {
+		return func(pass func(string) float64) (first, warm float64) {
+			f := mountFloor(t, tree, fmnt, prefetch, opens)
+			defer f.unmount()
+			first = pass(fmnt)
+			reads := f.reads.Load()
+			warm = pass(fmnt)
+			t.Logf("floor (prefetch %v, opens %v): READs in the first pass %d, in the second %d; OPENs in both %d; stores the kernel refused %d (first: %v)",
+				prefetch, opens, reads, f.reads.Load()-reads, f.opened.Load(), f.storeErr.Load(), fuse.Status(f.firstErr.Load()))
+			return first, warm
 		}
 	}
+	kylix := func(args ...string) func(pass func(string) float64) (float64, float64) {
+		return func(pass func(string) float64) (first, warm float64) {
+			n := launchNode(t, data, mnt, nil, nil, args...)
+			defer n.stop()
+			first = pass(filepath.Join(mnt, "small"))
+			return first, pass(filepath.Join(mnt, "small"))
+		}
+	}
+	sides := []struct {
+		name               string
+		run                func(pass func(string) float64) (float64, float64)
+		walk               bool // also time a walk with lstat after a mount or start
+		first, warm, walks []float64
+	}{
+		{name: "floor, no-open, every file a READ from memory", run: floor(false, false), walk: true},
+		{name: "floor, no-open, ideal prefetch", run: floor(true, false)},
+		{name: "Kylix, serve --read-only", run: kylix("--read-only"), walk: true},
+		{name: "floor, an OPEN a file (KEEP_CACHE, NOFLUSH)", run: floor(false, true)},
+		{name: "Kylix, read-write mount", run: kylix()},
+	}
+	var ext4, ext4Walk []float64
+	read := func(d string) float64 { return readTree(t, d) }
+	walk := func(d string) float64 { return walkTree(t, d) }
 	for range reps {
 		ext4 = append(ext4, readTree(t, src))
-		f, _ := floor(false, read)
-		fRead = append(fRead, f)
-		f, w := floor(true, read)
-		add(&fIdeal, &fWarm, f, w)
-		f, w = kylix(read)
-		add(&kFirst, &kWarm, f, w)
 		ext4Walk = append(ext4Walk, walkTree(t, src))
-		f, _ = floor(false, walk)
-		fWalk = append(fWalk, f)
-		f, _ = kylix(walk)
-		kWalk = append(kWalk, f)
+		for i := range sides {
+			sd := &sides[i]
+			f, w := sd.run(read)
+			sd.first, sd.warm = append(sd.first, f), append(sd.warm, w)
+			if sd.walk {
+				f, _ = sd.run(walk)
+				sd.walks = append(sd.walks, f)
+			}
+		}
 	}
 	e := median(ext4)
-	t.Logf("first pass over %d small files (4-64 KiB), open+read+close, files/s, medians of %d:", nSmall, reps)
+	t.Logf("%d small files (4-64 KiB), open+read+close, files/s, medians of %d; first pass after a mount or a start, then warm:", nSmall, reps)
 	t.Logf("| ext4 (warm) | %.0f | 1 | %v |", e, ext4)
-	t.Logf("| floor: every file a READ from memory | %.0f | %.2fx | %v |", median(fRead), median(fRead)/e, fRead)
-	t.Logf("| floor: ideal prefetch | %.0f | %.2fx | %v |", median(fIdeal), median(fIdeal)/e, fIdeal)
-	t.Logf("| Kylix read-only node, first pass after its start | %.0f | %.2fx | %v |", median(kFirst), median(kFirst)/e, kFirst)
-	t.Logf("| floor, warm (the second pass on a mount) | %.0f | %.2fx | %v |", median(fWarm), median(fWarm)/e, fWarm)
-	t.Logf("| Kylix read-only node, warm (its second pass) | %.0f | %.2fx | %v |", median(kWarm), median(kWarm)/e, kWarm)
-	t.Logf("walk with lstat of the same tree, s: ext4 (warm) %.3f %v; floor after a mount %.3f %v; Kylix after a start %.3f %v",
-		median(ext4Walk), ext4Walk, median(fWalk), fWalk, median(kWalk), kWalk)
+	for _, sd := range sides {
+		t.Logf("| %s | first %.0f (%.2fx) | warm %.0f (%.2fx) | %v %v |", sd.name, median(sd.first), median(sd.first)/e, median(sd.warm), median(sd.warm)/e, sd.first, sd.warm)
+	}
+	t.Logf("walk with lstat of the same tree, s: ext4 (warm) %.3f %v", median(ext4Walk), ext4Walk)
+	for _, sd := range sides {
+		if sd.walk {
+			t.Logf("  %s, after a mount or start: %.3f %v", sd.name, median(sd.walks), sd.walks)
+		}
+	}
 }
 
 // floorNode is one entry of floorFS's static table; its node ID is its
@@ -154,19 +170,21 @@ type floorFS struct {
 	fuse.RawFileSystem
 	nodes    []floorNode
 	prefetch bool
+	opens    bool // answer OPEN (else ENOSYS: no-open)
 	srv      *fuse.Server
 	mu       sync.Mutex
 	stored   map[uint64]int // a directory's entries stored (or being stored)
 	wg       sync.WaitGroup
 	reads    atomic.Int64 // READs answered
+	opened   atomic.Int64 // OPENs answered
 	storeErr atomic.Int64 // stores the kernel refused
 	firstErr atomic.Int32 // the first refusal's status
 }
 
-func mountFloor(t *testing.T, nodes []floorNode, dir string, prefetch bool) *floorFS {
+func mountFloor(t *testing.T, nodes []floorNode, dir string, prefetch, opens bool) *floorFS {
 	t.Helper()
 	require.NoError(t, os.MkdirAll(dir, 0o755))
-	f := &floorFS{RawFileSystem: fuse.NewDefaultRawFileSystem(), nodes: nodes, prefetch: prefetch, stored: map[uint64]int{}}
+	f := &floorFS{RawFileSystem: fuse.NewDefaultRawFileSystem(), nodes: nodes, prefetch: prefetch, opens: opens, stored: map[uint64]int{}}
 	// Kylix's read-only mount's options (fs.FS.MountOptions, fs/readonly.go).
 	mo := fuse.MountOptions{
 		FsName: "kylix-floor", Name: "kylix-floor",
@@ -244,10 +262,21 @@ func (f *floorFS) GetAttr(_ <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrO
 	return fuse.OK
 }
 
-// Open and Flush answer ENOSYS: the kernel stops sending them (no-open),
-// as on Kylix's read-only mount.
-func (f *floorFS) Open(<-chan struct{}, *fuse.OpenIn, *fuse.OpenOut) fuse.Status { return fuse.ENOSYS }
-func (f *floorFS) Flush(<-chan struct{}, *fuse.FlushIn) fuse.Status              { return fuse.ENOSYS }
+// Open answers ENOSYS unless opens: the kernel then stops sending OPEN
+// (no-open), as on Kylix's read-only mount. With opens, an OPEN keeps the
+// page cache and asks for no FLUSH, as Kylix's read-write mount answers
+// for a committed file; its RELEASE is answered at once.
+func (f *floorFS) Open(_ <-chan struct{}, _ *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
+	if !f.opens {
+		return fuse.ENOSYS
+	}
+	f.opened.Add(1)
+	out.OpenFlags = fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH
+	return fuse.OK
+}
+
+func (f *floorFS) Release(<-chan struct{}, *fuse.ReleaseIn)         {}
+func (f *floorFS) Flush(<-chan struct{}, *fuse.FlushIn) fuse.Status { return fuse.ENOSYS }
 
 func (f *floorFS) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadResult, fuse.Status) {
 	n := f.node(in.NodeId)
