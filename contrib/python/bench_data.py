@@ -127,12 +127,15 @@ class Node:
         return json.loads(out).get("whole") or {}
 
     def settle(self, want, timeout=120):
-        """Waits until the node has made or refused want whole copies (or
-        makes none); returns the seconds waited."""
+        """Waits until the node holds want whole copies, or has made or
+        refused that many since its start (or makes none); returns the
+        seconds waited. (Its made/not_made counts start again at each node
+        start: copies made before a restart are in "copies".)"""
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             w = self.whole()
-            if w.get("off") or not w.get("budget_bytes") or w.get("made", 0) + w.get("not_made", 0) >= want:
+            if (w.get("off") or not w.get("budget_bytes") or w.get("copies", 0) >= want
+                    or w.get("made", 0) + w.get("not_made", 0) >= want):
                 break
             time.sleep(0.2)
         return time.monotonic() - t0
