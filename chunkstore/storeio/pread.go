@@ -24,12 +24,19 @@ func pread(fd int, p []byte, off int64) (int, error) { return unix.Pread(fd, p, 
 // preadReader is the portable Reader: a fixed pool of goroutines, each doing
 // one blocking pread at a time, shared by all callers. The pool bounds the
 // number of reads in flight (and of OS threads blocked in the kernel) no
-// matter how many goroutines call Read.
+// matter how many goroutines call Read; a call with a single request to
+// read runs it itself while fewer than that many such calls do (inline),
+// so at most twice the pool's size are in flight.
 type preadReader struct {
 	pread    preadFunc
 	jobs     chan preadJob
 	workers  sync.WaitGroup
 	fallback error // set by New("auto") when io_uring was unavailable
+	// inline holds a token for each read run in its caller's goroutine
+	// (a call with one request to read: handing it to a worker and
+	// waiting for it costs two goroutine wake-ups, more than a small
+	// read itself); as many as there are workers.
+	inline chan struct{}
 
 	mu     sync.RWMutex // write-held by Close; read-held while sending jobs
 	closed bool
@@ -52,7 +59,7 @@ func newPread(workers int, fn preadFunc) *preadReader {
 	if workers <= 0 {
 		workers = DefaultPreadWorkers
 	}
-	p := &preadReader{pread: fn, jobs: make(chan preadJob)}
+	p := &preadReader{pread: fn, jobs: make(chan preadJob), inline: make(chan struct{}, workers)}
 	p.workers.Add(workers)
 	for range workers {
 		go p.work()
@@ -65,6 +72,9 @@ func (p *preadReader) Name() string { return NamePread }
 func (p *preadReader) Read(ctx context.Context, reqs []*Request) error {
 	if err := resetRequests(reqs); err != nil {
 		return err
+	}
+	if r := onlyIO(reqs); r != nil && p.runInline(ctx, r) {
+		return firstError(reqs)
 	}
 	b := newBatch(ctx)
 	p.mu.RLock()
@@ -95,6 +105,44 @@ func (p *preadReader) Read(ctx context.Context, reqs []*Request) error {
 	p.mu.RUnlock()
 	b.wait()
 	return firstError(reqs)
+}
+
+// onlyIO returns the one request of reqs that needs a read, or nil when
+// none or several do.
+func onlyIO(reqs []*Request) *Request {
+	var one *Request
+	for _, r := range reqs {
+		if needsIO(NamePread, r) {
+			if one != nil {
+				return nil
+			}
+			one = r
+		}
+	}
+	return one
+}
+
+// runInline reads r in the caller's goroutine if an inline token is free
+// (false: it is not, and r is left to the workers). Close waits for it as
+// for the workers' reads.
+func (p *preadReader) runInline(ctx context.Context, r *Request) bool {
+	select {
+	case p.inline <- struct{}{}:
+	default:
+		return false
+	}
+	defer func() { <-p.inline }()
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	switch {
+	case p.closed:
+		r.Err = readError(NamePread, r, 0, ErrClosed)
+	case ctx.Err() != nil:
+		r.Err = readError(NamePread, r, 0, ctx.Err())
+	default:
+		p.run(r, ctx)
+	}
+	return true
 }
 
 func (p *preadReader) work() {

@@ -3,8 +3,11 @@ package storeio
 import (
 	"context"
 	"errors"
+	"sync"
 	"syscall"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 // The pread reader retries short reads and EINTR until the buffer is full or
@@ -60,4 +63,48 @@ func TestAutoFallback(t *testing.T) {
 	if _, err := New(Auto, 4); !errors.Is(err, broken) {
 		t.Fatalf("auto with a failure that is not ErrUnavailable: %v", err)
 	}
+}
+
+// A call with one request reads it in the caller's goroutine (retrying as
+// the workers do) while a token is free, and through the workers once
+// every token is taken; after Close both refuse with ErrClosed.
+func TestPreadOneRequestInline(t *testing.T) {
+	path, data := testFile(t, t.TempDir(), 300000, 31)
+	f := openRead(t, path)
+	var mu sync.Mutex
+	calls := 0
+	flaky := func(fd int, p []byte, off int64) (int, error) {
+		mu.Lock()
+		calls++
+		c := calls
+		mu.Unlock()
+		if c%3 == 0 {
+			return -1, syscall.EINTR
+		}
+		return pread(fd, p[:min(len(p), 777)], off)
+	}
+	p := newPread(2, flaky)
+	one := func() error {
+		reqs := []*Request{{Fd: int(f.Fd()), Off: 4321, Buf: make([]byte, 100000)}, {Fd: int(f.Fd()), Off: 9}}
+		err := p.Read(context.Background(), reqs)
+		if err == nil {
+			check(t, data, reqs[:1])
+		}
+		return err
+	}
+	require.NoError(t, one()) // inline
+	for range cap(p.inline) {
+		p.inline <- struct{}{}
+	}
+	require.NoError(t, one()) // every token taken: the workers read it
+	for range cap(p.inline) {
+		<-p.inline
+	}
+	require.NoError(t, p.Close())
+	require.ErrorIs(t, one(), ErrClosed)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	q := newPread(1, flaky)
+	defer q.Close()
+	require.ErrorIs(t, q.Read(ctx, []*Request{{Fd: int(f.Fd()), Buf: make([]byte, 10)}}), context.Canceled)
 }
