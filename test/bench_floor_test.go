@@ -1,6 +1,8 @@
 package test
 
 import (
+	"bytes"
+	iofs "io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -58,6 +60,26 @@ func TestBenchFirstPassFloor(t *testing.T) {
 	mustKylix(t, base, "import", "--data", data, src, "small")
 	tree := loadFloorTree(t, src)
 	readTree(t, src)
+	// The floor serves the source's bytes, every one.
+	func() {
+		f := mountFloor(t, tree, fmnt, false, false)
+		defer f.unmount()
+		n := 0
+		require.NoError(t, filepath.WalkDir(src, func(p string, d iofs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			rel, _ := filepath.Rel(src, p)
+			want, err := os.ReadFile(p)
+			require.NoError(t, err)
+			got, err := os.ReadFile(filepath.Join(fmnt, rel))
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(want, got), "%s through the floor", rel)
+			n++
+			return nil
+		}))
+		require.Equal(t, nSmall, n)
+	}()
 	// Each side returns the first pass after a mount or a start and the
 	// second, warm, pass on the same mount.
 	floor := func(prefetch, opens bool) func(pass func(string) float64) (float64, float64) {
@@ -69,6 +91,17 @@ func TestBenchFirstPassFloor(t *testing.T) {
 			warm = pass(fmnt)
 			t.Logf("floor (prefetch %v, opens %v): READs in the first pass %d, in the second %d; OPENs in both %d; stores the kernel refused %d (first: %v)",
 				prefetch, opens, reads, f.reads.Load()-reads, f.opened.Load(), f.storeErr.Load(), fuse.Status(f.firstErr.Load()))
+			// The floor is what it says: every file opened through it
+			// when it answers OPEN, none otherwise; every file READ on
+			// a first pass without prefetch.
+			if opens {
+				require.GreaterOrEqual(t, f.opened.Load(), int64(nSmall), "the floor that answers OPEN saw too few")
+			} else {
+				require.Zero(t, f.opened.Load(), "the no-open floor answered an OPEN")
+			}
+			if !prefetch && reads > 0 {
+				require.GreaterOrEqual(t, reads, int64(nSmall), "a first pass without prefetch that READ too few files")
+			}
 			return first, warm
 		}
 	}
