@@ -73,17 +73,30 @@ func TestPreadOneRequestInline(t *testing.T) {
 	f := openRead(t, path)
 	var mu sync.Mutex
 	calls := 0
-	flaky := func(fd int, p []byte, off int64) (int, error) {
+	var p *preadReader
+	held := map[int]int{} // inline tokens held during each pread -> count
+	flaky := func(fd int, b []byte, off int64) (int, error) {
 		mu.Lock()
 		calls++
 		c := calls
+		if p != nil {
+			held[len(p.inline)]++
+		}
 		mu.Unlock()
 		if c%3 == 0 {
 			return -1, syscall.EINTR
 		}
-		return pread(fd, p[:min(len(p), 777)], off)
+		return pread(fd, b[:min(len(b), 777)], off)
 	}
-	p := newPread(2, flaky)
+	p = newPread(2, flaky)
+	// tokens returns what each pread of the last call saw held, and forgets.
+	tokens := func() map[int]int {
+		mu.Lock()
+		defer mu.Unlock()
+		out := held
+		held = map[int]int{}
+		return out
+	}
 	one := func() error {
 		reqs := []*Request{{Fd: int(f.Fd()), Off: 4321, Buf: make([]byte, 100000)}, {Fd: int(f.Fd()), Off: 9}}
 		err := p.Read(context.Background(), reqs)
@@ -92,11 +105,17 @@ func TestPreadOneRequestInline(t *testing.T) {
 		}
 		return err
 	}
-	require.NoError(t, one()) // inline
+	require.NoError(t, one())
+	seen := tokens()
+	require.Len(t, seen, 1, "preads with other than one inline token held: %v", seen)
+	require.Contains(t, seen, 1, "the read did not run inline (holding a token): %v", seen)
 	for range cap(p.inline) {
 		p.inline <- struct{}{}
 	}
 	require.NoError(t, one()) // every token taken: the workers read it
+	seen = tokens()
+	require.Len(t, seen, 1, "%v", seen)
+	require.Contains(t, seen, cap(p.inline), "%v", seen)
 	for range cap(p.inline) {
 		<-p.inline
 	}
