@@ -35,6 +35,10 @@ const (
 	PrefetchMaxFile = 1 << 20
 	// PrefetchDirBudget bounds the bytes one directory's pass stores.
 	PrefetchDirBudget = 64 << 20
+	// A pass opens its files' versions in batches of prefetchFirstBatch,
+	// doubling up to prefetchMaxBatch.
+	prefetchFirstBatch = 8
+	prefetchMaxBatch   = 64
 )
 
 // prefetcher runs the directory passes of one file system.
@@ -138,27 +142,50 @@ func (f *FS) prefetchDir(ctx context.Context, d *dirNode, first string) {
 		}
 		return cmp.Compare(a.name, b.name)
 	})
+	type open struct {
+		n    *fileNode
+		id   chunkstore.ID
+		size int64
+	}
+	var todo []open
 	budget := int64(PrefetchDirBudget)
-	var wg sync.WaitGroup
 	for _, it := range items {
 		id, size, ok := it.n.prefetchable()
 		if !ok || size > budget {
 			continue
 		}
 		budget -= size
-		select {
-		case f.pf.sem <- struct{}{}:
-		case <-ctx.Done():
-			wg.Wait()
-			return
-		}
-		wg.Add(1)
-		go func() {
-			defer func() { <-f.pf.sem; wg.Done() }()
-			f.prefetchFile(ctx, it.n, id, size)
-		}()
+		todo = append(todo, open{it.n, id, size})
 	}
-	wg.Wait()
+	// The versions are opened a batch at a time, in one index transaction
+	// each (Store.OpenFiles); the first batches are small, so that the
+	// first stores are not held up behind many opens.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for batch := prefetchFirstBatch; len(todo) > 0; batch = min(2*batch, prefetchMaxBatch) {
+		b := todo[:min(batch, len(todo))]
+		todo = todo[len(b):]
+		ids := make([]chunkstore.ID, len(b))
+		for i, o := range b {
+			ids[i] = o.id
+		}
+		files, errs := f.s.OpenFiles(ids)
+		for i, o := range b {
+			if errs[i] != nil {
+				continue // the reader's own READ meets it and reports it
+			}
+			select {
+			case f.pf.sem <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer func() { <-f.pf.sem; wg.Done() }()
+				f.prefetchFile(ctx, o.n, files[i], o.id, o.size)
+			}()
+		}
+	}
 }
 
 // prefetchable returns the committed version and size of a file whose
@@ -175,12 +202,12 @@ func (n *fileNode) prefetchable() (chunkstore.ID, int64, bool) {
 	return n.id, n.size, ok
 }
 
-// prefetchFile reads version id of n (every chunk verified) and stores it
-// in the kernel's page cache for n's inode. A failure stores nothing: the
-// reader's own READ then meets it and reports it (EIO, logged).
-func (f *FS) prefetchFile(ctx context.Context, n *fileNode, id chunkstore.ID, size int64) {
-	sf, err := f.s.OpenFile(id)
-	if err != nil || sf.Size() != size || !sf.Local() {
+// prefetchFile reads version id of n, opened as sf (every chunk
+// verified), and stores it in the kernel's page cache for n's inode. A
+// failure stores nothing: the reader's own READ then meets it and reports
+// it (EIO, logged).
+func (f *FS) prefetchFile(ctx context.Context, n *fileNode, sf *chunkstore.File, id chunkstore.ID, size int64) {
+	if sf.Size() != size || !sf.Local() {
 		return // a chunk on a peer is fetched when a reader asks for it
 	}
 	// One chunk (most small files): the verified chunk itself, no copy.
