@@ -35,6 +35,13 @@ func TestBenchFirstPass(t *testing.T) {
 	// KYLIX_BENCH_BASE_BIN: another build of kylix, whose first pass is
 	// measured in the same run, interleaved (before/after a change).
 	baseBin := os.Getenv("KYLIX_BENCH_BASE_BIN")
+	if baseBin != "" {
+		abs, err := filepath.Abs(baseBin)
+		if err != nil {
+			t.Fatalf("KYLIX_BENCH_BASE_BIN: %v", err)
+		}
+		baseBin = abs
+	}
 	var ext4, first, baseFirst []float64
 	for range reps {
 		ext4 = append(ext4, readTree(t, src))

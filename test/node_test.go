@@ -28,7 +28,13 @@ func TestMain(m *testing.M) {
 
 func runMain(m *testing.M) int {
 	if b := os.Getenv("KYLIX_BIN"); b != "" {
-		kylixBin = b
+		// Absolute: tests run it from other directories.
+		abs, err := filepath.Abs(b)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "KYLIX_BIN:", err)
+			return 1
+		}
+		kylixBin = abs
 		return m.Run()
 	}
 	dir, err := os.MkdirTemp("", "kylix-test-bin-")
