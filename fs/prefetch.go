@@ -210,6 +210,9 @@ func (f *FS) prefetchFile(ctx context.Context, n *fileNode, sf *chunkstore.File,
 	if sf.Size() != size || !sf.Local() {
 		return // a chunk on a peer is fetched when a reader asks for it
 	}
+	if cur, _, ok := n.prefetchable(); !ok || cur != id {
+		return // read by the node since the pass opened it, or replaced
+	}
 	// One chunk (most small files): the verified chunk itself, no copy.
 	buf, one, err := sf.ReadSlice(ctx, 0, int(size))
 	if !one {
