@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kylix/kylix/chunkstore"
 	kfs "github.com/kylix/kylix/fs"
 	"github.com/kylix/kylix/fs/internal/fstest"
 	"github.com/kylix/kylix/internal/damage"
@@ -105,4 +106,65 @@ func TestReadWriteMountNoPrefetch(t *testing.T) {
 	}
 	m.FS.PrefetchIdle()
 	assert.Zero(t, m.FS.Stats().Prefetched)
+}
+
+// TestReadOnlyPrefetchCorruptManifest: a file whose manifest is damaged
+// in the index (a byte flipped in index.db under the running node) fails
+// alone in its directory's pass, which opens its files in batches: the
+// others are stored and read byte-equal with no READ reaching the node,
+// and the damaged one reads EIO, never bytes.
+func TestReadOnlyPrefetchCorruptManifest(t *testing.T) {
+	m := fstest.Mount(t, kfs.Options{ReadOnly: true})
+	r := rand.New(rand.NewPCG(9, 10))
+	files := map[string][]byte{}
+	for i := range 20 {
+		b := make([]byte, 1+r.IntN(32<<10))
+		for j := range b {
+			b[j] = byte(r.Uint32())
+		}
+		files[fmt.Sprintf("f%03d", i)] = b
+	}
+	importTree(t, m, "ds", files)
+	e, err := m.Store.Lookup("ds/f003")
+	require.NoError(t, err)
+	manifest, err := m.Store.GetObject(e.ID)
+	require.NoError(t, err)
+	db := filepath.Join(m.Store.Dir(), "index.db")
+	raw, err := os.ReadFile(db)
+	require.NoError(t, err)
+	flipped := 0
+	for off := 0; ; {
+		i := bytes.Index(raw[off:], manifest)
+		if i < 0 {
+			break
+		}
+		damage.FlipByte(t, db, int64(off+i+len(manifest)/2))
+		off += i + len(manifest)
+		flipped++
+	}
+	require.NotZero(t, flipped, "the manifest's bytes were not found in index.db")
+	_, err = m.Store.GetObject(e.ID)
+	require.ErrorIs(t, err, chunkstore.ErrCorrupt, "the flip did not reach the index the node reads")
+
+	dir := filepath.Join(m.Dir, "ds")
+	_, err = os.ReadDir(dir)
+	require.NoError(t, err)
+	got, err := os.ReadFile(filepath.Join(dir, "f000"))
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(files["f000"], got))
+	m.FS.PrefetchIdle()
+	st := m.FS.Stats()
+	assert.Equal(t, int64(18), st.Prefetched, "small files stored: all but the first and the damaged one")
+	for i := 1; i < 20; i++ {
+		name := fmt.Sprintf("f%03d", i)
+		if name == "f003" {
+			continue
+		}
+		got, err := os.ReadFile(filepath.Join(dir, name))
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(files[name], got), "%s: wrong bytes", name)
+	}
+	assert.Equal(t, st.DaemonReads, m.FS.Stats().DaemonReads, "reads of prefetched files reached the node")
+	got, err = os.ReadFile(filepath.Join(dir, "f003"))
+	assert.True(t, errors.Is(err, syscall.EIO), "damaged manifest: %v (%d bytes)", err, len(got))
 }
