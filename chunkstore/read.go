@@ -81,16 +81,12 @@ func (s *Store) OpenFiles(ids []ID) (files []*File, errs []error) {
 }
 
 // openIn opens version id from the index buckets of one transaction:
-// its manifest (verified, as GetObject does) and its chunks' locations;
+// its manifest (verified against its ID) and its chunks' locations;
 // complete is false when a chunk is not stored here.
 func (s *Store) openIn(objs, chunks *bolt.Bucket, id ID, epoch uint64) (f *File, complete bool, err error) {
-	v := objs.Get(id[:])
-	if v == nil {
-		return nil, false, fmt.Errorf("object %s: %w", id.Short(), ErrNotFound)
-	}
-	b := append([]byte(nil), v...) // the transaction's memory is not ours to keep
-	if Sum(b) != id {
-		return nil, false, fmt.Errorf("object %s: hash mismatch: %w", id.Short(), ErrCorrupt)
+	b, err := objectIn(objs, id)
+	if err != nil {
+		return nil, false, err
 	}
 	m, err := DecodeFileManifest(b)
 	if err != nil {

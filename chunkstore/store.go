@@ -563,16 +563,24 @@ func beUint64(b []byte) uint64 {
 func (s *Store) GetObject(id ID) ([]byte, error) {
 	var out []byte
 	err := s.db.View(func(tx *bolt.Tx) error {
-		v := tx.Bucket(bucketObjects).Get(id[:])
-		if v == nil {
-			return fmt.Errorf("object %s: %w", id.Short(), ErrNotFound)
-		}
-		out = append([]byte(nil), v...)
-		return nil
+		var err error
+		out, err = objectIn(tx.Bucket(bucketObjects), id)
+		return err
 	})
 	if err != nil {
 		return nil, err
 	}
+	return out, nil
+}
+
+// objectIn returns a copy of object id from the objects bucket b of a
+// transaction (its memory is not ours to keep), checked against its ID.
+func objectIn(b *bolt.Bucket, id ID) ([]byte, error) {
+	v := b.Get(id[:])
+	if v == nil {
+		return nil, fmt.Errorf("object %s: %w", id.Short(), ErrNotFound)
+	}
+	out := append([]byte(nil), v...)
 	if Sum(out) != id {
 		return nil, fmt.Errorf("object %s: hash mismatch: %w", id.Short(), ErrCorrupt)
 	}

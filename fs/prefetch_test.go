@@ -19,18 +19,24 @@ import (
 	"github.com/kylix/kylix/internal/damage"
 )
 
-// prefetchTree is 40 small files, one file too large to prefetch and one
-// whose chunk the test corrupts, in one directory.
-func prefetchTree(t *testing.T) map[string][]byte {
-	r := rand.New(rand.NewPCG(7, 8))
+// smallFiles is n files f000, f001, ... of 1 to max random bytes.
+func smallFiles(r *rand.Rand, n, max int) map[string][]byte {
 	files := map[string][]byte{}
-	for i := range 40 {
-		b := make([]byte, 1+r.IntN(64<<10))
+	for i := range n {
+		b := make([]byte, 1+r.IntN(max))
 		for j := range b {
 			b[j] = byte(r.Uint32())
 		}
 		files[fmt.Sprintf("f%03d", i)] = b
 	}
+	return files
+}
+
+// prefetchTree is 40 small files, one file too large to prefetch and one
+// whose chunk the test corrupts, in one directory.
+func prefetchTree(t *testing.T) map[string][]byte {
+	r := rand.New(rand.NewPCG(7, 8))
+	files := smallFiles(r, 40, 64<<10)
 	big := make([]byte, kfs.PrefetchMaxFile+1)
 	for j := range big {
 		big[j] = byte(r.Uint32())
@@ -115,15 +121,7 @@ func TestReadWriteMountNoPrefetch(t *testing.T) {
 // and the damaged one reads EIO, never bytes.
 func TestReadOnlyPrefetchCorruptManifest(t *testing.T) {
 	m := fstest.Mount(t, kfs.Options{ReadOnly: true})
-	r := rand.New(rand.NewPCG(9, 10))
-	files := map[string][]byte{}
-	for i := range 20 {
-		b := make([]byte, 1+r.IntN(32<<10))
-		for j := range b {
-			b[j] = byte(r.Uint32())
-		}
-		files[fmt.Sprintf("f%03d", i)] = b
-	}
+	files := smallFiles(rand.New(rand.NewPCG(9, 10)), 20, 32<<10)
 	importTree(t, m, "ds", files)
 	e, err := m.Store.Lookup("ds/f003")
 	require.NoError(t, err)
